@@ -91,17 +91,38 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   with_entropy: bool = False, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, temperature: float = 1.0,
+                   loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(ids[:, t] | ids[:, :t]) for every t, (B, T) with column 0 = 0; optionally the
     entropy of each position's distribution, (B, T).
 
     ``temperature`` divides the logits, so the policy being scored and optimized is the one the
-    backend sampled from (``temperature == 0``, greedy, scores the plain softmax)."""
+    backend sampled from (``temperature == 0``, greedy, scores the plain softmax).
+
+    With ``loss_mask`` (B, T), only the positions under it are scored (0 elsewhere): the output
+    projection and softmax run on those hidden states alone. On a tiny model the vocabulary
+    projection is most of the compute, and agent tokens are a minority of a multi-turn context
+    (about 30% on the CPU demo), so this is the fast path for the trainer's losses. The values
+    under the mask are the same as without it (up to float rounding)."""
     from trainers.algos import entropy_from_logits, logprobs_from_logits
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
+    head = model.get_output_embeddings() if loss_mask is not None else None
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))  # (B, T)
+        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+        return lp, ent
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+    sel = loss_mask[:, 1:] > 0  # (B, T-1): position t-1 predicts token t
+    logits = head(hidden[:, :-1][sel]).float()  # (N, V)
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))  # (B, T)
-    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+    lp = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
+    lp[:, 1:][sel] = logprobs_from_logits(logits[None], input_ids[:, 1:][sel][None])[0]
+    ent = None
+    if with_entropy:
+        ent = torch.zeros_like(lp)
+        ent[:, 1:][sel] = entropy_from_logits(logits[None])[0]
     return lp, ent

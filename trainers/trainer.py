@@ -169,15 +169,20 @@ class Trainer:
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
         self.policy.eval()
         temp = cfg.temperature
-        batch.old_logprobs = self._chunked(lambda ids, am: token_logprobs(self.policy, ids, am, temperature=temp)[0], batch)
+        if cfg.recompute_logprobs:
+            batch.old_logprobs = self._chunked(
+                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch)
+        else:
+            batch.old_logprobs = batch.sampler_logprobs.clone()
         if self.ref is not None:
-            batch.ref_logprobs = self._chunked(lambda ids, am: token_logprobs(self.ref, ids, am, temperature=temp)[0], batch)
+            batch.ref_logprobs = self._chunked(
+                lambda ids, am, lm: token_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm)[0], batch)
             if cfg.kl_mode == "reward":
                 batch.token_rewards, self._kl_reward_metrics = algos.kl_in_reward(
                     batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, cfg.kl_coef, cfg.kl_kind)
         if self.critic is not None:
             self.critic.eval()
-            batch.values = self._chunked(self.critic, batch)
+            batch.values = self._chunked(lambda ids, am, lm: self.critic(ids, am), batch)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
@@ -202,7 +207,7 @@ class Trainer:
             for idx in torch.randperm(len(batch), generator=g).split(cfg.minibatch_size):
                 mb = _trim(batch.select(idx))
                 lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
-                                         temperature=cfg.temperature)
+                                         temperature=cfg.temperature, loss_mask=mb.loss_mask)
                 loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
                                             clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg)
                 m = dict(m)
@@ -259,7 +264,8 @@ class Trainer:
     def mismatch(self, batch: RolloutBatch) -> dict[str, float]:
         """Backend log-probs vs the trainer's recomputation, on agent tokens."""
         m = batch.loss_mask > 0
-        if self.cfg.top_p != 1.0 or not m.any():  # top-p changes the sampled distribution's support
+        if self.cfg.top_p != 1.0 or not self.cfg.recompute_logprobs or not m.any():
+            # top-p changes the sampled distribution's support; without a recomputation there is nothing to compare
             return {}
         diff = (batch.old_logprobs - batch.sampler_logprobs).abs()[m]
         return {"train/logprob_mismatch_mean": float(diff.mean()), "train/logprob_mismatch_max": float(diff.max())}
@@ -324,8 +330,8 @@ class Trainer:
     def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
         out = []
         for s in range(0, len(batch), size):
-            ids, am = batch.input_ids[s:s + size], batch.attention_mask[s:s + size]
-            out.append(fn(ids, am))
+            sl = slice(s, s + size)
+            out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
         return torch.cat(out)
 
 

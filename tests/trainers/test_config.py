@@ -37,6 +37,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     (["minibatch_size=48"], r"minibatch_size=48 must divide the batch of tasks_per_iter \* group_size = 16 \* 4 = 64"),
     (["algo=grpo", "group_size=1", "minibatch_size=16"], "group_size must be at least 2"),
     (["dual_clip_c=0.5"], "dual_clip_c must be > 1"),
+    (["recompute_logprobs=false", "top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
 ])
 def test_bad_values_fail_at_start_naming_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
