@@ -3,7 +3,9 @@
 Card
 ----
 Task
-    "Who is the mentor of the rival of Karimel?" The knowledge base (KB) maps every
+    "Who is the mentor of the rival of Karimel?" (``question_style="nested"``, the default) or
+    "Who is Karimel's rival's mentor?" (``"possessive"``: the relations in the order they are
+    looked up). The knowledge base (KB) maps every
     (entity, relation) pair to another entity. A question with H hops names a start entity and a
     chain of H relations; the answer is the entity at the end of the chain. Entities are invented
     names, so nothing can be answered from prior knowledge.
@@ -28,7 +30,8 @@ Data
     indices from disjoint random streams.
 Parameters
     ``num_entities`` (default 32), ``num_relations`` (1 to 6, default 4), ``num_hops`` (default 2),
-    ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``split``, ``system_prompt``, and every
+    ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``split``, ``system_prompt``,
+    ``question_style``, and every
     ``ToolEnv`` argument (tokenizer, limits, rewards, render_mode, ``tools_in_prompt``). The CPU
     demo uses ``tools_in_prompt=False`` and a one-line system prompt: about 60 prompt tokens
     instead of about 350, because a tiny model learns the call format from its SFT warm start.
@@ -51,6 +54,7 @@ RELATIONS = ("mentor", "rival", "employer", "sibling", "founder", "spouse")
 _SYLLABLES = ("ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ves nu kor "
               "bel tis gor ven ash lin ro mal dun sha vel tor").split()
 _SPLITS = {"train": 0, "test": 1}
+_QUESTION_STYLES = ("nested", "possessive")
 
 
 def make_kb(num_entities: int, num_relations: int, seed: int) -> tuple[list[str], dict[tuple[str, str], str]]:
@@ -104,6 +108,7 @@ class FactChainEnv(ToolEnv):
         max_turns: int | None = None,
         max_context_tokens: int = 1024,
         system_prompt: str | None = None,
+        question_style: str = "nested",
         **kwargs: Any,
     ):
         if not 1 <= num_relations <= len(RELATIONS):
@@ -113,12 +118,15 @@ class FactChainEnv(ToolEnv):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if num_entities < 2:
             raise ValueError("num_entities must be at least 2")
+        if question_style not in _QUESTION_STYLES:
+            raise ValueError(f"question_style must be one of {_QUESTION_STYLES}, got {question_style!r}")
         if split not in _SPLITS:
             raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
         self.num_hops = num_hops
         self.relations = RELATIONS[:num_relations]
         self.kb_seed = kb_seed
         self.split = split
+        self.question_style = question_style
         self._num_tasks = num_tasks
         self.entities, self.kb = make_kb(num_entities, num_relations, kb_seed)
         system = system_prompt or ("Answer the question by following the chain of facts. Use the lookup tool "
@@ -142,7 +150,10 @@ class FactChainEnv(ToolEnv):
         path = [start]
         for r in chain:
             path.append(self.kb[(path[-1], r)])
-        question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f" of {start}?"
+        if self.question_style == "nested":
+            question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f" of {start}?"
+        else:
+            question = f"Who is {start}" + "".join(f"'s {r}" for r in chain) + "?"
         return {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
                 "aliases": [], "chain": chain, "path": path}
 
@@ -152,6 +163,24 @@ class FactChainEnv(ToolEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._hops_found: set[int] = set()
         return super().reset(seed=seed, options=options)
+
+    def protocol_demonstration(self, task: dict[str, Any], rng: np.random.Generator) -> list[str]:
+        """A demonstration that follows the tool protocol but not the question: one lookup per hop,
+        each on the entity the previous lookup returned (the start entity first), with a relation
+        drawn uniformly at random, then the last result as the answer. It teaches the call format,
+        copying entities and chaining; it does not teach which relation to use or in which order,
+        so a policy trained on it succeeds about ``num_relations ** -num_hops`` of the time
+        (6% with the defaults). The CPU demo's SFT warm start uses it; RL has to learn the rest."""
+        import json
+
+        entity, turns = task["path"][0], []
+        for _ in range(self.num_hops):
+            relation = self.relations[int(rng.integers(len(self.relations)))]
+            call = {"name": "lookup", "arguments": {"entity": entity, "relation": relation}}
+            turns.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+            entity = self.kb[(entity, relation)]
+        turns.append(f"<answer>{entity}</answer>")
+        return turns
 
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         """``hop``: paid once per hop, for the first lookup of that hop's (entity, relation)."""

@@ -45,6 +45,10 @@ class SFTConfig:
     eval_every: int = 0
     """Also evaluate every this many steps (0: only at the end)."""
     max_turn_tokens: int = 64
+    demo_policy: str = "oracle"
+    """Which scripted policy writes the demonstrations: ``oracle`` (the env's ``demonstration(task)``)
+    or another name ``X`` for which the env has a ``X_demonstration(task, rng)`` method (FactChain:
+    ``protocol``, correct calls with random relations)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -55,11 +59,26 @@ class SFTConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-def demonstrations(env: Any, task_indices: list[int]) -> list[dict[str, Any]]:
-    """Run the env's oracle on each task; return the env's trajectories (ids + loss masks)."""
-    demo = getattr(type(env), "demonstration", None)
-    if demo is None:
-        raise ValueError(f"{type(env).__name__} has no demonstration(task) method; SFT needs one")
+def demo_policy(env: Any, name: str, rng: np.random.Generator):
+    """The scripted policy ``name`` of ``env`` as a function ``task -> assistant turns``."""
+    if name == "oracle":
+        demo = getattr(type(env), "demonstration", None)
+        if demo is None:
+            raise ValueError(f"{type(env).__name__} has no demonstration(task) method; SFT needs one")
+        return demo
+    method = getattr(env, f"{name}_demonstration", None)
+    if method is None:
+        have = ["oracle"] * hasattr(type(env), "demonstration") + sorted(
+            a[: -len("_demonstration")] for a in dir(env) if a.endswith("_demonstration"))
+        raise ValueError(f"demo_policy {name!r}: {type(env).__name__} has no {name}_demonstration(task, rng) "
+                         f"method; available: {have}")
+    return lambda task: method(task, rng)
+
+
+def demonstrations(env: Any, task_indices: list[int], policy: str = "oracle",
+                   rng: np.random.Generator | None = None) -> list[dict[str, Any]]:
+    """Run a scripted policy on each task; return the env's trajectories (ids + loss masks)."""
+    demo = demo_policy(env, policy, rng if rng is not None else np.random.default_rng(0))
     out = []
     tok = env.tokenizer
     for k in task_indices:
@@ -76,7 +95,7 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask
     """Mean cross-entropy of the tokens under ``mask`` (B, T), predicted from their prefixes."""
     from trainers.models import token_logprobs
 
-    lp, _ = token_logprobs(model, ids, attn)  # (B, T)
+    lp, _ = token_logprobs(model, ids, attn, loss_mask=mask)  # (B, T), scored under the mask only
     return -(lp * mask).sum() / mask.sum().clamp(min=1)
 
 
@@ -103,7 +122,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     vocab = model.get_input_embeddings().num_embeddings
     env = gym.make(cfg.env_id, tokenizer=tok, vocab_size=vocab, **cfg.env_kwargs).unwrapped
     rng = np.random.default_rng(cfg.seed)
-    demos = demonstrations(env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist())
+    demos = demonstrations(env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(),
+                           cfg.demo_policy, rng)
     eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {"tokenizer": tok, "vocab_size": vocab,
                                                              **cfg.env_kwargs, **cfg.eval_env_kwargs})
     backend = HFBackend(model, pad_token_id=tok.pad_token_id)

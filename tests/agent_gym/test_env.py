@@ -154,6 +154,7 @@ def test_unclosed_turn_is_closed_by_env_outside_the_mask():
     ({"rewards": {"em_weight": 1}}, r"unknown reward key\(s\) \['em_weight'\]"),
     ({"render_mode": "human"}, "render_mode must be None"),
     ({"num_hops": 0}, "num_hops must be a positive integer"),
+    ({"question_style": "yoda"}, "question_style must be one of"),
 ])
 def test_bad_constructor_arguments_fail_at_make(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
