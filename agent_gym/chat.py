@@ -19,7 +19,7 @@ probe at construction and falls back to ``tokens`` when it does not hold.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 Message = dict[str, str]
 
@@ -96,27 +96,25 @@ class ChatRenderer:
         """The ids of the initial context, ending with the generation prompt (memoized: GRPO
         groups and evaluation reset to the same task many times)."""
         key = ("prompt",) + tuple((m["role"], m["content"]) for m in messages)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self.encode(self.render_text(messages, add_generation_prompt=True))
-            self._remember(key, hit)
-        return list(hit)
+        return self._memo(key, lambda: self.encode(self.render_text(messages, add_generation_prompt=True)))
 
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
         """Ids to append after an assistant turn's end-of-turn token."""
         key = tuple((m["role"], m["content"]) for m in new_messages)
+        delta = self._delta_text_mode if self.mode == "text" else self._delta_token_mode
+        return self._memo(key, lambda: delta(new_messages))
+
+    def _memo(self, key: tuple, compute: Callable[[], list[int]]) -> list[int]:
+        """A copy of the cached ids for ``key``, computing and storing them on a miss (LRU)."""
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return list(hit)
-        ids = self._delta_text_mode(new_messages) if self.mode == "text" else self._delta_token_mode(new_messages)
-        self._remember(key, ids)
-        return list(ids)
-
-    def _remember(self, key: tuple, ids: list[int]) -> None:
+        ids = compute()
         self._cache[key] = ids
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+        return list(ids)
 
     def _delta_text_mode(self, new_messages: list[Message]) -> list[int]:
         full = self.render_text(_BASE + list(new_messages), add_generation_prompt=True)
