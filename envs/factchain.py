@@ -171,13 +171,10 @@ class FactChainEnv(ToolEnv):
         copying entities and chaining; it does not teach which relation to use or in which order,
         so a policy trained on it succeeds about ``num_relations ** -num_hops`` of the time
         (6% with the defaults). The CPU demo's SFT warm start uses it; RL has to learn the rest."""
-        import json
-
         entity, turns = task["path"][0], []
         for _ in range(self.num_hops):
             relation = self.relations[int(rng.integers(len(self.relations)))]
-            call = {"name": "lookup", "arguments": {"entity": entity, "relation": relation}}
-            turns.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+            turns.append(lookup_turn(entity, relation))
             entity = self.kb[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
@@ -193,17 +190,18 @@ class FactChainEnv(ToolEnv):
         return {}
 
 
+def lookup_turn(entity: str, relation: str) -> str:
+    """The assistant turn (hermes format) that calls ``lookup(entity, relation)``."""
+    import json
+
+    call = {"name": "lookup", "arguments": {"entity": entity, "relation": relation}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
 def oracle_turns(task: dict[str, Any]) -> list[str]:
     """The assistant turns of a correct episode (hermes format): one lookup per hop, then the answer.
     Used for SFT demonstrations and for scripted-policy tests."""
-    import json
-
-    turns = []
-    for entity, relation in zip(task["path"], task["chain"]):
-        call = {"name": "lookup", "arguments": {"entity": entity, "relation": relation}}
-        turns.append(f"<tool_call>{json.dumps(call)}</tool_call>")
-    turns.append(f"<answer>{task['answer']}</answer>")
-    return turns
+    return [lookup_turn(e, r) for e, r in zip(task["path"], task["chain"])] + [f"<answer>{task['answer']}</answer>"]
 
 
 FactChainEnv.demonstration = staticmethod(oracle_turns)
