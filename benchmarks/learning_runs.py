@@ -48,9 +48,14 @@ def rl(algo: str, seed: int, root: Path, model: Path, extra: list[str], name: st
     t0 = time.time()
     rc = sh([PY, script, "--config", f"configs/factchain_{algo}.yaml", f"run_dir={run_dir}", f"seed={seed}",
              f"init_from={model}", "progress_bar=false", "torch_threads=1", *extra], root / f"{name}.log")
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if rc == 0 else []
-    evals = [(r["iteration"], r["time/elapsed_min"], r["eval/success_rate"]) for r in recs if "eval/success_rate" in r]
+    recs, evals = read_evals(run_dir) if rc == 0 else ([], [])
     return summarize_run(run_dir, name, algo, seed, model, rc, (time.time() - t0) / 60, len(recs), evals)
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict], list[tuple[int, float, float]]]:
+    """The run's metrics records and its (iteration, minutes, eval success) points."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return recs, [(r["iteration"], r["time/elapsed_min"], r["eval/success_rate"]) for r in recs if "eval/success_rate" in r]
 
 
 def summarize_run(run_dir: Path, name: str, algo: str, seed: int, model: Path, rc: int, wall_min: float,
@@ -81,8 +86,7 @@ def main() -> None:
     if args.summarize_only:
         results = []
         for run_dir in sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists() and not p.name.startswith("sft")):
-            recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            evals = [(r["iteration"], r["time/elapsed_min"], r["eval/success_rate"]) for r in recs if "eval/success_rate" in r]
+            recs, evals = read_evals(run_dir)
             seed = int(run_dir.name.split("seed")[1].split("_")[0])
             results.append(summarize_run(run_dir, run_dir.name, run_dir.name.split("_")[0], seed,
                                          root / f"sft_seed{seed}" / "model", 0, recs[-1]["time/elapsed_min"] if recs else 0,
