@@ -44,8 +44,12 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
-            time.sleep(rng.uniform(0, 1.5))
+        text = metrics.read_text() if metrics.exists() else ""
+        lines = text[: text.rfind("\n") + 1].splitlines()  # complete records only
+        if len(lines) >= kill_after:
+            # a random point inside the next iteration: at most one iteration's time, so the kill
+            # lands mid-run however fast iterations are on this machine
+            time.sleep(rng.uniform(0, json.loads(lines[-1])["time/iteration_s"]))
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
