@@ -50,7 +50,7 @@ _CORPUS_WORDS = (
     "who what which where when how why whose whom this that these those it its he she they them "
     "his her their one two three four five six seven eight nine ten first second third last "
     "born city country river mountain company founder founded capital mother father child "
-    "spouse married mentor student employer works worked lives lived located created wrote "
+    "spouse married mentor rival sibling student employer works worked lives lived located created wrote "
     "director directed author film book song album band team player year years old new "
     "question answer search lookup entity relation result results found not none error "
     "tool call name arguments query title text passage paragraph information tool_call "
@@ -79,6 +79,10 @@ def _training_corpus() -> list[str]:
     for d in range(200):
         lines.append(f"{d} {d * 7 % 1000} {1900 + d} ({d}) [{d}]")
     lines.append('{"name": "lookup", "arguments": {"entity": "Karimel", "relation": "mentor"}}')
+    # FactChain's relation names as whole tokens both after a space (in questions) and after a
+    # quote (in tool-call arguments), so that copying one into the other is one token to one.
+    for r in ("mentor", "rival", "employer", "sibling", "founder", "spouse"):
+        lines.extend([f'the {r} of "relation": "{r}"'] * 3)
     lines.append('{"name": "search", "arguments": {"query": "who founded the company"}}')
     lines.append("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ \n\t")
     return lines * 3

@@ -37,7 +37,7 @@ def fuzz_action(env, rng: np.random.Generator, task: dict | None = None) -> np.n
     schemas = [t.schema()["function"] for t in u.tools.values()]
     if kind in (1, 2) and not schemas:  # an env without tools: write a malformed call instead
         kind = 3
-    hints = [w.strip("?.,") for w in (task or {}).get("question", "").split()] + [(task or {}).get("question", "x")]
+    hints = [w.strip("?.,\"'") for w in (task or {}).get("question", "").split()] + [(task or {}).get("question", "x")]
     if kind in (1, 2):
         fn = schemas[int(rng.integers(len(schemas)))]
         if u.format.name == "search_r1":
