@@ -3,9 +3,12 @@
 Card
 ----
 Task
-    "Who is the mentor of the rival of Karimel?" (``question_style="nested"``, the default) or
-    "Who is Karimel's rival's mentor?" (``"possessive"``: the relations in the order they are
-    looked up). The knowledge base (KB) maps every
+    'Who is the mentor of the rival of "Karimel"?' (``question_style="nested"``, the default) or
+    'Who is "Karimel"'s rival's mentor?' (``"possessive"``: the relations in the order they are
+    looked up). The start entity is quoted as it is in a tool call's arguments, so that with the
+    default tokenizer its tokens are the same in the question, the call and a tool result (and
+    every relation name is one token, " rival" in the question and "rival" in the call): a
+    tiny model copies names token for token. The knowledge base (KB) maps every
     (entity, relation) pair to another entity. A question with H hops names a start entity and a
     chain of H relations; the answer is the entity at the end of the chain. Entities are invented
     names, so nothing can be answered from prior knowledge.
@@ -36,7 +39,8 @@ Parameters
     demo uses ``tools_in_prompt=False`` and a one-line system prompt: about 60 prompt tokens
     instead of about 350, because a tiny model learns the call format from its SFT warm start.
 Versions
-    v0: first release.
+    v0: first release. Changed within v0 (before any release): the start entity is quoted in
+    the question.
 """
 
 from __future__ import annotations
@@ -151,9 +155,9 @@ class FactChainEnv(ToolEnv):
         for r in chain:
             path.append(self.kb[(path[-1], r)])
         if self.question_style == "nested":
-            question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f" of {start}?"
+            question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f' of "{start}"?'
         else:
-            question = f"Who is {start}" + "".join(f"'s {r}" for r in chain) + "?"
+            question = f'Who is "{start}"' + "".join(f"'s {r}" for r in chain) + "?"
         return {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
                 "aliases": [], "chain": chain, "path": path}
 
@@ -174,6 +178,19 @@ class FactChainEnv(ToolEnv):
         entity, turns = task["path"][0], []
         for _ in range(self.num_hops):
             relation = self.relations[int(rng.integers(len(self.relations)))]
+            turns.append(lookup_turn(entity, relation))
+            entity = self.kb[(entity, relation)]
+        turns.append(f"<answer>{entity}</answer>")
+        return turns
+
+    def reversed_demonstration(self, task: dict[str, Any], rng: np.random.Generator) -> list[str]:
+        """A demonstration with one systematic mistake: it looks the relations up in reverse order,
+        outermost first (reading "the mentor of the rival of X" left to right), then answers with the
+        last result. Calls, copying and chaining are right, so it succeeds only when reversing the
+        chain does not change the answer (for 2 hops: when both relations are the same, or by
+        chance). ``rng`` is unused; it is there for the common ``X_demonstration`` signature."""
+        entity, turns = task["path"][0], []
+        for relation in reversed(task["chain"]):
             turns.append(lookup_turn(entity, relation))
             entity = self.kb[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
