@@ -1,10 +1,13 @@
 """Supervised warm start on scripted demonstrations.
 
 A policy that has never seen the tool-call format almost never emits a well-formed call, so RL
-from a random tiny model gets no reward to learn from. A short SFT on demonstrations from the
-env's own oracle (``demonstration(task)`` on the env class, e.g. FactChain's
-``oracle_turns``) teaches the format; it is kept short on purpose, so that the success rate it
-reaches stays well below the RL target and RL has to do the rest.
+from a random tiny model gets no reward to learn from. A short SFT on demonstrations from
+scripted policies teaches the format: the env's own oracle (``demonstration(task)`` on the env
+class, e.g. FactChain's ``oracle_turns``), other scripted policies of the env
+(``X_demonstration(task, rng)``), or a weighted mix of them. The CPU demo mixes the oracle with a
+demonstrator that makes one systematic mistake (FactChain's ``reversed``), so the warm start
+knows the protocol and both behaviours but succeeds well below the RL target, and RL has to
+learn which behaviour is rewarded.
 
 The demonstrations go through the env itself, so their tokens, masks and chat-template deltas
 are exactly what the policy sees during RL. The loss is the cross-entropy on the agent's tokens
@@ -14,16 +17,17 @@ are exactly what the policy sees during RL. The loss is the cross-entropy on the
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import yaml
 
-from trainers.config import _check_types, to_dict
+from trainers.config import ConfigError, _check_types, to_dict
 
 
 @dataclass
@@ -41,22 +45,44 @@ class SFTConfig:
     steps: int = 100
     batch_size: int = 32
     lr: float = 3e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """``cosine`` decays the learning rate from ``lr`` to 0 over ``steps`` (after the warmup)."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to ``lr`` over this many steps."""
     eval_tasks: int = 64
     eval_every: int = 0
     """Also evaluate every this many steps (0: only at the end)."""
     max_turn_tokens: int = 64
-    demo_policy: str = "oracle"
+    demo_policy: str | dict[str, float] = "oracle"
     """Which scripted policy writes the demonstrations: ``oracle`` (the env's ``demonstration(task)``)
     or another name ``X`` for which the env has a ``X_demonstration(task, rng)`` method (FactChain:
-    ``protocol``, correct calls with random relations)."""
+    ``protocol``, correct calls with random relations; ``reversed``, the relations looked up in
+    reverse order). A mapping ``{name: weight}`` mixes policies: each demonstration's policy is
+    drawn with those weights (e.g. ``{oracle: 0.3, reversed: 0.7}``, an imperfect demonstrator)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
         for name in ("num_demos", "steps", "batch_size", "eval_tasks", "max_turn_tokens"):
             if getattr(self, name) <= 0:
-                from trainers.config import ConfigError
-
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(f"warmup_steps must be in 0..steps ({self.steps}), got {self.warmup_steps}")
+        if isinstance(self.demo_policy, dict) and (
+                not self.demo_policy or any(w < 0 for w in self.demo_policy.values())
+                or sum(self.demo_policy.values()) <= 0):
+            raise ConfigError(f"demo_policy: a mix needs non-negative weights with a positive sum, "
+                              f"got {self.demo_policy!r}")
+
+
+def lr_factor(cfg: SFTConfig, step: int) -> float:
+    """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then
+    constant or cosine decay to 0 at ``cfg.steps``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - cfg.warmup_steps) / span)))
 
 
 def demo_policy(env: Any, name: str, rng: np.random.Generator):
@@ -75,16 +101,25 @@ def demo_policy(env: Any, name: str, rng: np.random.Generator):
     return lambda task: method(task, rng)
 
 
-def demonstrations(env: Any, task_indices: list[int], policy: str = "oracle",
+def demonstrations(env: Any, task_indices: list[int], policy: str | dict[str, float] = "oracle",
                    rng: np.random.Generator | None = None) -> list[dict[str, Any]]:
-    """Run a scripted policy on each task; return the env's trajectories (ids + loss masks)."""
-    demo = demo_policy(env, policy, rng if rng is not None else np.random.default_rng(0))
+    """Run a scripted policy on each task; return the env's trajectories (ids + loss masks).
+
+    ``policy`` is one policy's name, or a mix ``{name: weight}``: each task's policy is then
+    drawn from ``rng`` with those weights (normalized)."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    mix = policy if isinstance(policy, dict) else {policy: 1.0}
+    names = sorted(mix)
+    demos = [demo_policy(env, n, rng) for n in names]
+    weights = np.asarray([mix[n] for n in names], dtype=float)
+    picks = (rng.choice(len(names), size=len(task_indices), p=weights / weights.sum()) if len(names) > 1
+             else np.zeros(len(task_indices), dtype=int))  # one policy: leave rng's stream as it was
     out = []
     tok = env.tokenizer
-    for k in task_indices:
+    for k, pick in zip(task_indices, picks):
         env.reset(options={"task_index": int(k)})
         info: dict[str, Any] = {}
-        for text in demo(env.task):
+        for text in demos[pick](env.task):
             ids = tok.encode(text, add_special_tokens=False) + [env.eot_id]
             *_, info = env.step(np.asarray(ids, dtype=np.int64))
         out.append(info["trajectory"])
@@ -136,6 +171,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         return _eval_keys(summarize(trajs))
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         model.train()
@@ -153,7 +189,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        metrics = {"sft/loss": float(loss.detach()), "time/elapsed_min": (time.perf_counter() - t0) / 60}
+        metrics = {"sft/loss": float(loss.detach()), "sft/lr": sched.get_last_lr()[0],
+                   "time/elapsed_min": (time.perf_counter() - t0) / 60}
+        sched.step()
         if cfg.eval_every and step % cfg.eval_every == 0:
             metrics.update(evaluate())
             print(f"step {step}: loss {float(loss):.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)

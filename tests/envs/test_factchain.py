@@ -1,4 +1,5 @@
-"""FactChain's question styles and its scripted demonstrators (oracle and protocol)."""
+"""FactChain's question styles, its tokenization and its scripted demonstrators (oracle, protocol,
+reversed), and SFT's demonstration mixes and learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -23,8 +24,27 @@ def test_question_styles_name_the_same_chain():
         a, b = nested.get_task(k), poss.get_task(k)
         assert (a["answer"], a["chain"], a["path"]) == (b["answer"], b["chain"], b["path"])
         start, (r1, r2) = a["path"][0], a["chain"]
-        assert a["question"] == f"Who is the {r2} of the {r1} of {start}?"
-        assert b["question"] == f"Who is {start}'s {r1}'s {r2}?"
+        assert a["question"] == f'Who is the {r2} of the {r1} of "{start}"?'
+        assert b["question"] == f'Who is "{start}"\'s {r1}\'s {r2}?'
+
+
+def test_names_tokenize_alike_in_question_call_and_result():
+    """Copying a name or a relation from the question into a call is token-for-token (entities,
+    quoted in both places) or one token to one token (relations: " rival" -> "rival")."""
+    env = _env(num_relations=6)
+    tok = env.tokenizer
+    inner = lambda text: tok.tokenize(text)[1:-1]  # noqa: E731  (drop the delimiters)
+    for k in range(100):
+        task = env.get_task(k)
+        q = tok.tokenize(task["question"])
+        for entity in task["path"]:
+            call = inner(f'"{entity}"')
+            assert call == inner(f"\n{entity}\n")  # a tool result
+            assert call == tok.tokenize(f"<answer>{entity}</answer>")[1:-1]
+        start = inner(f'"{task["path"][0]}"')
+        assert any(q[i:i + len(start)] == start for i in range(len(q)))
+    for r in env.relations:
+        assert len(tok.tokenize(" " + r)) == 1 and inner(f'"{r}"') == [r]
 
 
 def _play(env, turns):
@@ -61,6 +81,54 @@ def test_protocol_demonstration_chains_real_results_with_random_relations():
     assert 0.02 < successes / 400 < 0.15
 
 
+def test_reversed_demonstration_looks_up_outermost_first():
+    env = _env(num_relations=4)
+    successes = same = 0
+    for k in range(400):
+        env.reset(options={"task_index": k})
+        turns = env.reversed_demonstration(env.task, None)
+        statuses, info = _play(env, turns)
+        assert statuses == ["ok", "ok"]
+        rels = re.findall(r'"relation": "([^"]*)"', "".join(turns))
+        assert rels == env.task["chain"][::-1]
+        ok = info["answer_scores"]["em"] == 1.0
+        successes += ok
+        same += env.task["chain"][0] == env.task["chain"][1]
+        if env.task["chain"][0] == env.task["chain"][1]:
+            assert ok  # reversing a chain of one repeated relation changes nothing
+    # it fails whenever the two relations differ, except when both orders meet by chance
+    assert same <= successes <= same + 0.1 * 400 and 0.15 < same / 400 < 0.35
+
+
+def test_sft_demo_mix_draws_each_policy_by_weight():
+    env = _env()
+    demos = demonstrations(env, list(range(300)), {"oracle": 0.3, "reversed": 0.7}, np.random.default_rng(0))
+    reversed_order = 0
+    for k, text in enumerate(env.tokenizer.decode(d["token_ids"]) for d in demos):
+        chain = env.get_task(k)["chain"]
+        rels = re.findall(r'"relation": "([^"]*)"', text)
+        assert rels in (chain, chain[::-1])
+        reversed_order += chain[0] != chain[1] and rels == chain[::-1]
+    differ = sum(env.get_task(k)["chain"][0] != env.get_task(k)["chain"][1] for k in range(300))
+    assert 0.6 < reversed_order / differ < 0.8, (reversed_order, differ)
+
+
+def test_sft_config_checks_mix_and_schedule():
+    from trainers.config import ConfigError
+    from trainers.sft import SFTConfig, lr_factor
+
+    with pytest.raises(ConfigError, match="demo_policy"):
+        SFTConfig(demo_policy={"oracle": -1.0, "reversed": 0.5})
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        SFTConfig(steps=10, warmup_steps=11)
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        SFTConfig(lr_schedule="linear")
+    cfg = SFTConfig(steps=100, warmup_steps=10, lr_schedule="cosine")
+    assert [lr_factor(cfg, s) for s in (0, 4, 9, 10)] == pytest.approx([0.1, 0.5, 1.0, 1.0])
+    assert lr_factor(cfg, 55) == pytest.approx(0.5) and lr_factor(cfg, 100) == pytest.approx(0.0)
+    assert lr_factor(SFTConfig(steps=100, warmup_steps=10), 99) == 1.0
+
+
 def test_sft_demo_policy_lookup_and_errors():
     env = _env()
     rng = np.random.default_rng(1)
@@ -68,5 +136,5 @@ def test_sft_demo_policy_lookup_and_errors():
     proto = demonstrations(env, [0, 1, 2], "protocol", rng)
     assert len(oracle) == len(proto) == 3
     assert all(sum(t["loss_mask"]) > 0 for t in oracle + proto)
-    with pytest.raises(ValueError, match=r"demo_policy 'expert'.*available: \['oracle', 'protocol'\]"):
+    with pytest.raises(ValueError, match=r"demo_policy 'expert'.*available: \['oracle', 'protocol', 'reversed'\]"):
         demo_policy(env, "expert", rng)
