@@ -41,7 +41,7 @@ def main() -> None:
     run_dir = tempfile.mkdtemp(prefix="demo_resources_")
     overrides = [f"run_dir={run_dir}", f"iterations={args.iterations}", "progress_bar=false", "max_minutes=null"]
     init = cfg.get("init_from")
-    if init and not (REPO / init).is_dir():
+    if init and not (REPO / init).is_dir() and not any(o.startswith("init_from=") for o in args.overrides):
         print(f"note: {init} not found; starting from the untrained tiny model (same shapes)")
         overrides.append("init_from=null")
     cmd = [sys.executable, str(REPO / "trainers" / script), "--config", str(REPO / args.config), *overrides, *args.overrides]

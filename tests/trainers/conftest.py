@@ -5,13 +5,15 @@ COMPACT_ENV = {"tools_in_prompt": False, "system_prompt": "Follow the chain of f
 
 @pytest.fixture(scope="session")
 def sft_model(tmp_path_factory):
-    """A tiny model after a short SFT warm start: it emits the tool-call format and gets a minority
-    of the 2-hop questions right (about 30% greedy)."""
+    """A tiny model after the CPU demo's SFT warm start (configs/factchain_sft.yaml: an imperfect
+    demonstrator, 40% oracle and 60% relations in reverse order): it emits the tool-call format,
+    copies and chains, and gets a minority of the 2-hop questions right (about 35% greedy)."""
     from trainers.sft import SFTConfig, run_sft
 
     run_dir = tmp_path_factory.mktemp("sft")
-    final = run_sft(SFTConfig(run_dir=str(run_dir), steps=200, batch_size=32, num_demos=2000, eval_tasks=16,
-                              env_kwargs=dict(COMPACT_ENV), max_turn_tokens=40))
+    final = run_sft(SFTConfig(run_dir=str(run_dir), steps=600, batch_size=32, num_demos=2000, eval_tasks=16,
+                              env_kwargs=dict(COMPACT_ENV), max_turn_tokens=40, lr_schedule="cosine",
+                              warmup_steps=20, demo_policy={"oracle": 0.4, "reversed": 0.6}))
     assert final["sft/loss"] < 0.5
     return str(run_dir / "model")
 
