@@ -17,7 +17,6 @@ are exactly what the policy sees during RL. The loss is the cross-entropy on the
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,13 +75,10 @@ class SFTConfig:
 
 def lr_factor(cfg: SFTConfig, step: int) -> float:
     """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then
-    constant or cosine decay to 0 at ``cfg.steps``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return 1.0
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - cfg.warmup_steps) / span)))
+    constant or cosine decay to 0 at ``cfg.steps`` (``trainers.trainer.lr_multiplier``)."""
+    from trainers.trainer import lr_multiplier
+
+    return lr_multiplier(step, cfg.warmup_steps, cfg.lr_schedule, cfg.steps)
 
 
 def demo_policy(env: Any, name: str, rng: np.random.Generator):

@@ -12,6 +12,7 @@ the uninterrupted run would have done.
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import time
 from pathlib import Path
@@ -82,7 +83,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
                            if self.critic is not None else None)
-        warm = (lambda step: min(1.0, (step + 1) / cfg.warmup_steps)) if cfg.warmup_steps else (lambda step: 1.0)
+        warm = lambda step: lr_multiplier(step, cfg.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
         vocab = self.policy.get_input_embeddings().num_embeddings
@@ -335,6 +336,18 @@ class Trainer:
         return torch.cat(out)
 
 
+def lr_multiplier(step: int, warmup_steps: int, schedule: str = "constant", total_steps: int = 0) -> float:
+    """The learning-rate multiplier at optimizer step ``step`` (0-based): linear warmup over
+    ``warmup_steps``, then 1 (``constant``) or a cosine decay to 0 at ``total_steps`` (``cosine``).
+    The RL trainer uses the constant schedule, SFT either."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
+
+
 def _eval_keys(metrics: dict[str, float]) -> dict[str, float]:
     """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x."""
     return {(k.replace("rollout/", "eval/") if k.startswith("rollout/") else "eval/" + k): v for k, v in metrics.items()}
@@ -369,4 +382,4 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         trainer.cleanup()
 
 
-__all__ = ["NonFiniteLossError", "Trainer", "make_vector_env", "resume_config", "run"]
+__all__ = ["NonFiniteLossError", "Trainer", "lr_multiplier", "make_vector_env", "resume_config", "run"]
