@@ -506,3 +506,79 @@ def test_kl_in_reward_matches_loop(seed, kind):
             kl = {"k1": d, "k2": 0.5 * d * d, "k3": math.exp(-d) + d - 1}[kind]
             exp[b][t] -= 0.3 * kl
     assert close(out, exp)
+
+
+# ----------------------------------------------------------------------------- equal scores (issue 10, item 1)
+
+
+def _score_rows(parts_per_row, T=4):
+    """float32 (B, T) rewards whose row b holds parts_per_row[b] on its first tokens."""
+    r = torch.zeros(len(parts_per_row), T)
+    for b, parts in enumerate(parts_per_row):
+        for t, x in enumerate(parts):
+            r[b, t] = x
+    return r, torch.ones_like(r)
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+@pytest.mark.parametrize("rows", [
+    [(0.2, 1.0)] * 8,                              # the shipped demo: hop 0.2 + em 1.0, eight times
+    [(1.0, 0.2)] * 4 + [(-0.3, 0.5, 1.0)] * 4,     # equal in exact arithmetic, summed differently
+    [(0.2, 1.0)] * 7 + [(-0.3, 0.5, 1.0)],
+    [(0.1, 0.2, -0.3)] * 3 + [(0.0,)] * 5,         # equal to 0, not exactly 0 in float32
+])
+def test_grpo_equal_scores_get_exactly_zero(rows, norm_by_std):
+    # Before the float64 statistics and the std tolerance: +0.106 on every token of the first
+    # case and adv/zero_std_group_frac 0.
+    r, m = _score_rows(rows)
+    adv, _, met = call("grpo", r, m, norm_by_std=norm_by_std)
+    assert adv.dtype == torch.float32
+    assert torch.equal(adv, torch.zeros_like(adv))
+    assert float(met["adv/zero_std_group_frac"]) == 1.0
+
+
+def test_rloo_equal_scores_get_exactly_zero():
+    r, m = _score_rows([(1.0, 0.2)] * 4 + [(-0.3, 0.5, 1.0)] * 4)
+    adv, _, met = call("rloo", r, m)
+    assert torch.equal(adv, torch.zeros_like(adv))
+    assert float(met["adv/zero_std_group_frac"]) == 1.0
+
+
+def test_grpo_tolerance_keeps_real_differences():
+    # A real difference far above rounding keeps its sign and size; only the equal group is 0.
+    r, m = _score_rows([(0.2, 1.0)] * 4 + [(1.0,)] * 4 + [(0.2, 1.0)] * 2 + [(-0.3, 0.5, 1.0)] * 2)
+    groups = torch.tensor([0] * 8 + [1] * 4)
+    adv, _, met = call("grpo", r, m, groups=groups)
+    assert (adv[:4, 0] > 0.9).all() and (adv[4:8, 0] < -0.9).all()
+    assert torch.equal(adv[8:], torch.zeros_like(adv[8:]))
+    assert float(met["adv/zero_std_group_frac"]) == pytest.approx(4 / 12)
+
+
+def _ulp_apart(n):
+    """n float32 values alternating 1.2 and the next float32 above it: equal up to rounding."""
+    a = torch.tensor(1.2)
+    b = torch.nextafter(a, torch.tensor(2.0))
+    return torch.stack([a if i % 2 else b for i in range(n)])
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_reinforce_pp_equal_returns_get_exactly_zero(norm_by_std):
+    # One agent token per row whose return is 1.2 up to one float32 ulp. Before the fix the
+    # whitened advantages were about +-0.1.
+    r = torch.zeros(8, 3)
+    r[:, 1] = _ulp_apart(8)
+    m = torch.tensor([[0, 1, 0]] * 8)
+    adv, _, _ = call("reinforce_pp", r, m, norm_by_std=norm_by_std)
+    assert torch.equal(adv, torch.zeros_like(adv))
+
+
+def test_gae_whitening_equal_advantages_get_exactly_zero():
+    r = torch.zeros(8, 3)
+    r[:, 1] = _ulp_apart(8)
+    m = torch.tensor([[0, 1, 0]] * 8)
+    adv, _, _ = call("gae", r, m, v=torch.zeros_like(r))
+    assert torch.equal(adv, torch.zeros_like(adv))
+    # and a real spread is still whitened to std 1
+    r[:4, 1] = 0.0
+    adv, _, _ = call("gae", r, m, v=torch.zeros_like(r))
+    assert torch.std(adv[:, 1].double()).item() == pytest.approx(1.0, abs=1e-5)

@@ -380,3 +380,35 @@ def test_metrics_are_detached_0d():
         for name, t in metrics.items():
             assert isinstance(t, torch.Tensor) and t.dim() == 0 and not t.requires_grad, name
     assert L.masked_mean(torch.tensor([1.0, float("nan")]), torch.tensor([1, 0])).item() == 1.0
+
+
+# ----------------------------------------------------------------------------- float64 statistics (issue 10, item 1)
+
+
+def test_masked_mean_std_equal_values_up_to_rounding_have_zero_std():
+    a = torch.tensor(1.2)
+    b = torch.nextafter(a, torch.tensor(2.0))  # one float32 ulp above
+    x = torch.stack([a, b] * 4).reshape(2, 4)
+    m = torch.ones(2, 4)
+    mean, std = L.masked_mean_std(x, m)
+    assert std.item() == 0.0 and mean.dtype == torch.float32
+    assert mean.item() == pytest.approx(1.2, abs=1e-6)
+    y = L.masked_whiten(x, m, eps=1e-6)
+    assert torch.equal(y, torch.zeros_like(y))
+    # A real spread is untouched, and padding (NaN off the mask) never leaks in.
+    x2 = torch.tensor([[1.0, 2.0, 3.0, float("nan")]])
+    m2 = torch.tensor([[1, 1, 1, 0]])
+    mean, std = L.masked_mean_std(x2, m2)
+    assert mean.item() == pytest.approx(2.0) and std.item() == pytest.approx(1.0)
+    y = L.masked_whiten(x2, m2, eps=0.0)
+    assert torch.allclose(y, torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
+
+
+def test_masked_mean_std_is_float64_inside():
+    # float32 sums of many values lose bits; float64 statistics of the same float32 inputs do not.
+    x = torch.full((1, 100_000), 0.1) + torch.tensor([1e-3, -1e-3]).repeat(50_000)
+    m = torch.ones_like(x)
+    mean, std = L.masked_mean_std(x, m)
+    ref = x.double()
+    assert mean.item() == pytest.approx(ref.mean().item(), rel=1e-7)
+    assert std.item() == pytest.approx(ref.std().item(), rel=1e-6)

@@ -48,7 +48,16 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from .losses import KLKind, expect_bt, expect_shape, kl_penalty, masked_mean, masked_mean_std
+from .losses import (
+    STD_RTOL,
+    KLKind,
+    expect_bt,
+    expect_shape,
+    kl_penalty,
+    masked_mean,
+    masked_mean_std,
+    masked_whiten,
+)
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -159,12 +168,19 @@ def _next_on_mask(v: Tensor, mask: Tensor) -> Tensor:
     return v_pad.gather(1, nxt)
 
 
-def _group_stats(score: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-trajectory group sum, size, mean and unbiased std of ``score``.
+def _group_stats(
+    score: Tensor, group_ids: Tensor, scale: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-trajectory group sum, size, mean and unbiased std of ``score``, in float64.
 
-    score (B,), group_ids (B,) -> four (B,) tensors, each the value of the row's own group.
-    The std of a group of one is 0.
+    score (B,), group_ids (B,), scale (B,) -> four float64 (B,) tensors, each the value of the
+    row's own group. ``scale`` is each row's rounding scale (the sum of the absolute rewards
+    that made its score). The std of a group of one is 0, and so is a std at or below
+    ``STD_RTOL`` times the group's largest scale (at least its ``|mean|``): scores equal in
+    exact arithmetic but summed in a different order differ only by rounding.
     """
+    score = score.to(torch.float64)
+    scale = scale.to(torch.float64)
     uniq, inv = torch.unique(group_ids, return_inverse=True)  # uniq (G,), inv (B,) in [0, G)
     G = uniq.numel()
     gsum = score.new_zeros(G).index_add_(0, inv, score)  # (G,)
@@ -172,7 +188,17 @@ def _group_stats(score: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tens
     gmean = gsum / gcnt
     gsq = score.new_zeros(G).index_add_(0, inv, (score - gmean[inv]).square())  # (G,)
     gstd = (gsq / (gcnt - 1).clamp_min(1)).sqrt()
+    gscale = score.new_zeros(G).scatter_reduce_(0, inv, scale, reduce="amax")  # (G,), scale >= 0
+    gscale = torch.maximum(gscale, gmean.abs())
+    gstd = torch.where(gstd <= STD_RTOL * gscale, torch.zeros_like(gstd), gstd)
     return gsum[inv], gcnt[inv], gmean[inv], gstd[inv]
+
+
+def _scores(token_rewards: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """Each trajectory's score (the sum of its agent-token rewards) and rounding scale (the sum
+    of their absolute values), both float64 (B,)."""
+    r = torch.where(m, token_rewards, torch.zeros_like(token_rewards)).to(torch.float64)
+    return r.sum(-1), r.abs().sum(-1)
 
 
 def _metrics(
@@ -190,14 +216,6 @@ def _metrics(
         "adv/returns_mean": masked_mean(returns, mask),
         "adv/reward_off_mask": torch.where(mask, 0.0, token_rewards.abs()).sum(),
     }
-
-
-def _whiten(x: Tensor, mask: Tensor, eps: float, scale: bool) -> Tensor:
-    """Center ``x`` on its mean over the masked tokens of the whole batch, and divide by the
-    std (+eps) when ``scale``; 0 off the mask."""
-    mean, std = masked_mean_std(x, mask)
-    y = (x - mean) / (std + eps) if scale else x - mean
-    return torch.where(mask, y, torch.zeros_like(y))
 
 
 # ----------------------------------------------------------------------------- reward placement
@@ -385,7 +403,7 @@ def gae(
     adv = _discounted_cumsum_on_mask(delta, m, gamma * lam)
     returns = torch.where(m, adv + v, zeros)
     if norm_by_std:
-        adv = _whiten(adv, m, eps, scale=True)
+        adv = masked_whiten(adv, m, eps, scale=True)
     metrics = _metrics(adv, returns, token_rewards, m)
     metrics["adv/values_mean"] = masked_mean(v, m)
     return adv, returns, metrics
@@ -397,11 +415,13 @@ def _per_trajectory(
     """Spread per-trajectory advantages ``a`` (B,) and scores (B,) over the agent tokens ``m``
     (B, T); the shared tail of the group estimators (grpo, rloo)."""
     zeros = torch.zeros_like(token_rewards)
-    adv = torch.where(m, a.unsqueeze(-1), zeros)  # (B,) -> (B, 1) -> (B, T)
-    returns = torch.where(m, score.unsqueeze(-1), zeros)  # (B,) -> (B, 1) -> (B, T)
+    a = torch.where(gstd > 0, a, torch.zeros_like(a))  # equal scores (up to rounding): no signal
+    dt = token_rewards.dtype
+    adv = torch.where(m, a.to(dt).unsqueeze(-1), zeros)  # (B,) -> (B, 1) -> (B, T)
+    returns = torch.where(m, score.to(dt).unsqueeze(-1), zeros)  # (B,) -> (B, 1) -> (B, T)
     metrics = _metrics(adv, returns, token_rewards, m)
-    metrics["adv/score_mean"] = score.mean()
-    metrics["adv/zero_std_group_frac"] = (gstd == 0).to(score.dtype).mean()
+    metrics["adv/score_mean"] = score.mean().to(dt)
+    metrics["adv/zero_std_group_frac"] = (gstd == 0).to(dt).mean()
     return adv, returns, metrics
 
 
@@ -423,7 +443,9 @@ def grpo(
     ``s_i = sum_t token_rewards[i, t] * loss_mask[i, t]`` (outcome + all process rewards)
     ``A_i = (s_i - mean_g(s)) / (std_g(s) + eps)``, or ``s_i - mean_g(s)`` when
     ``norm_by_std=False`` (Dr. GRPO), where g is row i's group and std_g is unbiased (0 for a
-    group of one). ``advantages[i, t] = A_i`` and ``returns[i, t] = s_i`` on agent tokens.
+    group of one). Statistics are float64; a group whose std is within rounding of 0 (see
+    ``_group_stats``) gets ``A_i = 0`` exactly and counts in ``adv/zero_std_group_frac``.
+    ``advantages[i, t] = A_i`` and ``returns[i, t] = s_i`` on agent tokens.
     ``values``, ``gamma`` and ``lam`` are not used.
 
     Args:
@@ -447,9 +469,8 @@ def grpo(
     """
     _check_inputs(token_rewards, loss_mask, values, group_ids)
     m = loss_mask.bool()
-    zeros = torch.zeros_like(token_rewards)
-    score = torch.where(m, token_rewards, zeros).sum(-1)  # (B,)
-    _, _, gmean, gstd = _group_stats(score, group_ids)  # each (B,)
+    score, scale = _scores(token_rewards, m)  # each (B,), float64
+    _, _, gmean, gstd = _group_stats(score, group_ids, scale)  # each (B,), float64
     a = (score - gmean) / (gstd + eps) if norm_by_std else score - gmean  # (B,)
     return _per_trajectory(a, score, gstd, token_rewards, m)
 
@@ -472,7 +493,8 @@ def rloo(
 
     ``s_i = sum_t token_rewards[i, t] * loss_mask[i, t]``
     ``A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1)``
-    ``advantages[i, t] = A_i`` and ``returns[i, t] = s_i`` on agent tokens. A group of one
+    ``advantages[i, t] = A_i`` and ``returns[i, t] = s_i`` on agent tokens; 0 in a group whose
+    scores are equal up to rounding (float64 statistics, as in grpo). A group of one
     raises ``ValueError``. ``values``, ``gamma``, ``lam``, ``norm_by_std`` and ``eps`` are not
     used (RLOO does not scale by a std).
 
@@ -493,9 +515,8 @@ def rloo(
     """
     _check_inputs(token_rewards, loss_mask, values, group_ids)
     m = loss_mask.bool()
-    zeros = torch.zeros_like(token_rewards)
-    score = torch.where(m, token_rewards, zeros).sum(-1)  # (B,)
-    gsum, gcnt, _, gstd = _group_stats(score, group_ids)  # each (B,)
+    score, scale = _scores(token_rewards, m)  # each (B,), float64
+    gsum, gcnt, _, gstd = _group_stats(score, group_ids, scale)  # each (B,), float64
     if bool((gcnt < 2).any()):
         bad = group_ids[gcnt < 2].unique().tolist()
         raise ValueError(f"rloo needs at least 2 trajectories per group; groups of one: {bad}")
@@ -545,5 +566,5 @@ def reinforce_pp(
     _check_inputs(token_rewards, loss_mask, values, group_ids)
     m = loss_mask.bool()
     returns = _discounted_cumsum_on_mask(token_rewards, m, gamma)  # (B, T)
-    adv = _whiten(returns, m, eps, scale=norm_by_std)
+    adv = masked_whiten(returns, m, eps, scale=norm_by_std)
     return adv, returns, _metrics(adv, returns, token_rewards, m)

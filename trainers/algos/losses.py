@@ -39,6 +39,7 @@ from torch import Tensor
 
 __all__ = [
     "AGGREGATIONS",
+    "STD_RTOL",
     "KLKind",
     "aggregate",
     "entropy_from_logits",
@@ -47,6 +48,9 @@ __all__ = [
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
+    "masked_mean_std",
+    "masked_stats_f64",
+    "masked_whiten",
     "policy_loss",
     "register_agg",
     "value_loss",
@@ -91,14 +95,55 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return total / m.sum().clamp_min(1)
 
 
-def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean and unbiased std of ``x`` over the masked positions (0 and 0 when fewer than 2)."""
+# A std at or below STD_RTOL times the scale of the values is treated as exactly 0: the values
+# are equal up to float rounding (0.2 + 1.0 and -0.3 + 0.5 + 1.0 differ in the last float32
+# bits), and dividing their rounding noise by ``std + eps`` would hand out advantages of ~0.1.
+STD_RTOL = 1e-5
+
+
+def masked_stats_f64(x: Tensor, mask: Tensor, rtol: float = STD_RTOL) -> tuple[Tensor, Tensor]:
+    """Mean and unbiased std of ``x`` over the masked positions, computed in float64.
+
+    Returns float64 0-d tensors. The std is 0 when fewer than 2 positions are masked, and is
+    set to exactly 0 when it is at or below ``rtol * max|x|`` over the masked positions (which
+    is at least ``rtol * |mean|``): such values are equal up to rounding.
+    """
     m = mask.bool()
+    x64 = x.detach().to(torch.float64)
+    zeros = torch.zeros_like(x64)
     n = m.sum()
-    mean = torch.where(m, x, torch.zeros_like(x)).sum() / n.clamp_min(1)
-    sq = torch.where(m, (x - mean) ** 2, torch.zeros_like(x)).sum()
+    mean = torch.where(m, x64, zeros).sum() / n.clamp_min(1)
+    sq = torch.where(m, (x64 - mean) ** 2, zeros).sum()
     std = (sq / (n - 1).clamp_min(1)).sqrt()
+    scale = torch.where(m, x64.abs(), zeros).amax() if x64.numel() else x64.new_zeros(())
+    std = torch.where(std <= rtol * scale, torch.zeros_like(std), std)
     return mean, std
+
+
+def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and unbiased std of ``x`` over the masked positions (0 and 0 when fewer than 2).
+
+    Computed in float64 by ``masked_stats_f64`` (a std within rounding of 0 is 0) and returned
+    in ``x``'s dtype (float32 for an integer ``x``). No gradient flows.
+    """
+    out = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    mean, std = masked_stats_f64(x, mask)
+    return mean.to(out), std.to(out)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float, scale: bool = True) -> Tensor:
+    """Center ``x`` on its mean over the masked positions and divide by ``std + eps`` when
+    ``scale``; 0 off the mask. Statistics and arithmetic in float64, result in ``x``'s dtype.
+
+    When the std is 0 (fewer than 2 positions, or all values equal up to rounding, see
+    ``masked_stats_f64``) every result is exactly 0: equal values carry no signal.
+    """
+    m = mask.bool()
+    mean, std = masked_stats_f64(x, m)
+    x64 = x.detach().to(torch.float64)
+    y = (x64 - mean) / (std + eps) if scale else x64 - mean
+    keep = m & (std > 0)
+    return torch.where(keep, y, torch.zeros_like(y)).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- aggregation
