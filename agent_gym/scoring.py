@@ -1,17 +1,31 @@
-"""Answer scoring for question answering: exact match, token F1 and (opt-in) substring match.
+"""Answer scoring for question answering: exact match, token F1 and (opt-in) substring match,
+matching each dataset's official evaluation script.
 
-Normalization follows the official SQuAD v1.1 / HotpotQA evaluation scripts: lower case, drop
-punctuation, drop the articles a/an/the, collapse white space. Every scorer takes the maximum
-over the gold answer and its aliases.
+Normalization is the one of the official SQuAD v1.1 / HotpotQA / 2WikiMultihopQA / MuSiQue
+scripts (they share it): lower case, drop ASCII punctuation, drop the articles a/an/the,
+collapse white space. Every scorer takes the maximum over the gold answer and its aliases.
 
-`exact_match` and `f1_score` are the defaults. `substring_match` is the reward in Agent-R1's
-public code; it is offered under its own name only, because it is easy to hack: an answer that
-lists many candidates contains the gold more often than a precise answer does. Here an empty or
-blank prediction never matches, and `tests/agent_gym/test_scoring.py` pins that down.
+Which script each scorer matches (re-implemented from the scripts' logic, not copied):
 
-Departure from the official scripts: they give EM = 1 when both the prediction and a gold
-normalize to the empty string (e.g. gold "the"). Here an empty prediction scores 0 under every
-scorer, so a policy can never earn reward by saying nothing.
+- ``exact_match`` ("em"): all three official scripts. 1 when the normalized prediction equals
+  a normalized gold, **including when both normalize to the empty string**: HotpotQA dev row
+  ``5a8b3d795542997f31a41cc1`` has the answer ``"!!!"``, and the prediction ``"!!!"`` (or an
+  empty answer) scores EM 1 there, as in ``hotpot_evaluate_v1.py``.
+- ``f1_score`` ("f1"): HotpotQA's ``hotpot_evaluate_v1.py`` and 2WikiMultihopQA's
+  ``2wikimultihop_evaluate_v1.1.py`` (the same function). If the normalized prediction or gold
+  is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0; otherwise token F1 of the
+  normalized answers, 0 when no token is shared (so two empty answers get F1 0, EM 1).
+- ``squad_f1_score`` ("f1_squad"): MuSiQue's ``metrics/answer.py`` (SQuAD 2.0's
+  ``compute_f1``). No yes/no rule: ``f1("no city", ["Norway", "no"])`` is 2/3 (vs gold
+  ``no``: P 1/2, R 1). If either side has no token, F1 is 1 when both have none, else 0.
+
+Each dataset's pair is in ``OFFICIAL_SCORERS`` (``official_scorers(dataset)``); the QA envs log
+``em`` and ``f1`` from it, so ``f1`` in a MuSiQue env is the MuSiQue F1.
+
+`substring_match` is the reward in Agent-R1's public code; it is offered under its own name
+only, because it is easy to hack: an answer that lists many candidates contains the gold more
+often than a precise answer does. It is no official metric: an empty or blank prediction, or a
+gold that normalizes to nothing, never matches.
 """
 
 from __future__ import annotations
@@ -25,9 +39,12 @@ __all__ = [
     "ANSWER_SCORERS",
     "exact_match",
     "f1_score",
+    "OFFICIAL_SCORERS",
     "get_answer_scorer",
     "normalize_answer",
+    "official_scorers",
     "register_answer_scorer",
+    "squad_f1_score",
     "substring_match",
 ]
 
@@ -49,24 +66,27 @@ def normalize_answer(text: str) -> str:
 def _golds(golds: str | Iterable[str]) -> list[str]:
     if isinstance(golds, str):
         return [golds]
-    out = [g for g in golds if isinstance(g, str)]
+    out = list(golds)
     if not out:
         raise ValueError("at least one gold answer string is required")
+    bad = [g for g in out if not isinstance(g, str)]
+    if bad:
+        raise TypeError(f"gold answers must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
     return out
 
 
 def exact_match(pred: str, golds: str | Iterable[str]) -> float:
-    """1.0 if the normalized prediction equals a normalized gold answer or alias, else 0.0."""
+    """1.0 if the normalized prediction equals a normalized gold answer or alias, else 0.0.
+
+    As in every official script, an empty normalized prediction matches a gold that also
+    normalizes to "" (gold ``"!!!"``).
+    """
     p = normalize_answer(pred)
-    if not p:
-        return 0.0
     return float(any(p == normalize_answer(g) for g in _golds(golds)))
 
 
-def _f1_one(pred_tokens: list[str], gold: str) -> float:
-    gold_tokens = normalize_answer(gold).split()
-    common = Counter(pred_tokens) & Counter(gold_tokens)
-    same = sum(common.values())
+def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if same == 0:
         return 0.0
     precision = same / len(pred_tokens)
@@ -74,23 +94,37 @@ def _f1_one(pred_tokens: list[str], gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1_score(pred: str, golds: str | Iterable[str]) -> float:
-    """Token-level F1 of the normalized answers, max over gold answer and aliases.
+_YES_NO = ("yes", "no", "noanswer")
 
-    As in the HotpotQA script, a yes/no/noanswer gold only gets credit for the exact same word,
-    so "yes no" cannot collect half credit on a yes/no question.
+
+def f1_score(pred: str, golds: str | Iterable[str]) -> float:
+    """Token F1 as in HotpotQA's and 2WikiMultihopQA's official scripts, max over golds.
+
+    A yes/no/noanswer prediction or gold gets credit only for the exact same word, so "yes no"
+    cannot collect half credit on a yes/no question. No shared token (two empty answers
+    included) gives 0.
     """
-    pred_norm = normalize_answer(pred)
-    pred_tokens = pred_norm.split()
-    if not pred_tokens:
-        return 0.0
+    p = normalize_answer(pred)
     best = 0.0
     for gold in _golds(golds):
-        gold_norm = normalize_answer(gold)
-        special = ("yes", "no", "noanswer")
-        if (pred_norm in special or gold_norm in special) and pred_norm != gold_norm:
+        g = normalize_answer(gold)
+        if (p in _YES_NO or g in _YES_NO) and p != g:
             continue
-        best = max(best, _f1_one(pred_tokens, gold))
+        best = max(best, _token_f1(p.split(), g.split()))
+    return best
+
+
+def squad_f1_score(pred: str, golds: str | Iterable[str]) -> float:
+    """Token F1 as in MuSiQue's official metric (SQuAD 2.0 ``compute_f1``), max over golds.
+
+    No yes/no rule. When the prediction or the gold has no token, F1 is 1.0 if both have
+    none, else 0.0.
+    """
+    p = normalize_answer(pred).split()
+    best = 0.0
+    for gold in _golds(golds):
+        g = normalize_answer(gold).split()
+        best = max(best, float(p == g) if not p or not g else _token_f1(p, g))
     return best
 
 
@@ -134,6 +168,22 @@ def register_answer_scorer(name: str) -> Callable[[AnswerScorer], AnswerScorer]:
 register_answer_scorer("em")(exact_match)
 register_answer_scorer("f1")(f1_score)
 register_answer_scorer("substring")(substring_match)
+register_answer_scorer("f1_squad")(squad_f1_score)
+
+OFFICIAL_SCORERS: dict[str, dict[str, AnswerScorer]] = {
+    "hotpotqa": {"em": exact_match, "f1": f1_score},  # hotpot_evaluate_v1.py
+    "2wikimultihopqa": {"em": exact_match, "f1": f1_score},  # 2wikimultihop_evaluate_v1.1.py
+    "musique": {"em": exact_match, "f1": squad_f1_score},  # musique metrics/answer.py
+}
+"""Dataset name -> the ``em`` and ``f1`` of its official evaluation script."""
+
+
+def official_scorers(dataset: str) -> dict[str, AnswerScorer]:
+    """The ``{"em": ..., "f1": ...}`` of ``dataset``'s official script; unknown names raise."""
+    try:
+        return OFFICIAL_SCORERS[dataset]
+    except KeyError:
+        raise KeyError(f"no official scorers for dataset {dataset!r}; known: {', '.join(sorted(OFFICIAL_SCORERS))}") from None
 
 
 def get_answer_scorer(name: str) -> AnswerScorer:

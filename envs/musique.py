@@ -16,8 +16,10 @@ Tools
 Observation
     Token ids of the conversation; ``tool_format="hermes"`` (default) or ``"search_r1"``.
 Reward
-    ``em`` (weight 1) by default, official normalization, max over answer and aliases;
-    ``answer_metric="f1"`` or ``"substring"`` (hackable, opt-in only). Format, ``call_ok``,
+    ``em`` (weight 1) by default; ``em`` and ``f1`` match MuSiQue's official
+    ``metrics/answer.py`` exactly (SQuAD 2.0 F1: no yes/no rule, so ``f1("no city",
+    ["Norway", "no"])`` is 2/3; an empty side gives 1 only if both are empty), max over answer
+    and aliases. ``answer_metric="f1"`` or ``"substring"`` (hackable, opt-in only). Format, ``call_ok``,
     ``call_invalid`` and ``supporting_hit`` are 0 by default and set through ``rewards=``; see
     ``envs/qa.py``.
 Data

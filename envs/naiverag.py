@@ -26,8 +26,8 @@ Observation
     ``info["supporting_found"]`` / ``info["supporting_total"]`` count the supporting
     paragraphs among them (retrieval recall, for analysis; it pays no reward).
 Reward
-    As the tool envs: ``answer_metric`` (default ``"em"``, SQuAD/HotpotQA normalization, max over
-    answer and aliases) with weight 1, ``em`` and ``f1`` logged in ``info["answer_scores"]``,
+    As the tool envs: ``answer_metric`` (default ``"em"``) with weight 1; ``em`` and ``f1`` are
+    those of the dataset's official script (see its card), logged in ``info["answer_scores"]``,
     ``rewards["format"]`` (default 0) for an answer in tags. No process rewards (no calls).
 Data
     The same as the tool envs: ``data_path``, ``split``, ``limit``, and the retriever over

@@ -29,9 +29,11 @@ Observation
 Reward
     Outcome, on the answer turn: ``answer_metric`` (default ``"em"``) with weight 1, i.e.
     ``answer_weights={answer_metric: 1.0}`` unless ``rewards["answer_weights"]`` says otherwise.
-    Scores use the official SQuAD/HotpotQA normalization and take the max over the answer and
-    its aliases (:mod:`agent_gym.scoring`); an empty answer scores 0. ``em`` and ``f1`` are
-    always computed and logged in ``info["answer_scores"]``; ``substring`` (Agent-R1's public
+    ``em`` and ``f1`` are those of the dataset's official evaluation script
+    (:data:`agent_gym.scoring.OFFICIAL_SCORERS`; each dataset module's card names the script),
+    max over the answer and its aliases; they are always computed and logged in
+    ``info["answer_scores"]``. ``f1_squad`` (MuSiQue's F1) can also be named in
+    ``answer_weights``. ``substring`` (Agent-R1's public
     reward, hackable by answers that list many candidates) is computed only when named in
     ``answer_metric`` or ``answer_weights``.
     Format: ``rewards["format"]`` (default 0) when the episode ends with an ``<answer>``.
@@ -76,7 +78,7 @@ from agent_gym.datasets.base import DATASETS, resolve_data_file
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, RetrieverError, make_retriever
-from agent_gym.scoring import ANSWER_SCORERS, exact_match, f1_score, get_answer_scorer
+from agent_gym.scoring import ANSWER_SCORERS, get_answer_scorer, official_scorers
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool, ToolResult
 
@@ -442,7 +444,7 @@ class MultiHopQAEnv(ToolEnv):
 
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
         golds = [task["answer"], *task.get("aliases", [])]
-        scores = {"em": exact_match(answer, golds), "f1": f1_score(answer, golds)}
+        scores = {name: fn(answer, golds) for name, fn in official_scorers(self.dataset).items()}
         for name in self._scored:
             if name not in scores:
                 scores[name] = get_answer_scorer(name)(answer, golds)

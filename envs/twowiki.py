@@ -15,8 +15,9 @@ Tools
 Observation
     Token ids of the conversation; ``tool_format="hermes"`` (default) or ``"search_r1"``.
 Reward
-    ``em`` (weight 1) by default, official normalization, max over answer and aliases;
-    ``answer_metric="f1"`` or ``"substring"`` (hackable, opt-in only). Format, ``call_ok``,
+    ``em`` (weight 1) by default; ``em`` and ``f1`` match 2WikiMultihopQA's official
+    ``2wikimultihop_evaluate_v1.1.py`` exactly (HotpotQA's rules, max over the answer, its
+    aliases and demonyms). ``answer_metric="f1"`` or ``"substring"`` (hackable, opt-in only). Format, ``call_ok``,
     ``call_invalid`` and ``supporting_hit`` (first retrieval of each supporting paragraph) are
     0 by default and set through ``rewards=``; see ``envs/qa.py``.
 Data

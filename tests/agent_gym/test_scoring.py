@@ -4,11 +4,14 @@ import pytest
 
 from agent_gym.scoring import (
     ANSWER_SCORERS,
+    OFFICIAL_SCORERS,
     exact_match,
     f1_score,
     get_answer_scorer,
     normalize_answer,
+    official_scorers,
     register_answer_scorer,
+    squad_f1_score,
     substring_match,
 )
 
@@ -53,10 +56,50 @@ def test_f1_yes_no_only_exact():
 
 @pytest.mark.parametrize("name", sorted(ANSWER_SCORERS))
 @pytest.mark.parametrize("pred", ["", "   ", "\n\t", "the", "a an the", "!!!"])
-def test_empty_prediction_scores_zero_everywhere(name, pred):
+def test_empty_prediction_scores_zero_against_real_golds(name, pred):
     scorer = get_answer_scorer(name)
-    assert scorer(pred, ["Paris", "the"]) == 0.0
-    assert scorer(pred, "") == 0.0
+    assert scorer(pred, ["Paris", "London"]) == 0.0
+    assert scorer(pred, "Paris") == 0.0
+
+
+# Figures from the official scripts' logic (hotpot_evaluate_v1.py, 2wikimultihop_evaluate_v1.1.py,
+# MuSiQue metrics/answer.py). The first rows are the cases issue 10 found broken.
+@pytest.mark.parametrize(("pred", "golds", "em", "hotpot_f1", "musique_f1"), [
+    ("!!!", ["!!!"], 1.0, 0.0, 1.0),   # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!"
+    ("", ["!!!"], 1.0, 0.0, 1.0),      # empty prediction vs a gold that normalizes to ""
+    ("the", ["!!!"], 1.0, 0.0, 1.0),
+    ("Paris", ["!!!"], 0.0, 0.0, 0.0),
+    ("", ["Paris"], 0.0, 0.0, 0.0),
+    ("no city", ["Norway", "no"], 0.0, 0.0, 2 / 3),  # MuSiQue has no yes/no rule
+    ("yes no", ["yes"], 0.0, 0.0, 2 / 3),
+    ("no", ["no"], 1.0, 1.0, 1.0),
+    ("noanswer here", ["noanswer"], 0.0, 0.0, 2 / 3),
+    ("New York City Hall", ["New York City"], 0.0, 6 / 7, 6 / 7),
+])
+def test_official_scripts(pred, golds, em, hotpot_f1, musique_f1):
+    for ds in ("hotpotqa", "2wikimultihopqa"):
+        sc = official_scorers(ds)
+        assert sc["em"](pred, golds) == em
+        assert sc["f1"](pred, golds) == pytest.approx(hotpot_f1)
+    sc = official_scorers("musique")
+    assert sc["em"](pred, golds) == em
+    assert sc["f1"](pred, golds) == pytest.approx(musique_f1)
+    assert squad_f1_score(pred, golds) == pytest.approx(musique_f1)
+
+
+def test_official_scorers_registry():
+    assert set(OFFICIAL_SCORERS) == {"hotpotqa", "2wikimultihopqa", "musique"}
+    assert official_scorers("musique")["f1"] is squad_f1_score
+    assert official_scorers("hotpotqa")["f1"] is f1_score
+    with pytest.raises(KeyError, match="known: 2wikimultihopqa, hotpotqa, musique"):
+        official_scorers("squad")
+
+
+def test_non_string_gold_is_an_error():
+    with pytest.raises(TypeError, match="gold answers must be strings, got None"):
+        exact_match("None", ["Paris", None])
+    with pytest.raises(TypeError, match="got \\['Paris'\\]"):
+        f1_score("Paris", [["Paris"]])
 
 
 def test_stuffed_answer_gets_no_em_but_substring_is_hackable():
@@ -76,9 +119,9 @@ def test_substring_match_whole_words():
 
 
 def test_registry_names_and_errors():
-    assert set(ANSWER_SCORERS) == {"em", "f1", "substring"}
+    assert set(ANSWER_SCORERS) == {"em", "f1", "f1_squad", "substring"}
     assert get_answer_scorer("em") is exact_match
-    with pytest.raises(KeyError, match="valid names: em, f1, substring"):
+    with pytest.raises(KeyError, match="valid names: em, f1, f1_squad, substring"):
         get_answer_scorer("rouge")
     register_answer_scorer("em")(exact_match)  # same entry again is fine
     with pytest.raises(ValueError, match="already registered"):

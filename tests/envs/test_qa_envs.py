@@ -371,3 +371,38 @@ def test_oracle_gets_every_row_right_and_a_wrong_answer_scores_zero(oracle_env):
         assert term and r == 0.0 and info["answer_scores"]["em"] == 0.0, (task["id"], wrong)
     print(f"\n{u.env_id}: {n} rows, EM 1.0 on all; supporting titles found by searching the title: "
           f"{searched}/{total} ({searched / total:.1%}), the rest by lookup")
+
+
+# -- official scoring per dataset (issue 10, item 2) ------------------------------------------
+
+
+def _one_row_file(tmp_path, answer, aliases):
+    row = {"id": "x1", "question": "Which one?", "answer": answer, "aliases": aliases,
+           "supporting_titles": ["Norway"],
+           "context": [{"title": "Norway", "text": "Norway is a country with no city called Quill."}],
+           "type": "2hop"}
+    p = tmp_path / "dev.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    return str(p)
+
+
+@pytest.mark.parametrize(("env_id", "f1"), [
+    ("AgentR1/MuSiQue-v0", 2 / 3),        # MuSiQue's metric: no yes/no rule
+    ("AgentR1/HotpotQA-v0", 0.0),         # HotpotQA's script: a "no" gold only matches "no"
+    ("AgentR1/2WikiMultiHopQA-v0", 0.0),
+    ("AgentR1/MuSiQue-NaiveRAG-v0", 2 / 3),
+])
+def test_each_env_scores_with_its_official_script(tmp_path, env_id, f1):
+    env = make(env_id, data_path=_one_row_file(tmp_path, "Norway", ["no"]), answer_metric="f1")
+    env.reset(options={"task_index": 0})
+    _, r, term, _, info = env.step(act(env, "<answer>no city</answer>"))
+    assert term and info["answer_scores"]["f1"] == pytest.approx(f1) and r == pytest.approx(f1)
+
+
+@pytest.mark.parametrize("env_id", ["AgentR1/HotpotQA-v0", "AgentR1/MuSiQue-v0"])
+def test_gold_that_normalizes_to_empty_can_score(tmp_path, env_id):
+    # HotpotQA dev row 5a8b3d795542997f31a41cc1 has the answer "!!!": official EM 1 for "!!!".
+    env = make(env_id, data_path=_one_row_file(tmp_path, "!!!", []))
+    env.reset(options={"task_index": 0})
+    _, r, term, _, info = env.step(act(env, "<answer>!!!</answer>"))
+    assert term and r == 1.0 and info["answer_scores"]["em"] == 1.0
