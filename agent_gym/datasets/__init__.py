@@ -11,6 +11,7 @@ from . import hotpotqa, musique, twowiki  # noqa: F401  (each registers itself)
 from .base import (
     DATASETS,
     DatasetDownloadError,
+    DatasetFormatError,
     QATask,
     cache_root,
     corpus_fingerprint,
@@ -23,6 +24,7 @@ from .base import (
 __all__ = [
     "DATASETS",
     "DatasetDownloadError",
+    "DatasetFormatError",
     "QATask",
     "cache_root",
     "corpus_fingerprint",

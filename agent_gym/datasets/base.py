@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import urllib.error
@@ -35,6 +36,7 @@ from typing import Any
 __all__ = [
     "DATASETS",
     "DatasetDownloadError",
+    "DatasetFormatError",
     "QATask",
     "Source",
     "cache_root",
@@ -43,8 +45,13 @@ __all__ = [
     "join_sentences",
     "load_corpus",
     "load_qa",
+    "RowRef",
+    "Rows",
+    "answer_string",
     "read_rows",
     "register_dataset",
+    "row_ref",
+    "string_list",
     "resolve_data_file",
     "write_corpus",
 ]
@@ -77,6 +84,78 @@ class QATask:
 
 class DatasetDownloadError(RuntimeError):
     """The official file could not be fetched (no network, moved URL, ...)."""
+
+
+class DatasetFormatError(ValueError):
+    """A data or corpus file that cannot be read as expected. The message names the file, the
+    row (``line N`` of a JSON-lines file, ``index N`` of a JSON array) and the key."""
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """Where one row came from: the file and ``line N`` (JSON lines) or ``index N`` (array).
+
+    ``error(key, problem)`` is the one way loaders report a bad row.
+    """
+
+    path: str
+    where: str
+
+    def error(self, key: str | None, problem: str) -> DatasetFormatError:
+        at = f"{self.path}, {self.where}" + (f", key {key!r}" if key is not None else "")
+        return DatasetFormatError(f"{at}: {problem}")
+
+    def get(self, row: Mapping[str, Any], key: str) -> Any:
+        """``row[key]``; a missing key raises naming the file, row and key."""
+        if key not in row:
+            raise self.error(key, f"missing (the row has keys {sorted(row)})")
+        return row[key]
+
+
+class Rows(list):
+    """The rows of a data file (a plain list of dicts) that remember where each came from."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]], path: str, wheres: Sequence[str]):
+        super().__init__(rows)
+        self.path = path
+        self.wheres = list(wheres)
+
+
+def row_ref(rows: Sequence[Any], index: int, path: str | os.PathLike[str] | None = None) -> RowRef:
+    """The `RowRef` of ``rows[index]``: its line or index when ``rows`` came from `read_rows`."""
+    if isinstance(rows, Rows) and index < len(rows.wheres):
+        return RowRef(rows.path, rows.wheres[index])
+    return RowRef(str(path) if path is not None else "<rows>", f"index {index}")
+
+
+def answer_string(value: Any, ref: RowRef, key: str) -> str:
+    """A gold answer as a string. An int becomes its decimal string (a deliberate choice: a year
+    or a count); None, a list, a float, a bool or anything else raises naming file, row, key,
+    since ``str()`` would make golds such as ``"None"`` or ``"['a', 'b']"``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if value is None:
+        raise ref.error(key, "is null; every question needs a gold answer string")
+    if isinstance(value, (list, tuple)):
+        raise ref.error(key, f"is a list {value!r}; give one answer string and put the other "
+                             "accepted answers in the aliases")
+    raise ref.error(key, f"must be a string, got {type(value).__name__} {value!r}")
+
+
+def string_list(value: Any, ref: RowRef, key: str) -> list[str]:
+    """A list of strings (aliases, titles): None or missing is ``[]``; ints become strings. A
+    bare string raises (splitting it would make every character an alias, and alias ``"P"``
+    would then match any answer ``P``); so does any other non-list or a null item."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        raise ref.error(key, f"is the string {value!r}, expected a list of strings; "
+                             f"write [{value!r}] for a single one")
+    if not isinstance(value, (list, tuple)):
+        raise ref.error(key, f"must be a list of strings, got {type(value).__name__} {value!r}")
+    return [answer_string(v, ref, f"{key}[{i}]") for i, v in enumerate(value)]
 
 
 def cache_root() -> Path:
@@ -149,7 +228,7 @@ def load_qa(
     path = resolve_data_file(spec, data_path, split)
     rows = read_rows(path)
     if limit is not None:
-        rows = rows[:limit]
+        rows = Rows(rows[:limit], rows.path, rows.wheres[:limit])
     return spec.parse(rows, split, path)
 
 
@@ -243,33 +322,112 @@ def _extract_member(archive: Path, filename: str, target: Path, required: bool =
 # Reading rows
 
 
-def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Rows of a JSON array, a JSON object with a `data` list, or JSON lines (by content)."""
+def read_rows(path: str | os.PathLike[str]) -> Rows:
+    """Rows of a JSON array, a JSON object with a `data` list, or JSON lines (by content).
+
+    Each row must be a JSON object. Invalid JSON, a truncated file or a non-object row raises
+    `DatasetFormatError` naming the file and the row: ``line N`` for JSON lines, ``index N``
+    for a JSON array (with the line and column of the fault).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {str(path)!r}")
+    name = str(path)
     with open(path, encoding="utf-8") as f:
-        first = ""
-        while not first.strip():
-            first = f.readline()
-            if not first:
-                break
-        first = first.strip()
-        f.seek(0)
-        if first.startswith("["):
-            rows = json.load(f)
-        elif first.startswith("{") and not _is_json_value(first):
-            obj = json.load(f)  # one (pretty-printed) JSON object
-            rows = obj.get("data") if isinstance(obj, dict) else None
-            if not isinstance(rows, list):
-                rows = [obj]
+        text = f.read()
+    start = _NON_SPACE.search(text)
+    nl = text.find("\n", start.start()) if start else -1
+    first = text[start.start():nl if nl >= 0 else len(text)].strip() if start else ""
+    more_lines = nl >= 0 and _NON_SPACE.search(text, nl) is not None
+    if more_lines and not _is_json_value(first):  # one (pretty-printed) JSON document
+        obj = _load_json_document(text, name)
+        if isinstance(obj, dict) and isinstance(obj.get("data"), list):
+            rows, label = obj["data"], 'index {} of "data"'
+        elif isinstance(obj, list):
+            rows, label = obj, "index {}"
         else:
-            rows = [json.loads(line) for line in f if line.strip()]
-            if len(rows) == 1 and isinstance(rows[0].get("data"), list):
-                rows = rows[0]["data"]  # a one-line {"data": [...]}
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{path}: expected JSON objects as rows")
-    return rows
+            rows, label = [obj], "index {}"
+        wheres = [label.format(i) for i in range(len(rows))]
+    else:
+        rows, wheres = [], []
+        for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit in a string
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DatasetFormatError(
+                    f"{name}, line {lineno}: invalid JSON at column {err.colno} ({err.msg}); "
+                    "every line of a JSON-lines file must be one complete JSON object") from None
+            wheres.append(f"line {lineno}")
+        if len(rows) == 1 and isinstance(rows[0], dict) and isinstance(rows[0].get("data"), list):
+            rows = rows[0]["data"]  # a one-line {"data": [...]}
+            wheres = [f'index {i} of "data"' for i in range(len(rows))]
+        elif len(rows) == 1 and isinstance(rows[0], list):
+            rows = rows[0]  # a one-line JSON array
+            wheres = [f"index {i}" for i in range(len(rows))]
+    for row, where in zip(rows, wheres):
+        if not isinstance(row, dict):
+            raise RowRef(name, where).error(
+                None, f"expected a JSON object (one question per row), got {type(row).__name__} "
+                      f"{_short(row)}")
+    return Rows(rows, name, wheres)
+
+
+_NON_SPACE = re.compile(r"\S")
+
+
+def _short(value: Any, n: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _load_json_document(text: str, name: str) -> Any:
+    """``json.loads(text)``; on a decode error, find which element of a top-level array (or of
+    its ``"data"`` list) is broken and raise naming the file, that index, line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        index = _failing_element(text)
+        at = f"index {index}, " if index is not None else ""
+        raise DatasetFormatError(
+            f"{name}, {at}line {err.lineno} column {err.colno}: invalid JSON ({err.msg}); "
+            "is the file truncated or not JSON?") from None
+
+
+def _failing_element(text: str) -> int | None:
+    """The index of the first element of the top-level array (or of the ``"data"`` array of a
+    top-level object) that does not decode; None if that cannot be told."""
+    dec = json.JSONDecoder()
+    ws = " \t\n\r"
+    i = len(text) - len(text.lstrip(ws))
+    if text[i:i + 1] == "{":
+        j = text.find('"data"', i)
+        if j < 0:
+            return None
+        i = text.find("[", j)
+        if i < 0:
+            return None
+    if text[i:i + 1] != "[":
+        return None
+    i += 1
+    index = 0
+    while True:
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if text[i:i + 1] == "]":
+            return None
+        try:
+            _, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return index
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if text[i:i + 1] == ",":
+            i += 1
+            index += 1
+            continue
+        return index if text[i:i + 1] != "]" else None
 
 
 def _is_json_value(line: str) -> bool:
@@ -301,35 +459,64 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
-def parse_context(raw: Any) -> list[dict[str, str]]:
+def parse_context(raw: Any, ref: RowRef | None = None, key: str = "context") -> list[dict[str, str]]:
     """`[[title, [sents]]]` (official), `{title: [...], sentences|content: [[...]]}` (HF),
-    or `[{title, text}]` (normalized) -> `[{title, text}]`."""
+    or `[{title, text}]` (normalized) -> `[{title, text}]`. A malformed value raises
+    `DatasetFormatError` naming the file, the row and ``context[i]``."""
+    ref = ref or RowRef("<rows>", "a row")
     raw = _maybe_json(raw)
+    pairs: list[tuple[Any, Any, str]] = []
     if isinstance(raw, Mapping):
         titles = raw.get("title") or raw.get("titles") or []
         bodies = raw.get("sentences") or raw.get("content") or raw.get("text") or []
-        pairs = list(zip(titles, bodies, strict=True))
-    else:
-        pairs = []
-        for item in raw or []:
+        if not isinstance(titles, list) or not isinstance(bodies, list) or len(titles) != len(bodies):
+            raise ref.error(key, "must hold a list of titles and a list of paragraphs of the same "
+                                 f"length; got {_short(titles)} and {_short(bodies)}")
+        pairs = [(t, b, f"{key}[{i}]") for i, (t, b) in enumerate(zip(titles, bodies))]
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            k = f"{key}[{i}]"
             if isinstance(item, Mapping):
-                body = item.get("text", item.get("sentences", item.get("paragraph_text", "")))
-                pairs.append((item.get("title", ""), body))
+                body = item.get("text", item.get("sentences", item.get("paragraph_text")))
+                pairs.append((item.get("title"), body, k))
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                pairs.append((item[0], item[1], k))
             else:
-                title, body = item
-                pairs.append((title, body))
-    return [
-        {"title": str(t), "text": clean_text(body) if isinstance(body, str) else join_sentences(body)}
-        for t, body in pairs
-    ]
+                raise ref.error(k, f"must be [title, [sentences]] or {{title, text}}, got {_short(item)}")
+    elif raw is not None:
+        raise ref.error(key, f"must be a list of paragraphs, got {type(raw).__name__} {_short(raw)}")
+    out = []
+    for title, body, k in pairs:
+        if not isinstance(title, str):
+            raise ref.error(k, f"has no string title (got {_short(title)})")
+        if isinstance(body, str):
+            text = clean_text(body)
+        elif isinstance(body, (list, tuple)) and all(isinstance(x, str) for x in body):
+            text = join_sentences(body)
+        else:
+            raise ref.error(k, f"paragraph {title!r} must be a string or a list of sentence "
+                               f"strings, got {_short(body)}")
+        out.append({"title": title, "text": text})
+    return out
 
 
-def parse_supporting_facts(raw: Any) -> list[list[Any]]:
+def parse_supporting_facts(raw: Any, ref: RowRef | None = None, key: str = "supporting_facts") -> list[list[Any]]:
     """`[[title, sent_id]]` (official) or `{title: [...], sent_id: [...]}` (HF) -> list form."""
+    ref = ref or RowRef("<rows>", "a row")
     raw = _maybe_json(raw)
     if isinstance(raw, Mapping):
-        return [[t, i] for t, i in zip(raw.get("title", []), raw.get("sent_id", []), strict=True)]
-    return [list(x) for x in raw or []]
+        titles, ids = raw.get("title", []), raw.get("sent_id", [])
+        if not isinstance(titles, list) or not isinstance(ids, list) or len(titles) != len(ids):
+            raise ref.error(key, f"must hold lists title and sent_id of the same length, got {_short(raw)}")
+        facts = [[t, i] for t, i in zip(titles, ids)]
+    elif isinstance(raw, list) or raw is None:
+        facts = [list(x) if isinstance(x, (list, tuple)) else x for x in raw or []]
+    else:
+        raise ref.error(key, f"must be a list of [title, sentence index], got {_short(raw)}")
+    for i, fact in enumerate(facts):
+        if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[0], str)):
+            raise ref.error(f"{key}[{i}]", f"must be [title, sentence index], got {_short(fact)}")
+    return facts
 
 
 def unique(items: Iterable[str]) -> list[str]:
@@ -346,17 +533,30 @@ def is_normalized(row: Mapping[str, Any]) -> bool:
     )
 
 
-def task_from_normalized(row: Mapping[str, Any]) -> QATask:
+def task_from_normalized(row: Mapping[str, Any], ref: RowRef | None = None) -> QATask:
+    ref = ref or RowRef("<rows>", "a row")
+    question = ref.get(row, "question")
+    if not isinstance(question, str) or not question.strip():
+        raise ref.error("question", f"must be a non-empty string, got {_short(question)}")
     return QATask(
-        id=str(row["id"]),
-        question=row["question"],
-        answer=str(row["answer"]),
-        aliases=[str(a) for a in row.get("aliases") or []],
-        supporting_titles=list(row.get("supporting_titles") or []),
-        context=parse_context(row.get("context")),
+        id=str(ref.get(row, "id")),
+        question=question,
+        answer=answer_string(ref.get(row, "answer"), ref, "answer"),
+        aliases=string_list(row.get("aliases"), ref, "aliases"),
+        supporting_titles=string_list(row.get("supporting_titles"), ref, "supporting_titles"),
+        context=parse_context(row.get("context"), ref),
         type=str(row.get("type") or ""),
         extra={k: v for k, v in row.items() if k not in _NORMALIZED_KEYS},
     )
+
+
+def parse_rows(rows: Sequence[Mapping[str, Any]], path: Path,
+               convert: Callable[[Mapping[str, Any], int, RowRef], QATask]) -> list[QATask]:
+    """``convert(row, index, ref)`` over every row; the normalized layout (detected from the
+    first row) is read by `task_from_normalized` instead."""
+    if rows and is_normalized(rows[0]):
+        return [task_from_normalized(r, row_ref(rows, i, path)) for i, r in enumerate(rows)]
+    return [convert(r, i, row_ref(rows, i, path)) for i, r in enumerate(rows)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,19 +577,23 @@ def make_doc(doc_id: str, title: str, text: str) -> dict[str, str]:
     return {"id": doc_id, "title": title, "text": text, "contents": f'"{title}"\n{text}'}
 
 
-def normalize_doc(row: Mapping[str, Any], index: int) -> dict[str, str]:
+def normalize_doc(row: Mapping[str, Any], index: int, ref: RowRef | None = None) -> dict[str, str]:
     """One corpus row -> `{id, title, text, contents}` (title/text recovered from `contents`)."""
+    ref = ref or RowRef("corpus", f"row {index}")
+    if not isinstance(row, Mapping):
+        raise ref.error(None, f"expected a JSON object, got {type(row).__name__} {_short(row)}")
     doc_id = str(row.get("id", row.get("docid", index)))
     if "title" in row and "text" in row:
         return make_doc(doc_id, str(row["title"]), str(row["text"]))
     if "contents" in row:
         title, text = _split_contents(str(row["contents"]))
         return make_doc(doc_id, str(row.get("title", title)), text)
-    raise ValueError(f"corpus row {index} has neither title/text nor contents: keys {sorted(row)}")
+    raise ref.error("title", f"missing: a corpus row needs title and text, or contents (it has keys {sorted(row)})")
 
 
 def load_corpus(path: str | os.PathLike[str], limit: int | None = None) -> list[dict[str, str]]:
-    """Read a corpus JSONL (`{id,title,text,contents}` or wiki-18 `{id,contents}`)."""
+    """Read a corpus JSONL (`{id,title,text,contents}` or wiki-18 `{id,contents}`). A bad line
+    raises `DatasetFormatError` naming the file, the line and the key."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {str(path)!r}")
@@ -399,7 +603,12 @@ def load_corpus(path: str | os.PathLike[str], limit: int | None = None) -> list[
             if limit is not None and len(docs) >= limit:
                 break
             if line.strip():
-                docs.append(normalize_doc(json.loads(line), i))
+                ref = RowRef(str(path), f"line {i + 1}")
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ref.error(None, f"invalid JSON at column {err.colno} ({err.msg})") from None
+                docs.append(normalize_doc(row, i, ref))
     return docs
 
 

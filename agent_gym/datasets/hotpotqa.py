@@ -19,40 +19,46 @@ from typing import Any
 from .base import (
     DatasetSpec,
     QATask,
+    RowRef,
     Source,
-    is_normalized,
+    answer_string,
     parse_context,
+    parse_rows,
     parse_supporting_facts,
     register_dataset,
-    task_from_normalized,
     unique,
 )
 
 _BASE_URL = "http://curtis.ml.cmu.edu/datasets/hotpot/"
 
 
-def task_from_hotpot_row(row: dict[str, Any], index: int, prefix: str) -> QATask:
-    """A HotpotQA-style row (official or HF layout) -> QATask. Shared with 2WikiMultiHopQA."""
-    facts = parse_supporting_facts(row.get("supporting_facts"))
+def task_from_hotpot_row(row: dict[str, Any], index: int, prefix: str, ref: RowRef | None = None) -> QATask:
+    """A HotpotQA-style row (official or HF layout) -> QATask. Shared with 2WikiMultiHopQA.
+
+    A missing or malformed key raises `DatasetFormatError` naming the file, the row and the key.
+    """
+    ref = ref or RowRef("<rows>", f"index {index}")
+    facts = parse_supporting_facts(ref.get(row, "supporting_facts"), ref)
     known = {"_id", "id", "question", "answer", "supporting_facts", "context", "type"}
     extra = {k: v for k, v in row.items() if k not in known}
     extra["supporting_facts"] = facts
+    question = ref.get(row, "question")
+    if not isinstance(question, str) or not question.strip():
+        raise ref.error("question", f"must be a non-empty string, got {question!r}")
     return QATask(
         id=str(row.get("_id") or row.get("id") or f"{prefix}-{index}"),
-        question=row["question"],
-        answer=str(row["answer"]),
+        question=question,
+        answer=answer_string(ref.get(row, "answer"), ref, "answer"),
         aliases=[],
         supporting_titles=unique(t for t, _ in facts),
-        context=parse_context(row["context"]),
+        context=parse_context(ref.get(row, "context"), ref),
         type=str(row.get("type") or ""),
         extra=extra,
     )
 
 
 def parse_hotpotqa(rows: list[dict[str, Any]], split: str, path: Path) -> list[QATask]:
-    if rows and is_normalized(rows[0]):
-        return [task_from_normalized(r) for r in rows]
-    return [task_from_hotpot_row(r, i, f"hotpotqa-{split}") for i, r in enumerate(rows)]
+    return parse_rows(rows, path, lambda r, i, ref: task_from_hotpot_row(r, i, f"hotpotqa-{split}", ref))
 
 
 SPEC = register_dataset(

@@ -14,11 +14,19 @@ to the data file, the aliases and demonyms of the row's `answer_id` become the t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .base import DatasetSpec, QATask, Source, is_normalized, register_dataset, task_from_normalized
+from .base import (
+    DatasetSpec,
+    QATask,
+    Source,
+    parse_rows,
+    read_rows,
+    register_dataset,
+    row_ref,
+    string_list,
+)
 from .hotpotqa import task_from_hotpot_row
 
 _ZIP_URL = "https://www.dropbox.com/s/ms2m13252h6xubs/data_ids_april7.zip?dl=1"
@@ -27,28 +35,33 @@ ALIASES_FILE = "id_aliases.json"
 
 
 def _read_aliases(path: Path) -> dict[str, list[str]]:
+    """``Q_id`` -> its aliases and demonyms (what the official script adds to the gold). A bad
+    row raises `DatasetFormatError` naming the file, the line and the key."""
     out: dict[str, list[str]] = {}
     if not path.is_file():
         return out
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                out[row["Q_id"]] = list(row.get("aliases") or []) + list(row.get("demonyms") or [])
+    rows = read_rows(path)
+    for i, row in enumerate(rows):
+        ref = row_ref(rows, i, path)
+        qid = ref.get(row, "Q_id")
+        out[str(qid)] = string_list(row.get("aliases"), ref, "aliases") + string_list(
+            row.get("demonyms"), ref, "demonyms")
     return out
 
 
 def parse_twowiki(rows: list[dict[str, Any]], split: str, path: Path) -> list[QATask]:
-    if rows and is_normalized(rows[0]):
-        return [task_from_normalized(r) for r in rows]
-    aliases = _read_aliases(path.parent / ALIASES_FILE)
-    tasks = []
-    for i, row in enumerate(rows):
-        task = task_from_hotpot_row(row, i, f"2wikimultihopqa-{split}")
+    aliases: dict[str, list[str]] | None = None
+
+    def convert(row: dict[str, Any], i: int, ref: Any) -> QATask:
+        nonlocal aliases
+        if aliases is None:
+            aliases = _read_aliases(path.parent / ALIASES_FILE)
+        task = task_from_hotpot_row(row, i, f"2wikimultihopqa-{split}", ref)
         extra_aliases = aliases.get(str(row.get("answer_id", "")), [])
         task.aliases = [a for a in dict.fromkeys(extra_aliases) if a != task.answer]
-        tasks.append(task)
-    return tasks
+        return task
+
+    return parse_rows(rows, path, convert)
 
 
 SPEC = register_dataset(

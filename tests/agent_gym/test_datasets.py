@@ -262,3 +262,120 @@ def test_shared_official_layouts_match_normalized(shared, name, rel):
         if name != "2wikimultihopqa":  # 2Wiki aliases come from id_aliases.json, not shipped here
             assert t.aliases == u.aliases
     assert matched >= 10
+
+
+# --- malformed files: reward hacks and errors that name file, row and key (issue 10, items 3-4) ---
+
+from agent_gym.datasets import DatasetFormatError  # noqa: E402
+
+NORMALIZED = json.loads((FIX / "normalized_dev.jsonl").read_text().splitlines()[0])
+HOTPOT_ROWS = json.loads((FIX / "hotpotqa" / "hotpot_dev_distractor_v1.json").read_text())
+MUSIQUE_ROWS = [json.loads(x) for x in (FIX / "musique" / "musique_ans_v1.0_dev.jsonl").read_text().splitlines()]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _expect(path, where, key, what, dataset="hotpotqa"):
+    with pytest.raises(DatasetFormatError) as err:
+        load_qa(dataset, data_path=path)
+    msg = str(err.value)
+    assert str(path) in msg and where in msg and what in msg, msg
+    if key is not None:
+        assert f"key {key!r}" in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize(("field", "value", "what"), [
+    ("aliases", "P", "expected a list of strings"),   # was split into ["P"]: EM 1 for gold Paris
+    ("answer", None, "is null"),                       # was the gold "None"
+    ("answer", ["Paris", "Lutetia"], "is a list"),     # was the gold "['Paris', 'Lutetia']"
+    ("answer", 1.5, "must be a string"),
+    ("aliases", ["ok", None], "is null"),
+    ("supporting_titles", "Paris", "expected a list of strings"),
+])
+def test_normalized_bad_gold_values_are_rejected(tmp_path, field, value, what):
+    bad = {**NORMALIZED, field: value}
+    path = _jsonl(tmp_path / "dev.jsonl", [NORMALIZED, "", bad])  # the bad row is on line 3
+    key = "aliases[1]" if field == "aliases" and isinstance(value, list) else field
+    _expect(path, "line 3", key, what)
+
+
+def test_int_answer_is_normalized_deliberately(tmp_path):
+    path = _jsonl(tmp_path / "dev.jsonl", [{**NORMALIZED, "answer": 1990, "aliases": [1990, "MCMXC"]}])
+    task = load_qa("hotpotqa", data_path=path)[0]
+    assert task.answer == "1990" and task.aliases == ["1990", "MCMXC"]
+
+
+def test_official_row_missing_key_names_file_index_and_key(tmp_path):
+    rows = [dict(r) for r in HOTPOT_ROWS]
+    del rows[2]["answer"]
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(rows, indent=1))
+    _expect(path, "index 2", "answer", "missing")  # was a bare KeyError: 'answer'
+
+
+def test_truncated_json_array_names_file_and_index(tmp_path):
+    text = json.dumps(HOTPOT_ROWS, indent=1)
+    cut = text.index('"_id"', text.index(HOTPOT_ROWS[1]["_id"]) + 40) + 30  # inside row 2
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(text[:cut])
+    msg = _expect(path, "index 2", None, "invalid JSON")  # was "line 1 column 7186", no file
+    assert "line " in msg and "column " in msg
+
+
+def test_truncated_jsonl_line_names_file_and_line(tmp_path):
+    path = _jsonl(tmp_path / "dev.jsonl", [NORMALIZED, json.dumps(NORMALIZED)[:50]])
+    _expect(path, "line 2", None, "invalid JSON")
+
+
+@pytest.mark.parametrize("scalar", ["5", '"a question"', "null", "[1, 2]"])
+def test_scalar_jsonl_row_names_file_and_line(tmp_path, scalar):
+    path = _jsonl(tmp_path / "dev.jsonl", [NORMALIZED, scalar])
+    _expect(path, "line 2", None, "expected a JSON object")  # was AttributeError
+
+
+@pytest.mark.parametrize(("context", "key"), [
+    ([["Only a title"]], "context[0]"),                   # was "not enough values to unpack"
+    ([["T", ["ok"]], ["U", [1, 2]]], "context[1]"),
+    ("not a list", "context"),
+    ({"title": ["a", "b"], "sentences": [["x"]]}, "context"),
+])
+def test_malformed_context_names_file_index_and_key(tmp_path, context, key):
+    rows = [dict(r) for r in HOTPOT_ROWS]
+    rows[1]["context"] = context
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(rows))
+    _expect(path, "index 1", key, "")
+
+
+def test_musique_string_aliases_and_bad_paragraphs(tmp_path):
+    path = _jsonl(tmp_path / "musique_ans_v1.0_dev.jsonl", [MUSIQUE_ROWS[0], {**MUSIQUE_ROWS[0], "answer_aliases": "Q"}])
+    _expect(path, "line 2", "answer_aliases", "expected a list of strings", "musique")
+    bad = {**MUSIQUE_ROWS[0], "paragraphs": [{"idx": 0, "title": "T"}]}
+    path = _jsonl(tmp_path / "musique_ans_v1.0_dev.jsonl", [bad])
+    _expect(path, "line 1", "paragraphs[0].paragraph_text", "must be a string", "musique")
+
+
+def test_twowiki_alias_file_string_aliases_rejected(tmp_path):
+    d = tmp_path / "2wiki"
+    d.mkdir()
+    (d / "dev.json").write_text((FIX / "2wikimultihopqa" / "dev.json").read_text())
+    rows = [json.loads(x) for x in (FIX / "2wikimultihopqa" / "id_aliases.json").read_text().splitlines()]
+    rows[0]["aliases"] = "P"
+    _jsonl(d / "id_aliases.json", rows)
+    with pytest.raises(DatasetFormatError) as err:
+        load_qa("2wikimultihopqa", data_path=d)
+    msg = str(err.value)
+    assert "id_aliases.json" in msg and "line 1" in msg and "key 'aliases'" in msg
+
+
+def test_corpus_bad_lines_name_file_line_and_key(tmp_path):
+    path = _jsonl(tmp_path / "corpus.jsonl", [{"id": "1", "title": "T", "text": "x"}, {"id": "2", "body": "y"}])
+    with pytest.raises(DatasetFormatError, match=r"corpus.jsonl, line 2, key 'title': missing"):
+        load_corpus(path)
+    path = _jsonl(tmp_path / "corpus.jsonl", [{"id": "1", "title": "T", "text": "x"}, '{"id": "2", "ti'])
+    with pytest.raises(DatasetFormatError, match=r"corpus.jsonl, line 2: invalid JSON"):
+        load_corpus(path)
