@@ -6,6 +6,8 @@ figure with every eval-success curve (``benchmarks/results/learning_curves.png``
 
 Each seed gets its own SFT warm start (``configs/factchain_sft.yaml`` with that seed) and its
 own RL run (``configs/factchain_{algo}.yaml`` with that seed, ``max_minutes`` from the config).
+``heldout`` and ``freshKB`` are the last greedy success on 64 questions of the same KB outside the
+training pool and on a KB never trained on (``sftKB``: the warm start's own fresh-KB success).
 ``min->80%`` is the RL minutes until the greedy eval first reaches 0.8; ``+sft`` adds the SFT
 warm start's training minutes, so it is the time from the random model.
 The ablation repeats GRPO seed 0 with ``use_action_mask=false`` (env tokens under the loss).
@@ -54,10 +56,12 @@ def rl(algo: str, seed: int, root: Path, model: Path, extra: list[str], name: st
     return summarize_run(run_dir, name, algo, seed, model, rc, (time.time() - t0) / 60, len(recs), evals)
 
 
-def read_evals(run_dir: Path) -> tuple[list[dict], list[tuple[int, float, float]]]:
-    """The run's metrics records and its (iteration, minutes, eval success) points."""
+def read_evals(run_dir: Path) -> tuple[list[dict], list[tuple]]:
+    """The run's metrics records and its (iteration, minutes, eval success, held-out success,
+    fresh-KB success) points (None where the run has no such eval set)."""
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return recs, [(r["iteration"], r["time/elapsed_min"], r["eval/success_rate"]) for r in recs if "eval/success_rate" in r]
+    return recs, [(r["iteration"], r["time/elapsed_min"], r["eval/success_rate"], r.get("eval/heldout/success_rate"),
+                   r.get("eval/fresh_kb/success_rate")) for r in recs if "eval/success_rate" in r]
 
 
 def summarize_run(run_dir: Path, name: str, algo: str, seed: int, model: Path, rc: int, wall_min: float,
@@ -65,13 +69,16 @@ def summarize_run(run_dir: Path, name: str, algo: str, seed: int, model: Path, r
     """``start_success`` is the greedy eval at iteration 0 (after the first, warmup-scaled update)
     on the RL eval tasks; ``sft_success`` is the SFT run's own eval (held-out split)."""
     sft_final = json.loads((model.parent / "final.json").read_text())
-    reach = next((m for _, m, s in evals if s >= 0.8), None)
+    reach = next((m for _, m, s, *_ in evals if s >= 0.8), None)
     sft_min = sft_final["time/elapsed_min"]
     return {"name": name, "algo": algo, "seed": seed, "rc": rc, "wall_min": wall_min,
             "sft_success": sft_final["eval/success_rate"], "sft_minutes": sft_min,
+            "sft_fresh_kb_success": sft_final.get("eval/fresh_kb/success_rate"),
+            "final_heldout_success": evals[-1][3] if evals else None,
+            "final_fresh_kb_success": evals[-1][4] if evals else None,
             "total_minutes_to_80": None if reach is None else sft_min + reach,
             "start_success": evals[0][2] if evals else None, "final_success": evals[-1][2] if evals else None,
-            "best_success": max((s for *_, s in evals), default=None), "minutes_to_80": reach,
+            "best_success": max((e[2] for e in evals), default=None), "minutes_to_80": reach,
             "iterations": iterations, "evals": evals}
 
 
@@ -110,15 +117,21 @@ def main() -> None:
 
 def report(results: list[dict], out: Path) -> None:
     print(f"{'run':30s} {'sft':>6s} {'start':>6s} {'final':>6s} {'best':>6s} {'min->80%':>9s} {'+sft':>6s} "
-          f"{'iters':>6s} {'minutes':>7s}")
+          f"{'iters':>6s} {'minutes':>7s} {'heldout':>7s} {'freshKB':>7s} {'sftKB':>6s}")
     for r in results:
         m80 = f"{r['minutes_to_80']:.1f}" if r["minutes_to_80"] is not None else "-"
         t80 = f"{r['total_minutes_to_80']:.1f}" if r.get("total_minutes_to_80") is not None else "-"
         print(f"{r['name']:30s} {r['sft_success']:6.3f} {r['start_success'] or 0:6.3f} {r['final_success'] or 0:6.3f} "
-              f"{r['best_success'] or 0:6.3f} {m80:>9s} {t80:>6s} {r['iterations']:6d} {r['wall_min']:7.1f}")
+              f"{r['best_success'] or 0:6.3f} {m80:>9s} {t80:>6s} {r['iterations']:6d} {r['wall_min']:7.1f} "
+              f"{_f(r.get('final_heldout_success')):>7s} {_f(r.get('final_fresh_kb_success')):>7s} "
+              f"{_f(r.get('sft_fresh_kb_success')):>6s}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     plot(results, out.with_name("learning_curves.png"))
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -130,7 +143,7 @@ def plot(results: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
         if r["evals"]:
-            _, mins, succ = zip(*r["evals"])
+            _, mins, succ, *_ = zip(*r["evals"])
             ax.plot(mins, succ, marker="o", ms=2, label=r["name"])
     ax.axhline(0.8, color="gray", ls="--", lw=0.8)
     ax.set_xlabel("minutes of RL")

@@ -34,7 +34,9 @@ Data
 Parameters
     ``num_entities`` (default 32), ``num_relations`` (1 to 6, default 4), ``num_hops`` (default 2),
     ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``split``, ``system_prompt``,
-    ``question_style``, and every
+    ``question_style``, ``exclude_train_tasks`` (default 0; with ``split="test"``, N > 0 redraws
+    every test question that is one of the first N train questions, so that the test split is
+    held out from a training pool of ``num_tasks=N``: the trainer's ``eval_sets`` use it), and every
     ``ToolEnv`` argument (tokenizer, limits, rewards, render_mode, ``tools_in_prompt``). The CPU
     demo uses ``tools_in_prompt=False`` and a one-line system prompt: about 60 prompt tokens
     instead of about 350, because a tiny model learns the call format from its SFT warm start.
@@ -113,6 +115,7 @@ class FactChainEnv(ToolEnv):
         max_context_tokens: int = 1024,
         system_prompt: str | None = None,
         question_style: str = "nested",
+        exclude_train_tasks: int = 0,
         **kwargs: Any,
     ):
         if not 1 <= num_relations <= len(RELATIONS):
@@ -126,13 +129,23 @@ class FactChainEnv(ToolEnv):
             raise ValueError(f"question_style must be one of {_QUESTION_STYLES}, got {question_style!r}")
         if split not in _SPLITS:
             raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
+        if not isinstance(exclude_train_tasks, int) or exclude_train_tasks < 0:
+            raise ValueError(f"exclude_train_tasks must be a non-negative integer, got {exclude_train_tasks!r}")
+        if exclude_train_tasks and split != "test":
+            raise ValueError("exclude_train_tasks applies to split='test' only (it removes the questions of the "
+                             f"first {exclude_train_tasks} train tasks from the test split); got split={split!r}")
         self.num_hops = num_hops
         self.relations = RELATIONS[:num_relations]
         self.kb_seed = kb_seed
         self.split = split
         self.question_style = question_style
         self._num_tasks = num_tasks
+        self.exclude_train_tasks = exclude_train_tasks
         self.entities, self.kb = make_kb(num_entities, num_relations, kb_seed)
+        self._excluded = {self._draw("train", k, 0) for k in range(exclude_train_tasks)}
+        if len(self._excluded) >= num_entities * num_relations ** num_hops:
+            raise ValueError(f"exclude_train_tasks={exclude_train_tasks} covers every one of the "
+                             f"{num_entities * num_relations ** num_hops} questions of this KB: nothing is held out")
         system = system_prompt or ("Answer the question by following the chain of facts. Use the lookup tool "
                                    "once per hop, innermost relation first. Give only the final entity name in "
                                    "<answer></answer>.")
@@ -147,10 +160,21 @@ class FactChainEnv(ToolEnv):
     def num_tasks(self) -> int:
         return self._num_tasks
 
-    def get_task(self, index: int) -> dict[str, Any]:
-        rng = np.random.default_rng([self.kb_seed, _SPLITS[self.split], int(index)])
+    def _draw(self, split: str, index: int, attempt: int) -> tuple[str, tuple[str, ...]]:
+        """The (start entity, relation chain) of task ``index`` of ``split``; a pure function of
+        ``(kb_seed, split, index)`` (``attempt`` > 0 only when a held-out draw is redrawn)."""
+        key = [self.kb_seed, _SPLITS[split], int(index)] + ([attempt] if attempt else [])
+        rng = np.random.default_rng(key)
         start = self.entities[int(rng.integers(len(self.entities)))]
-        chain = [self.relations[int(i)] for i in rng.integers(len(self.relations), size=self.num_hops)]
+        return start, tuple(self.relations[int(i)] for i in rng.integers(len(self.relations), size=self.num_hops))
+
+    def get_task(self, index: int) -> dict[str, Any]:
+        attempt = 0
+        start, chain = self._draw(self.split, index, 0)
+        while (start, chain) in self._excluded:  # a held-out test question is never one of the training pool's
+            attempt += 1
+            start, chain = self._draw(self.split, index, attempt)
+        chain = list(chain)
         path = [start]
         for r in chain:
             path.append(self.kb[(path[-1], r)])

@@ -42,7 +42,13 @@ class TrainConfig:
     env_id: str = "AgentR1/FactChain-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
-    """Overrides of env_kwargs for evaluation (FactChain: the held-out split)."""
+    """Overrides of env_kwargs for evaluation (FactChain: the held-out split); logged as ``eval/*``."""
+    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further greedy evaluations, run with ``eval/*``: name -> overrides of ``env_kwargs`` (not of
+    ``eval_env_kwargs``), logged as ``eval/<name>/*``. The FactChain demo measures what was not
+    trained on: ``heldout: {split: test, exclude_train_tasks: 64}`` (questions of the same KB outside
+    the 64-question training pool) and ``fresh_kb: {kb_seed: 1000, split: test}`` (a KB never seen in
+    training)."""
     num_envs_threads: int = 0
     """Threads stepping the vector env (0: inline; use >0 for I/O-bound tools such as HTTP search)."""
 
@@ -126,6 +132,7 @@ class TrainConfig:
         _check_types(self)
         if self.adv_estimator is None:
             self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
+        check_eval_sets(self.eval_sets)
         for name in ("iterations", "tasks_per_iter", "group_size", "max_turn_tokens", "ppo_epochs",
                      "minibatch_size", "eval_every", "eval_tasks", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
@@ -148,6 +155,15 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("lr and critic_lr must be positive")
+
+
+def check_eval_sets(eval_sets: dict[str, Any]) -> None:
+    for name, kw in eval_sets.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError(f"eval_sets: a set's name must be a non-empty string without '/', got {name!r}")
+        if not isinstance(kw, dict):
+            raise ConfigError(f"eval_sets: {name!r} must map to a mapping of env_kwargs overrides "
+                              f"(e.g. {{kb_seed: 1000}}), got {kw!r}")
 
 
 def _check_types(cfg: Any) -> None:

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import agent_gym  # noqa: F401
     from trainers.rollout import summarize
-    from trainers.trainer import _eval_keys
+    from trainers.trainer import eval_keys
 
     env_kwargs = yaml.safe_load(args.env_kwargs) or {}
     if not isinstance(env_kwargs, dict):
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         trajs, tok = model_episodes(args.env, env_kwargs, tasks, args.model, args.backend, args.max_turn_tokens)
     else:
         trajs, tok = scripted_episodes(args.env, env_kwargs, tasks, args.policy)
-    summary = _eval_keys(summarize(trajs))
+    summary = eval_keys(summarize(trajs))
     summary.update({"env": args.env, "policy": args.policy, "model": args.model, "tasks": len(trajs)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

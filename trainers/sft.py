@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import yaml
 
-from trainers.config import ConfigError, _check_types, to_dict
+from trainers.config import ConfigError, _check_types, check_eval_sets, to_dict
 
 
 @dataclass
@@ -36,6 +36,9 @@ class SFTConfig:
     env_id: str = "AgentR1/FactChain-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further greedy evaluations, as in the RL config: name -> overrides of ``env_kwargs``,
+    logged as ``eval/<name>/*`` (the demo: ``fresh_kb``, a KB the demonstrations never used)."""
     model: str = "tiny"
     tokenizer: str | None = None
     tiny_hidden_size: int = 64
@@ -61,6 +64,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        check_eval_sets(self.eval_sets)
         for name in ("num_demos", "steps", "batch_size", "eval_tasks", "max_turn_tokens"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -138,9 +142,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.config import TrainConfig
     from trainers.logger import RunLogger
     from trainers.models import load_policy, load_tokenizer_for
-    from trainers.rollout import collect, summarize
     from trainers.tiny_model import save_tiny_model
-    from trainers.trainer import _eval_keys, make_vector_env
+    from trainers.trainer import evaluate_greedy, make_vector_env
 
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
@@ -157,14 +160,16 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
                            cfg.demo_policy, rng)
     eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {"tokenizer": tok, "vocab_size": vocab,
                                                              **cfg.env_kwargs, **cfg.eval_env_kwargs})
+    eval_sets = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {"tokenizer": tok, "vocab_size": vocab,
+                                                                    **cfg.env_kwargs, **kw})
+                 for name, kw in cfg.eval_sets.items()}
     backend = HFBackend(model, pad_token_id=tok.pad_token_id)
     logger = RunLogger(run_dir, cfg.steps, tensorboard=False, progress_bar=False)
     greedy = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=0.0)
 
     def evaluate() -> dict[str, float]:
         model.eval()
-        trajs, _ = collect(eval_envs, backend, list(range(cfg.eval_tasks)), 1, greedy, seed=cfg.seed)
-        return _eval_keys(summarize(trajs))
+        return evaluate_greedy(eval_envs, eval_sets, backend, greedy, cfg.eval_tasks, cfg.seed)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
@@ -197,5 +202,6 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     save_tiny_model(model, tok, run_dir / "model")
     (run_dir / "final.json").write_text(json.dumps(final, indent=2))
     logger.close()
-    eval_envs.close()
+    for envs in [eval_envs, *eval_sets.values()]:
+        envs.close()
     return final

@@ -91,6 +91,8 @@ class Trainer:
         self.envs = make_vector_env(cfg.env_id, cfg.batch_size, env_kwargs, cfg.num_envs_threads)
         self.eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs},
                                          cfg.num_envs_threads)
+        self.eval_set_envs = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}, cfg.num_envs_threads)
+                              for name, kw in cfg.eval_sets.items()}
         self.num_tasks = self.envs.envs[0].num_tasks()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.backend = make_backend(cfg, self.policy, self.tokenizer, self.run_dir)
@@ -140,6 +142,8 @@ class Trainer:
         self.backend.close()
         self.envs.close()
         self.eval_envs.close()
+        for envs in self.eval_set_envs.values():
+            envs.close()
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -255,12 +259,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy episodes on the evaluation tasks (the first ``eval_tasks`` of the eval env)."""
+        """Greedy episodes on the evaluation tasks (the first ``eval_tasks`` of the eval env), then
+        on each of ``eval_sets`` (``eval/<name>/*``)."""
         self.policy.eval()
-        greedy = dataclasses.replace(self.sampling, temperature=0.0)
-        trajs, _ = collect(self.eval_envs, self.backend, list(range(self.cfg.eval_tasks)), 1, greedy,
-                           seed=_derive(self.cfg.seed, 10**6))
-        return _eval_keys(summarize(trajs))
+        return evaluate_greedy(self.eval_envs, self.eval_set_envs, self.backend, self.sampling, self.cfg.eval_tasks,
+                               _derive(self.cfg.seed, 10**6))
 
     def mismatch(self, batch: RolloutBatch) -> dict[str, float]:
         """Backend log-probs vs the trainer's recomputation, on agent tokens."""
@@ -348,9 +351,21 @@ def lr_multiplier(step: int, warmup_steps: int, schedule: str = "constant", tota
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
 
 
-def _eval_keys(metrics: dict[str, float]) -> dict[str, float]:
-    """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x."""
-    return {(k.replace("rollout/", "eval/") if k.startswith("rollout/") else "eval/" + k): v for k, v in metrics.items()}
+def eval_keys(metrics: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
+    """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x (``prefix`` for eval/)."""
+    return {(prefix + k[len("rollout/"):] if k.startswith("rollout/") else prefix + k): v for k, v in metrics.items()}
+
+
+def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv], backend: Any,
+                    sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+    """Greedy episodes on the first ``num_tasks`` tasks of ``eval_envs`` (``eval/*``) and of each
+    named set (``eval/<name>/*``). RL and SFT both report through this."""
+    greedy = dataclasses.replace(sampling, temperature=0.0)
+    out: dict[str, float] = {}
+    for prefix, envs in [("eval/", eval_envs)] + [(f"eval/{n}/", e) for n, e in eval_sets.items()]:
+        trajs, _ = collect(envs, backend, list(range(num_tasks)), 1, greedy, seed=seed)
+        out.update(eval_keys(summarize(trajs), prefix))
+    return out
 
 
 def _trim(mb: RolloutBatch) -> RolloutBatch:
@@ -382,4 +397,4 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         trainer.cleanup()
 
 
-__all__ = ["NonFiniteLossError", "Trainer", "lr_multiplier", "make_vector_env", "resume_config", "run"]
+__all__ = ["NonFiniteLossError", "Trainer", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run"]

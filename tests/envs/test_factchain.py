@@ -138,3 +138,29 @@ def test_sft_demo_policy_lookup_and_errors():
     assert all(sum(t["loss_mask"]) > 0 for t in oracle + proto)
     with pytest.raises(ValueError, match=r"demo_policy 'expert'.*available: \['oracle', 'protocol', 'reversed'\]"):
         demo_policy(env, "expert", rng)
+
+
+def test_heldout_test_split_excludes_the_training_pool():
+    """Without exclude_train_tasks the test split repeats some questions of a 64-question training
+    pool (6 of the first 64 with the defaults); with it, none, and the answers still follow the KB."""
+    def key(t):
+        return t["path"][0], tuple(t["chain"])
+
+    pool = {key(_env(num_tasks=64).get_task(k)) for k in range(64)}
+    plain, held = _env(split="test"), _env(split="test", exclude_train_tasks=64)
+    assert sum(key(plain.get_task(k)) in pool for k in range(64)) > 0
+    for k in range(200):
+        t = held.get_task(k)
+        assert key(t) not in pool
+        e = t["path"][0]
+        for r in t["chain"]:
+            e = held.kb[(e, r)]
+        assert t["answer"] == e
+        if key(plain.get_task(k)) not in pool:  # only colliding questions are redrawn
+            assert t == plain.get_task(k)
+    with pytest.raises(ValueError, match="applies to split='test' only"):
+        _env(exclude_train_tasks=64)
+    with pytest.raises(ValueError, match="must be a non-negative integer"):
+        _env(split="test", exclude_train_tasks=-1)
+    with pytest.raises(ValueError, match="nothing is held out"):
+        _env(split="test", num_entities=2, num_relations=1, num_hops=1, exclude_train_tasks=50)

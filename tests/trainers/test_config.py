@@ -38,6 +38,9 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     (["algo=grpo", "group_size=1", "minibatch_size=16"], "group_size must be at least 2"),
     (["dual_clip_c=0.5"], "dual_clip_c must be > 1"),
     (["recompute_logprobs=false", "top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
+    (["eval_sets={fresh: 3}"], "eval_sets: 'fresh' must map to a mapping of env_kwargs overrides"),
+    (["eval_sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),
+    (["eval_sets=[kb_seed]"], "config key 'eval_sets': expected dict"),
 ])
 def test_bad_values_fail_at_start_naming_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -74,5 +77,5 @@ def test_env_kwargs_are_arguments_of_the_env(path):
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(klass.__init__).parameters)
-    for key in {**cfg.env_kwargs, **cfg.eval_env_kwargs}:
+    for key in {**cfg.env_kwargs, **cfg.eval_env_kwargs, **{k: v for kw in cfg.eval_sets.values() for k, v in kw.items()}}:
         assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"

@@ -12,7 +12,10 @@ from trainers.trainer import NonFiniteLossError, Trainer
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, algo):
-    cfg = tiny_rl_config(tmp_path / algo, algo, sft_model)
+    # "same" repeats the eval env's settings (eval_env_kwargs defaults to the test split): greedy
+    # evaluation is deterministic, so its metrics must equal eval/*'s.
+    cfg = tiny_rl_config(tmp_path / algo, algo, sft_model,
+                         eval_sets={"same": {"split": "test"}, "fresh_kb": {"split": "test", "kb_seed": 1000}})
     tr = Trainer(cfg)
     tr.setup()
     before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
@@ -38,6 +41,9 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
         assert all(v == v and abs(v) != float("inf") for v in r.values() if isinstance(v, float)), r
     assert "policy/loss" in last and ("value/loss" in last) == (algo == "ppo")
     assert (tmp_path / algo / "curves.png").exists() and (tmp_path / algo / "trajectories" / "iter_00000.jsonl").exists()
+    evals = {k: v for k, v in last.items() if k.startswith("eval/") and k.count("/") == 1}
+    assert evals and all(last[k.replace("eval/", "eval/same/")] == v for k, v in evals.items())
+    assert 0.0 <= last["eval/fresh_kb/success_rate"] <= 1.0 and "eval/fresh_kb/answered_rate" in last
     # The backend's log-probs and the trainer's recomputation agree.
     assert last["train/logprob_mismatch_max"] < 1e-3
 
