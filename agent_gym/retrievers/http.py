@@ -13,8 +13,8 @@ is needed for one JSON endpoint. Also `GET /health` -> `{"status": "ok"}`. Run i
 
     python -m agent_gym.retrievers.http serve --kind bm25 --corpus corpus.jsonl --port 8000
 
-The client, `HTTPRetriever`, is a `Retriever`. Each attempt has a socket timeout and an overall
-deadline; connection errors, timeouts and 5xx answers are retried a bounded number of times
+The client, `HTTPRetriever`, is a `Retriever`. Each attempt has one deadline (`timeout_s`) that
+covers connect, headers and body (a watchdog shuts the socket down when it passes); connection errors, timeouts and 5xx answers are retried a bounded number of times
 with backoff, and then a `RetrieverError` is raised, so a down or slow server never hangs an
 env. It works against Search-R1's own FastAPI server as well.
 """
@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -154,9 +154,20 @@ class RetrievalServer:
         self.close()
 
 
+class _HTTPStatusError(Exception):
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
 class HTTPRetriever:
     """Client for a `/retrieve` server. Worst-case time per `search` call is bounded by
-    `(retries + 1) * timeout_s` plus the backoff sleeps."""
+    `(retries + 1) * timeout_s` plus the backoff sleeps: each attempt's deadline covers
+    connecting, the headers and the body, however slowly a server sends them.
+
+    It speaks HTTP directly (`http.client`), so proxy environment variables are not used and
+    redirects are not followed."""
 
     def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2):
         url = url.rstrip("/")
@@ -179,15 +190,13 @@ class HTTPRetriever:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 payload = self._post(body)
-            except urllib.error.HTTPError as err:
-                detail = err.read(2000).decode("utf-8", "replace")
-                last = f"HTTP {err.code}: {detail}"
-                if err.code < 500:
+            except _HTTPStatusError as err:
+                last = f"HTTP {err.status}: {err.detail}"
+                if err.status < 500:
                     raise RetrieverError(f"retrieval server {self.url} rejected the request: {last}") from None
                 continue
-            except (urllib.error.URLError, OSError, http.client.HTTPException, TimeoutError) as err:
-                reason = getattr(err, "reason", err)
-                last = f"{type(reason).__name__}: {reason}"
+            except (OSError, http.client.HTTPException) as err:  # TimeoutError is an OSError
+                last = f"{type(err).__name__}: {err}"
                 continue
             return self._parse(payload, len(queries))
         raise RetrieverError(
@@ -196,21 +205,53 @@ class HTTPRetriever:
         )
 
     def _post(self, body: bytes) -> Any:
-        deadline = time.monotonic() + self.timeout_s
-        req = urllib.request.Request(
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            chunks = []
-            while True:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"answer not complete within {self.timeout_s:g}s")
-                chunk = resp.read1(1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+        """POST ``body`` and return the decoded JSON answer, all within ``timeout_s``.
+
+        The deadline covers connect, headers and body: a watchdog timer shuts the socket down
+        when it passes, which ends a blocked ``recv`` at once. (A socket timeout alone bounds
+        each ``recv``, so a server sending one header byte per second would never trip it.)
+        Raises ``TimeoutError`` past the deadline, ``_HTTPStatusError`` for a non-2xx status.
+        """
+        u = urllib.parse.urlsplit(self.url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise RetrieverError(f"retrieval server URL {self.url!r} is not http(s)://host[:port]/...")
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.hostname, u.port, timeout=self.timeout_s)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
         try:
-            return json.loads(b"".join(chunks))
+            conn.connect()
+            if expired.is_set():
+                raise TimeoutError("connect")
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            if expired.is_set():
+                raise TimeoutError("read")
+        except (OSError, http.client.HTTPException) as err:
+            if expired.is_set():
+                raise TimeoutError(f"no complete answer within {self.timeout_s:g}s") from None
+            raise
+        finally:
+            timer.cancel()
+            conn.close()
+        if not 200 <= resp.status < 300:
+            raise _HTTPStatusError(resp.status, data[:2000].decode("utf-8", "replace"))
+        try:
+            return json.loads(data)
         except json.JSONDecodeError as err:
             raise RetrieverError(f"retrieval server {self.url} sent invalid JSON: {err}") from None
 

@@ -354,3 +354,84 @@ def test_http_serve_command(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- a dribbling server: the deadline covers connect, headers and body (issue 10, item 10) --------
+
+
+class _DribbleServer:
+    """A real TCP server on 127.0.0.1 that reads the request, then sends ``head`` at once and
+    ``slow`` one byte every ``gap`` seconds. Stops (and closes every socket) on ``close()``."""
+
+    def __init__(self, head: bytes, slow: bytes, gap: float = 1.0):
+        self.head, self.slow, self.gap = head, slow, gap
+        self.stop = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)  # the request (small, one segment on loopback)
+                    conn.sendall(self.head)
+                    for b in self.slow:
+                        if self.stop.wait(self.gap):
+                            return
+                        conn.sendall(bytes([b]))
+                except OSError:
+                    continue
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+_BODY = json.dumps({"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1.0}]]}).encode()
+_HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(_BODY)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("head", "slow"), [
+    (b"", _HEADERS + _BODY),   # headers one byte per second (before the fix: still blocked at 150 s)
+    (_HEADERS, _BODY),         # headers at once, body one byte per second
+])
+def test_http_deadline_covers_headers_and_body(head, slow):
+    server = _DribbleServer(head, slow, gap=0.5)
+    try:
+        client = HTTPRetriever(server.url, timeout_s=2.0, retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverError, match="timeout 2s"):
+            client.search(["q"], 1)
+        elapsed = time.monotonic() - t0
+        assert 1.9 <= elapsed < 3.5, elapsed
+        # retries: each attempt has its own deadline; the whole call stays bounded
+        client = HTTPRetriever(server.url, timeout_s=1.0, retries=1, backoff_s=0.05)
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverError, match="after 2 attempt"):
+            client.search(["q"], 1)
+        assert time.monotonic() - t0 < 3.5
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_http_dribbling_server_within_deadline_is_read():
+    # The same dribbling server, fast enough to finish well inside the deadline, is read whole.
+    server = _DribbleServer(_HEADERS, _BODY, gap=0.0)
+    try:
+        hits = HTTPRetriever(server.url, timeout_s=10.0, retries=0).search(["q"], 1)
+        assert [(p.title, p.text) for p in hits[0]] == [("T", "x")]
+    finally:
+        server.close()
