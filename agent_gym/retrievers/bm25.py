@@ -12,7 +12,8 @@ difference remains: tokens are `\\w+` runs, whereas Lucene's StandardTokenizer f
 (it keeps "1,000" or "u.s" as one token).
 
 Search is thread-safe: after the build the index is only read (scores come from
-`bm25s.BM25.get_scores_from_ids`, which allocates its own arrays per call).
+`bm25s.BM25.get_scores_from_ids`, which allocates its own arrays per call). A retriever pickles
+and deep-copies (so do the envs that hold one): the PyStemmer object is rebuilt on unpickling.
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ class LuceneLikeAnalyzer:
                     "BM25 stemming needs PyStemmer: pip install PyStemmer (or pass stemmer=None)"
                 ) from err
             self._stem = Stemmer.Stemmer(stemmer).stemWords
+
+    # PyStemmer's Stemmer is a C object that cannot be pickled: drop it and build it again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_stem"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stem = None
+        if self.stemmer_name is not None:
+            import Stemmer
+
+            self._stem = Stemmer.Stemmer(self.stemmer_name).stemWords
 
     @property
     def signature(self) -> str:

@@ -85,6 +85,14 @@ class TextEncoder:
         self.batch_size = batch_size
         self.signature = self._signature(name, path if local else None)
 
+    # The torch module object cannot be pickled; the model and tokenizer can.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "torch"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.torch = require("torch", EXTRA)
+
     def _signature(self, name: str, path: Path | None) -> str:
         h = hashlib.sha256(f"{name}|{self.pooling}|{self.max_length}".encode())
         if path is not None:
@@ -161,6 +169,21 @@ class DenseRetriever:
             emb = self.encoder.encode([f"{d['title']}\n{d['text']}" for d in self.docs])
             if self.cache_path is not None:
                 self._save(emb, self.cache_path)
+        self.index = self.faiss.IndexFlatIP(emb.shape[1])
+        self.index.add(np.ascontiguousarray(emb, dtype=np.float32))
+        self._lock = threading.Lock()
+
+    # The faiss module, its index (a SWIG object) and the lock cannot be pickled: a copy
+    # carries the embeddings and builds its flat index again (exact search, same results).
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("faiss", "index", "_lock")}
+        state["_emb"] = self.index.reconstruct_n(0, self.index.ntotal)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        emb = state.pop("_emb")
+        self.__dict__.update(state)
+        self.faiss = require("faiss", EXTRA)
         self.index = self.faiss.IndexFlatIP(emb.shape[1])
         self.index.add(np.ascontiguousarray(emb, dtype=np.float32))
         self._lock = threading.Lock()

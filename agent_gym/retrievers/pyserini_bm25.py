@@ -133,6 +133,8 @@ class PyseriniBM25Retriever:
         docs = load_docs(corpus) if corpus is not None else None
         if docs is not None:
             self._docs = {d["id"]: d for d in docs}
+        self.prebuilt = prebuilt
+        self.k1, self.b = float(k1), float(b)
         if prebuilt is not None:
             self._searcher = LuceneSearcher.from_prebuilt_index(prebuilt)
             self.index_dir: Path | None = None
@@ -151,7 +153,23 @@ class PyseriniBM25Retriever:
                     )
                 build_index(docs, self.index_dir, threads=threads)
             self._searcher = LuceneSearcher(str(self.index_dir))
-        self._searcher.set_bm25(float(k1), float(b))
+        self._searcher.set_bm25(self.k1, self.b)
+        self._lock = threading.Lock()
+
+    # The JVM searcher and the lock cannot be pickled: a copy opens the same index again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_searcher", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        start_jvm()
+        from pyserini.search.lucene import LuceneSearcher
+
+        if self.prebuilt is not None:
+            self._searcher = LuceneSearcher.from_prebuilt_index(self.prebuilt)
+        else:
+            self._searcher = LuceneSearcher(str(self.index_dir))
+        self._searcher.set_bm25(self.k1, self.b)
         self._lock = threading.Lock()
 
     def _doc(self, hit: Any) -> dict[str, str]:

@@ -435,3 +435,56 @@ def test_http_dribbling_server_within_deadline_is_read():
         assert [(p.title, p.text) for p in hits[0]] == [("T", "x")]
     finally:
         server.close()
+
+
+# -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
+
+
+def _copies(r):
+    import copy
+    import pickle
+
+    return [pickle.loads(pickle.dumps(r)), copy.deepcopy(r)]
+
+
+def _same_results(a, b):
+    qs = list(QUERIES)
+    assert [[(p.id, round(p.score, 5)) for p in hits] for hits in a.search(qs, 3)] == \
+        [[(p.id, round(p.score, 5)) for p in hits] for hits in b.search(qs, 3)]
+
+
+def test_bm25_pickles_and_deep_copies(bm25):
+    # Before: TypeError "self.cobj cannot be converted to a Python object for pickling"
+    # (the PyStemmer object).
+    for c in _copies(bm25):
+        assert c.analyzer("Lighthouses' keepers") == bm25.analyzer("Lighthouses' keepers")
+        _same_results(c, bm25)
+    for c in _copies(BM25Retriever(CORPUS, cache=False, stemmer=None)):
+        assert c.analyzer("lighthouses") == ["lighthouses"]
+
+
+def test_http_retriever_pickles(bm25):
+    with RetrievalServer(bm25) as server:
+        client = HTTPRetriever(server.url, timeout_s=5)
+        for c in _copies(client):
+            _same_results(c, client)
+
+
+@needs_pyserini
+@pytest.mark.timeout(120)
+def test_pyserini_pickles_and_deep_copies(lucene_index):
+    from agent_gym.retrievers.pyserini_bm25 import PyseriniBM25Retriever
+
+    r = PyseriniBM25Retriever(index=lucene_index)
+    for c in _copies(r):
+        _same_results(c, r)
+
+
+@needs_dense
+@pytest.mark.timeout(120)
+def test_dense_pickles_and_deep_copies(dense_encoder):
+    from agent_gym.retrievers.dense import DenseRetriever
+
+    r = DenseRetriever(CORPUS, encoder=dense_encoder, cache=False)
+    for c in _copies(r):
+        _same_results(c, r)

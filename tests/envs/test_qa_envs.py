@@ -189,7 +189,7 @@ def test_process_and_format_rewards_add_up():
     assert r == pytest.approx(0.1)
     _, r, term, _, info = env.step(act(env, "<answer>Yes</answer>"))
     assert term and info["reward_components"] == {"em": 1.0, "format": 0.1} and r == pytest.approx(1.1)
-    assert info["trajectory"]["step_rewards"] == pytest.approx([0.1, 1.1])
+    assert info["episode"].step_rewards == pytest.approx([0.1, 1.1]) and info["episode"].success
 
 
 STUFFED = "Quillhaven Harrowgate Vale Estmark Marlow Vance Odile Brask yes no 1884 1968"
@@ -406,3 +406,36 @@ def test_gold_that_normalizes_to_empty_can_score(tmp_path, env_id):
     env.reset(options={"task_index": 0})
     _, r, term, _, info = env.step(act(env, "<answer>!!!</answer>"))
     assert term and r == 1.0 and info["answer_scores"]["em"] == 1.0
+
+
+# -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
+
+QA_IDS = {
+    "AgentR1/HotpotQA-v0": "hotpotqa", "AgentR1/2WikiMultiHopQA-v0": "2wikimultihopqa",
+    "AgentR1/MuSiQue-v0": "musique", "AgentR1/HotpotQA-NaiveRAG-v0": "hotpotqa",
+    "AgentR1/2WikiMultiHopQA-NaiveRAG-v0": "2wikimultihopqa", "AgentR1/MuSiQue-NaiveRAG-v0": "musique",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env_id", sorted(QA_IDS))
+def test_qa_env_pickles_and_deep_copies_mid_episode(env_id):
+    # Before: TypeError from PyStemmer's Stemmer inside the bm25 retriever.
+    import copy
+    import pickle
+
+    tool_env = "NaiveRAG" not in env_id
+    env = make(env_id, data_path=str(FIXTURES / QA_IDS[env_id]), **({"lookup_tool": True} if tool_env else {}))
+    env.reset(seed=3, options={"task_index": 0})
+    if tool_env:
+        env.step(act(env, call("search", query="Marlow Vance film director")))
+    clones = [pickle.loads(pickle.dumps(env)), copy.deepcopy(env)]
+    steps = [call("search", query="Quillhaven lighthouse"), "<answer>Quillhaven</answer>"] if tool_env \
+        else ["<answer>Quillhaven</answer>"]
+    for text in steps:
+        want = env.step(act(env, text))
+        for c in clones:
+            got = c.step(act(c, text))
+            assert np.array_equal(got[0]["input_ids"], want[0]["input_ids"])
+            assert got[1:4] == want[1:4]
+    assert want[2]  # the episode ended on the answer
