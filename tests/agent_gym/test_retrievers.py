@@ -87,7 +87,7 @@ def test_import_does_not_pull_heavy_backends():
         "import sys, agent_gym, agent_gym.retrievers, agent_gym.datasets, agent_gym.scoring\n"
         "print([m for m in ('torch', 'faiss', 'pyserini', 'jnius', 'bm25s') if m in sys.modules])"
     )
-    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
 
@@ -348,12 +348,17 @@ def test_http_serve_command(tmp_path):
                 break
             except RetrieverError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(proc.stderr.read().decode() if proc.poll() is not None else "server did not start")
+                    raise AssertionError(proc.communicate(timeout=10)[1].decode() if proc.poll() is not None
+                                         else "server did not start")
                 time.sleep(0.2)
         assert hits[0][0].title == "Odile Brask"
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 # -- a dribbling server: the deadline covers connect, headers and body (issue 10, item 10) --------

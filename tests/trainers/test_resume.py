@@ -54,7 +54,7 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     done_before = len(_metrics(tmp_path / "killed"))
     assert done_before < 6
     subprocess.run(_cmd("--resume", str(tmp_path / "killed")), check=True, env=env, cwd=REPO, timeout=600,
