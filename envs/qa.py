@@ -127,58 +127,94 @@ def _file_key(path: Path) -> tuple:
 class PassageFormatter:
     """Render passages as ``Doc i (Title: t) text`` lines within a token budget.
 
-    Token counts come from the env's tokenizer, one passage line at a time (memoized per
-    passage and rank, since the same paragraphs come back again and again), plus one token per
+    Token counts come from the env's tokenizer, one passage line at a time, plus one token per
     newline between lines. A line that does not fit is cut at the last space before its
     ``budget``-th token, found from the fast tokenizer's character offsets. Both are exact for
     tokenizers that pre-tokenize at spaces and newlines (byte-level BPE as in GPT-2, Llama 3 and
     Qwen; Metaspace as in Llama 2); a slow (Python) tokenizer is cut by binary search over words
     with exact counts.
+
+    A passage is never tokenized whole when it is long: its line is measured on a prefix that
+    ends at a space (first ``probe_chars`` characters, then four times more, ...) until the
+    prefix holds more than ``max_tokens`` tokens; the tokens of such a prefix are those of the
+    whole line up to it, so the line cannot fit and the cut lies inside the prefix. Per passage
+    and rank, the measure (the exact count, or "over the budget" with the offsets of the first
+    ``max_tokens + 1`` tokens) is memoized, so a passage that comes back again costs no
+    tokenization at all: a 20 MB passage costs about what a 512-token one does
+    (``benchmarks/passage_formatter.py``).
     """
 
     ELLIPSIS = " ..."
 
-    def __init__(self, tokenizer: Any, max_tokens: int, cache_size: int = 100_000):
+    def __init__(self, tokenizer: Any, max_tokens: int, cache_size: int = 100_000, probe_chars: int | None = None):
         self.tok = tokenizer
         self.max_tokens = max_tokens
         self._backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        self._counts: dict[tuple, int] = {}
+        # (count, offsets of the first max_tokens + 1 tokens or None, prefix length or None)
+        self._measures: OrderedDict[tuple, tuple[int, list[tuple[int, int]] | None, int | None]] = OrderedDict()
         self._cache_size = cache_size
+        self._probe_chars = probe_chars or 16 * (max_tokens + 1)
         self._ellipsis = self.count(self.ELLIPSIS)
 
     def count(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
 
-    def _encode(self, texts: list[str]) -> list[tuple[int, list[tuple[int, int]] | None]]:
-        """(token count, character offsets or None) per text, in one batch when possible."""
+    def _encode(self, text: str) -> tuple[int, list[tuple[int, int]] | None]:
+        """(token count, character offsets or None)."""
         if self._backend is not None:
-            return [(len(e.ids), e.offsets) for e in self._backend.encode_batch(texts, add_special_tokens=False)]
-        return [(self.count(t), None) for t in texts]
+            e = self._backend.encode(text, add_special_tokens=False)
+            return len(e.ids), e.offsets
+        return self.count(text), None
+
+    def _measure(self, head: str, text: str) -> tuple[int, list[tuple[int, int]] | None, int | None]:
+        """Measure the line ``head + " " + text`` without tokenizing more of it than needed.
+
+        Returns ``(n, offsets, prefix_len)``: the exact token count with ``None, None`` when the
+        whole line was tokenized, else a count over ``max_tokens`` of the line's first
+        ``prefix_len`` characters (which end before a space) with their first
+        ``max_tokens + 1`` offsets (None for a slow tokenizer).
+        """
+        total = len(head) + 1 + len(text)
+        probe = self._probe_chars
+        while probe < total:
+            prefix = f"{head} {text[: max(0, probe - len(head) - 1)]}"
+            space = prefix.rfind(" ", len(head) + 1)
+            if space > len(head) + 1:
+                n, offsets = self._encode(prefix[:space])
+                if n > self.max_tokens:
+                    return n, (offsets[: self.max_tokens + 1] if offsets is not None else None), space
+            probe *= 4
+        n, offsets = self._encode(f"{head} {text}")
+        return n, None, None
+
+    def _measured(self, key: tuple, head: str, text: str) -> tuple[int, list[tuple[int, int]] | None, int | None]:
+        m = self._measures.get(key)
+        if m is None:
+            m = self._measure(head, text)
+            self._measures[key] = m
+            if len(self._measures) > self._cache_size:
+                self._measures.popitem(last=False)
+        else:
+            self._measures.move_to_end(key)
+        return m
 
     def format(self, passages: Sequence[Passage]) -> tuple[str, list[str]]:
         """Return the text and the titles it shows (a cut passage counts if its title shows)."""
-        heads = [f"Doc {rank} (Title: {p.title})" for rank, p in enumerate(passages, 1)]
-        rows = [f"{h} {p.text}" for h, p in zip(heads, passages)]
-        keys = [(rank, p.id, p.title, hash(p.text)) for rank, p in enumerate(passages, 1)]
-        todo = [i for i, k in enumerate(keys) if k not in self._counts]
-        fresh = dict(zip(todo, self._encode([rows[i] for i in todo]))) if todo else {}
-        for i, (n, _) in fresh.items():
-            if len(self._counts) >= self._cache_size:
-                self._counts.pop(next(iter(self._counts)))
-            self._counts[keys[i]] = n
         lines: list[str] = []
         titles: list[str] = []
         used = 0
-        for i, p in enumerate(passages):
+        for rank, p in enumerate(passages, 1):
+            head = f"Doc {rank} (Title: {p.title})"
+            n, offsets, prefix_len = self._measured((rank, p.id, p.title, len(p.text), hash(p.text)), head, p.text)
             sep = 1 if lines else 0
-            n = fresh[i][0] if i in fresh else self._counts[keys[i]]
             if used + sep + n <= self.max_tokens:
-                lines.append(rows[i])
+                lines.append(f"{head} {p.text}")
                 titles.append(p.title)
                 used += sep + n
                 continue
-            offsets = fresh[i][1] if i in fresh else None
-            cut = self._cut(rows[i], len(heads[i]), self.max_tokens - used - sep, offsets)
+            # Only the measured prefix can hold the cut (the whole line when it was measured whole).
+            line = f"{head} {p.text[: prefix_len - len(head) - 1]}" if prefix_len is not None else f"{head} {p.text}"
+            cut = self._cut(line, len(head), self.max_tokens - used - sep, offsets)
             if cut is not None:
                 lines.append(cut)
                 titles.append(p.title)
@@ -187,13 +223,14 @@ class PassageFormatter:
 
     def _cut(self, line: str, keep: int, room: int, offsets: list[tuple[int, int]] | None) -> str | None:
         """The longest prefix of ``line`` that ends before a space, keeps its first ``keep``
-        characters (the title header) and, with `` ...`` appended, fits in ``room`` tokens."""
+        characters (the title header) and, with `` ...`` appended, fits in ``room`` tokens.
+        ``offsets`` are those of the line's first tokens (at least ``room``), if known."""
         budget = room - self._ellipsis
         if budget <= 0:
             return None
         if self._backend is not None:
             if offsets is None:
-                offsets = self._encode([line])[0][1]
+                offsets = self._encode(line)[1]
             assert offsets is not None
             # Cut at a space no later than where the first token over budget starts: the tokens
             # before the space are unchanged by the cut. (Offsets are by character, and the bytes

@@ -148,6 +148,73 @@ def test_formatter_cut_by_offsets_and_by_exact_counts_agree(budget):
         assert a == b  # both find the longest prefix that fits
 
 
+class _SpyTokenizer:
+    """The env tokenizer, recording how many characters each encode call is given."""
+
+    def __init__(self, tok):
+        self.tok, self.is_fast, self.sizes = tok, True, []
+        spy = self
+
+        class Backend:
+            def encode(self, text, add_special_tokens=False):
+                spy.sizes.append(len(text))
+                return tok.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+            def encode_batch(self, texts, add_special_tokens=False):
+                spy.sizes.extend(len(t) for t in texts)
+                return tok.backend_tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+        self.backend_tokenizer = Backend()
+
+    def encode(self, text, add_special_tokens=False):
+        self.sizes.append(len(text))
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.timeout(60)
+def test_formatter_never_tokenizes_a_huge_passage_whole():
+    # Issue 10, item 13: a 20 MB passage cost 60 s per step; every search re-tokenized it whole.
+    from agent_gym.retrievers import Passage
+    from agent_gym.tokenizer import load_tokenizer
+    from envs.qa import PassageFormatter
+
+    tok = _SpyTokenizer(load_tokenizer(None))
+    huge = Passage("Quillhaven", "the lighthouse keepers of quillhaven " * 150_000, 1.0, "big")  # 5.5 MB
+    small = Passage("Odile Brask", "Odile Brask was a painter from Harrowgate Vale.", 0.5, "s")
+    fmt = PassageFormatter(tok, 512)
+    for group in ([huge, small], [small, huge]):
+        tok.sizes.clear()
+        text, titles = fmt.format(group)
+        assert titles == [g.title for g in group][: len(titles)] and text.endswith(" ...")
+        assert len(tok.tok.encode(text, add_special_tokens=False)) <= 512
+        assert max(tok.sizes) < 100_000, max(tok.sizes)  # a prefix, never the 5.5 MB line
+        tok.sizes.clear()
+        assert fmt.format(group) == (text, titles)
+        assert tok.sizes == []  # measured once per passage and rank, then cached
+
+
+@pytest.mark.parametrize("budget", [12, 30, 60, 400])
+def test_formatter_prefix_measure_agrees_with_whole_line(budget):
+    # Measuring on short prefixes (probe_chars 40 forces it on the fixture passages) gives the
+    # same text as tokenizing every line whole, on the offsets path and on the exact-count path.
+    from agent_gym.datasets import load_corpus
+    from agent_gym.retrievers import Passage
+    from agent_gym.tokenizer import load_tokenizer
+    from envs.qa import PassageFormatter
+
+    tok = load_tokenizer(None)
+    docs = load_corpus(FIXTURES / "corpus.jsonl")
+    passages = [Passage(d["title"], (d["text"] + " Ünïcödé 京都 text ") * 5, 0.0, d["id"]) for d in docs]
+    for slow in (False, True):
+        probing, whole = PassageFormatter(tok, budget, probe_chars=40), PassageFormatter(tok, budget, probe_chars=10**9)
+        if slow:
+            probing._backend = whole._backend = None
+        for i in range(len(passages)):
+            group = passages[i:] + passages[:i]
+            assert probing.format(group) == whole.format(group)
+            assert probing.format(group) == whole.format(group)  # cached
+
+
 # -- rewards ---------------------------------------------------------------------------------
 
 
@@ -269,7 +336,7 @@ def test_naive_rag_turn_without_answer_ends_the_episode():
     env = make("AgentR1/HotpotQA-NaiveRAG-v0", rewards={"call_invalid": -0.5})
     env.reset(options={"task_index": 0})
     _, r, term, trunc, info = env.step(act(env, "I think it is Quillhaven."))
-    assert term and not trunc and r == 0.0 and info["answer"] is None and "trajectory" in info
+    assert term and not trunc and r == 0.0 and info["answer"] is None and "episode" in info
     env.reset(options={"task_index": 0})
     _, r, term, _, info = env.step(act(env, call("search", query="x")))
     assert term and info["tool_calls"][0]["status"] == "unknown_tool" and r == -0.5
