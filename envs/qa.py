@@ -19,8 +19,12 @@ Tools
     back as a ``tool_error`` message; the episode goes on.
     ``lookup(title)`` (only with ``lookup_tool=True``; hermes format only): every paragraph with
     that exact title (case and surrounding space ignored), cut to the same budget; an unknown
-    title is a ``tool_error``. Titles are looked up in the corpus the env read (``corpus_path``,
-    else the split's own context paragraphs).
+    title is a ``tool_error``. Titles are looked up in the corpus the retriever searches:
+    ``corpus_path``, else the retriever's own corpus (by default the split's context
+    paragraphs, which is also what search sees). With a retriever that has no corpus here (an
+    HTTP server, a prebuilt pyserini index), ``lookup_tool=True`` raises at construction unless
+    ``corpus_path`` names the served corpus: looking up the split's own paragraphs would leak
+    the gold paragraphs in a fullwiki setting.
 Observation
     The token ids of the conversation: system prompt (with the tool schemas), the question, every
     assistant turn and every tool response. ``tool_format="hermes"`` (default) or
@@ -69,6 +73,7 @@ Parameters
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -114,6 +119,10 @@ def _shared(key: tuple, build: Callable[[], Any]) -> Any:
     while len(_SHARED) > _SHARED_MAX:
         _SHARED.popitem(last=False)
     return value
+
+
+_LOOKUP_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Retriever -> its lookup index (built once per retriever, which envs share)."""
 
 
 def _file_key(path: Path) -> tuple:
@@ -460,14 +469,38 @@ class MultiHopQAEnv(ToolEnv):
     def _make_tools(self) -> list[Tool]:
         tools: list[Tool] = [SearchTool(self.retriever, self.topk, self.formatter)]
         if self.lookup_enabled:
-            if self.corpus_path is not None:
-                src: tuple = ("lookup", _file_key(self.corpus_path))
-                docs = self._path_docs  # not None when a bm25/dense retriever already read the file
-            else:
-                src, docs = ("lookup",) + self._tasks_key, None
-            index = _shared(src, lambda: LookupTool.index(docs or self._corpus_docs()))
-            tools.append(LookupTool(index, self.formatter))
+            tools.append(LookupTool(self._lookup_index(), self.formatter))
         return tools
+
+    def _lookup_index(self) -> dict[str, list[Passage]]:
+        """Titles -> paragraphs of the corpus the retriever searches, never more.
+
+        ``corpus_path`` when given; else the retriever's own ``docs`` (bm25s, dense, pyserini
+        built from a corpus: by default the split's context paragraphs, the pool search also
+        sees). A retriever without one (an HTTP server, a prebuilt index, a custom object)
+        gets no lookup: indexing the split's own paragraphs would hand the gold paragraphs of a
+        fullwiki setting to the agent.
+        """
+        if self.corpus_path is not None:
+            docs = self._path_docs  # not None when a bm25/dense retriever already read the file
+            return _shared(("lookup", _file_key(self.corpus_path)),
+                           lambda: LookupTool.index(docs or self._corpus_docs()))
+        docs = getattr(self.retriever, "docs", None)
+        if not isinstance(docs, list) or not docs:
+            raise ValueError(
+                f"{self.env_id}: lookup_tool=True needs the corpus the retriever searches, and "
+                f"{type(self.retriever).__name__} does not expose one (an HTTP server or a prebuilt "
+                "index). Pass corpus_path= (the same corpus the retriever serves), or "
+                "lookup_tool=False. (Looking titles up in the split's own paragraphs would leak "
+                "the gold paragraphs in a fullwiki setting.)")
+        try:
+            cached = _LOOKUP_INDEXES.get(self.retriever)
+        except TypeError:  # not weak-referenceable: build a private index
+            return LookupTool.index(docs)
+        if cached is None:
+            cached = LookupTool.index(docs)
+            _LOOKUP_INDEXES[self.retriever] = cached
+        return cached
 
     # -- ToolEnv hooks -------------------------------------------------------------------------
 

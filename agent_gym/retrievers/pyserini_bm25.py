@@ -131,6 +131,7 @@ class PyseriniBM25Retriever:
 
         self._docs: dict[str, dict[str, str]] | None = None
         docs = load_docs(corpus) if corpus is not None else None
+        self.docs = docs  # the corpus rows when given (the QA envs' lookup tool reads them)
         if docs is not None:
             self._docs = {d["id"]: d for d in docs}
         self.prebuilt = prebuilt

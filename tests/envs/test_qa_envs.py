@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
+from agent_gym.datasets import load_corpus
 from agent_gym.retrievers import make_retriever
 from agent_gym.retrievers.http import RetrievalServer
 from agent_gym.scoring import normalize_answer
@@ -506,3 +507,40 @@ def test_qa_env_pickles_and_deep_copies_mid_episode(env_id):
             assert np.array_equal(got[0]["input_ids"], want[0]["input_ids"])
             assert got[1:4] == want[1:4]
     assert want[2]  # the episode ended on the answer
+
+
+# -- lookup never reads past the retriever's corpus (issue 10, item 15) ------------------------
+
+
+def _corpus_without(tmp_path, drop):
+    rows = [json.loads(x) for x in (FIXTURES / "corpus.jsonl").read_text().splitlines()]
+    path = tmp_path / "served.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["title"] not in drop))
+    return path
+
+
+def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path):
+    # The server's corpus lacks the gold paragraph "Marlow Vance". Before the fix lookup read
+    # the split's own context paragraphs and handed it over (a fullwiki leak).
+    served = _corpus_without(tmp_path, {"Marlow Vance"})
+    with RetrievalServer(make_retriever("bm25", corpus=str(served), cache=False)) as server:
+        with pytest.raises(ValueError, match="lookup_tool=True needs the corpus the retriever searches"):
+            make(retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True)
+        env = make(retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True,
+                   corpus_path=str(served))
+        env.reset(options={"task_index": 0})
+        _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
+        assert info["tool_calls"][0]["status"] == "tool_error"
+        assert "no paragraph titled 'Marlow Vance'" in env.unwrapped.messages[-1]["content"]
+        _, _, _, _, info = env.step(act(env, call("lookup", title="The Glass Orchard")))
+        assert info["tool_calls"][0]["status"] == "ok"
+
+
+def test_lookup_reads_the_corpus_the_retriever_was_given(tmp_path):
+    docs = load_corpus(_corpus_without(tmp_path, {"Marlow Vance"}))
+    env = make(lookup_tool=True, retriever_kwargs={"corpus": docs, "cache": False})
+    env.reset(options={"task_index": 0})
+    _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
+    assert info["tool_calls"][0]["status"] == "tool_error"  # in the split's context, not in the corpus
+    _, _, _, _, info = env.step(act(env, call("lookup", title="Vance Motor Works")))
+    assert info["tool_calls"][0]["status"] == "ok"
