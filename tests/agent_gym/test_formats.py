@@ -67,3 +67,48 @@ def test_parsers_never_raise_on_random_token_ids(ids):
     text = default_tokenizer().decode(ids, skip_special_tokens=False)
     for name in list_formats():
         get_format(name).parse(text)
+
+
+def _best_time(fn, repeats=5):
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list_formats())
+@pytest.mark.parametrize("unit", ["<tool_call>", "<search>", "<answer>", "<tool_call><answer><search></answer>"])
+def test_parse_is_linear_in_unclosed_tags(name, unit):
+    """Issue 10 item 7: a run of unclosed tags made the regex parsers quadratic (7,000
+    ``<tool_call>`` took 13 s). Doubling the text must not much more than double the time (a
+    quadratic parser takes 4x; the bound 3x leaves room for a noisy machine), and the unclosed
+    tags are still reported."""
+    f = get_format(name)
+    n = 20_000
+    small, large = unit * n, unit * (2 * n)
+    t_small = _best_time(lambda: f.parse(small))
+    t_large = _best_time(lambda: f.parse(large))
+    assert t_large < 3.0 * t_small + 2e-3, (t_small, t_large)
+    turn = f.parse(small)
+    if name == "hermes" and "<tool_call>" in unit:
+        assert turn.calls[-1].error == "unclosed <tool_call> tag"
+    if name == "search_r1" and "<search>" in unit:
+        assert turn.calls[-1].error == "unclosed <search> tag"
+
+
+def test_tag_spans_match_the_non_greedy_regex():
+    import re
+
+    from agent_gym.formats import tag_spans
+
+    rng = __import__("random").Random(0)
+    pieces = ["<a>", "</a>", "x", "<a", "a>", "\n"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        want = [(m.start(), m.start(1), m.end(1), m.end()) for m in re.finditer(r"<a>(.*?)</a>", text, re.DOTALL)]
+        assert list(tag_spans(text, "<a>", "</a>")) == want, text
