@@ -222,10 +222,16 @@ class ToolEnv(gym.Env):
         }
         return self._obs(), info
 
-    def step(self, action: Any):
+    def check_action(self, action: Any) -> list[int]:
+        """Validate ``action`` without stepping: the ids as a list, or ``ValueError`` naming what is
+        wrong (``RuntimeError`` if the episode is over). :class:`~agent_gym.vector.ToolVectorEnv`
+        checks every slot with it before stepping any."""
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first.")
-        action_ids = _as_id_list(action, self.vocab_size)
+        return _as_id_list(action, self.vocab_size)
+
+    def step(self, action: Any):
+        action_ids = self.check_action(action)
         self.turn += 1
         start = len(self._ids)
         self._ids.extend(action_ids)

@@ -87,10 +87,16 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions (None for envs to skip), got {len(actions)}")
         idx = [i for i, a in enumerate(actions) if a is not None]
+        # Check every action before stepping any sub-env: one bad slot must not step the others
+        # and throw their results away.
         for i in idx:
             if not self.active[i]:
                 raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action "
                                    "or reset it.")
+            try:
+                self.envs[i].unwrapped.check_action(actions[i])
+            except ValueError as e:
+                raise ValueError(f"action of sub-env {i}: {e} (no sub-env was stepped)") from e
         if self.autoreset:
             for i in np.flatnonzero(self._needs_reset):
                 self._last_obs[i], _ = self.envs[i].reset()

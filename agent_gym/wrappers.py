@@ -114,7 +114,12 @@ class PaddedTokens(gym.Wrapper):
         return self._pad(obs), info
 
     def step(self, action: Any):
-        a = np.asarray(action, dtype=np.int64).reshape(-1)
-        ids = a[a != self.no_token]
+        a = np.asarray(action)
+        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"action must be a 1-D array of integer token ids (the value {self.no_token} = no token), "
+                             f"got shape {a.shape} dtype {a.dtype}; float actions are not truncated to ids")
+        if a.size and (a.min() < 0 or a.max() > self.no_token):
+            raise ValueError(f"action holds values outside [0, {self.no_token}]: min {a.min()}, max {a.max()}")
+        ids = a[a != self.no_token].astype(np.int64)
         obs, r, term, trunc, info = self.env.step(ids)
         return self._pad(obs), r, term, trunc, info

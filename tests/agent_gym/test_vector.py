@@ -88,3 +88,19 @@ def test_bad_reset_options():
     with pytest.raises(ValueError, match="expected 4 actions"):
         envs.reset()
         envs.step([None])
+
+
+@pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), np.array([[1, 2]]), np.array([10**9])])
+def test_one_bad_slot_steps_no_sub_env(bad):
+    """Issue 10 item 6: a bad action in one slot stepped the other sub-envs and threw their results
+    away. Every action is checked first: nothing is stepped and the error names the slot."""
+    envs = ToolVectorEnv.from_entry_point("envs.factchain:FactChainEnv", num_envs=3, info_format="list")
+    envs.reset(seed=0)
+    before = [(list(e._ids), e.turn) for e in envs.envs]
+    good = scripted_turns(envs.envs[0], envs.envs[0].task)[0]
+    with pytest.raises(ValueError, match=r"action of sub-env 2: .*no sub-env was stepped"):
+        envs.step([good, good, bad])
+    assert [(list(e._ids), e.turn) for e in envs.envs] == before
+    _, r, term, trunc, infos = envs.step([good, None, None])  # still usable
+    assert infos[0]["turn"] == 1 and infos[1] == {}
+    envs.close()

@@ -40,3 +40,18 @@ def test_padded_tokens_fixed_shapes():
     n = int(obs["length"])
     assert info["tool_calls"][0]["status"] == "ok" and np.array_equal(obs2["input_ids"][n:n + len(plan[0])], plan[0])
     assert env.observation_space.contains(obs2)
+
+
+def test_padded_tokens_rejects_float_and_out_of_range_actions():
+    """Issue 10 item 14: float actions were truncated to ints silently; they raise like the base env."""
+    import pytest
+
+    env = PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=8)
+    obs, _ = env.reset(seed=0)
+    a = np.full(8, env.no_token, dtype=np.float64)
+    a[0] = 5.7
+    with pytest.raises(ValueError, match="integer token ids"):
+        env.step(a)
+    with pytest.raises(ValueError, match="outside"):
+        env.step(np.full(8, env.no_token + 1))
+    assert env.unwrapped.turn == 0 and len(env.unwrapped._ids) == int(obs["length"])
