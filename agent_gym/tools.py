@@ -16,8 +16,8 @@ The shortest way to write one::
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -54,6 +54,22 @@ class Tool:
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+    def check_schema(self) -> None:
+        """Raise ``ValueError`` naming the tool if ``parameters`` is not a valid JSON schema
+        (``ToolEnv`` calls it at construction, so a bad schema never reaches a step)."""
+        if not isinstance(self.parameters, dict):
+            raise ValueError(f"tool {self.name!r}: parameters must be a JSON-schema dict, got {type(self.parameters).__name__}")
+        try:
+            import jsonschema
+        except ImportError:  # pragma: no cover - jsonschema is a core dependency
+            return
+        try:
+            jsonschema.validators.validator_for(self.parameters).check_schema(self.parameters)
+        except jsonschema.SchemaError as e:
+            where = "/".join(str(p) for p in e.absolute_path)
+            raise ValueError(f"tool {self.name!r} has an invalid parameters schema"
+                             f"{' at ' + where if where else ''}: {e.message}") from None
 
     def validate(self, arguments: Any) -> str | None:
         """Return an error message if ``arguments`` do not satisfy the schema, else None."""
@@ -145,24 +161,79 @@ def _basic_check(schema: dict[str, Any], args: dict) -> str | None:
 
 
 # -- execution ---------------------------------------------------------------------------------
+#
+# A call with a timeout runs on a thread of its own, started for that call: its timeout counts from
+# the moment it starts running, never time spent waiting for a free worker. The old shared pool of
+# 32 workers let 32 hung calls from one env make every other env's instant calls time out for as
+# long as they hung. Python cannot kill a thread, so a timed-out call is abandoned and keeps running;
+# each tool object may have at most ``MAX_ABANDONED_PER_TOOL`` abandoned calls alive. Past that, a
+# call to the same tool fails at once (status ``timeout``, with a message saying why) instead of
+# starting yet another thread, which bounds the threads one misbehaving tool can leak. Envs build
+# their own tool objects, so one env's hung tool never limits another env's calls. Starting a thread
+# costs about 0.1 ms, small next to any call slow enough to need a timeout; tools with
+# ``timeout=None`` run inline as before.
 
-_POOL: cf.ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+MAX_ABANDONED_PER_TOOL = 8
+_ABANDONED: "weakref.WeakKeyDictionary[Tool, int]" = weakref.WeakKeyDictionary()
+_ABANDONED_LOCK = threading.Lock()
 
 
-def _pool() -> cf.ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="agent_gym-tool")
-        return _POOL
+def abandoned_calls(t: Tool) -> int:
+    """How many timed-out calls of ``t`` are still running on their threads."""
+    with _ABANDONED_LOCK:
+        return _ABANDONED.get(t, 0)
+
+
+def _execute_with_timeout(t: Tool, arguments: dict[str, Any]) -> Any:
+    """Run ``t.execute`` on a fresh daemon thread and wait at most ``t.timeout`` s for it; raises
+    ``TimeoutError`` when it does not finish, re-raises what the tool raised otherwise."""
+    with _ABANDONED_LOCK:
+        if _ABANDONED.get(t, 0) >= MAX_ABANDONED_PER_TOOL:
+            raise _Saturated()
+    box: dict[str, Any] = {}
+    state = {"abandoned": False}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["out"] = t.execute(**arguments)
+        except BaseException as e:  # handed to the caller, which decides
+            box["exc"] = e
+        finally:
+            with _ABANDONED_LOCK:
+                done.set()
+                if state["abandoned"]:
+                    _ABANDONED[t] = _ABANDONED.get(t, 1) - 1
+
+    th = threading.Thread(target=target, name=f"agent_gym-tool-{t.name}", daemon=True)
+    th.start()
+    if not done.wait(t.timeout):
+        with _ABANDONED_LOCK:
+            if not done.is_set():
+                state["abandoned"] = True
+                _ABANDONED[t] = _ABANDONED.get(t, 0) + 1
+                raise TimeoutError
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
+class _Saturated(Exception):
+    pass
 
 
 def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True) -> tuple[CallStatus, ToolResult]:
-    """Validate and run one call. Never raises: every failure becomes a status and a message.
+    """Validate and run one call. Every failure of the tool becomes a status and a message:
 
-    A timed-out call keeps running on its worker thread (Python cannot kill a thread); its result
-    is discarded. Tools that talk to servers should also pass their own socket timeouts.
+    - an ``Exception`` or a ``SystemExit`` raised by the tool: ``tool_error`` (a tool calling
+      ``sys.exit`` must not end the training process);
+    - a return value that is neither ``str`` nor :class:`ToolResult` (a list, ``None``, an object
+      whose ``__str__`` raises), or a ``ToolResult`` whose ``content`` is not a ``str``:
+      ``tool_error`` naming the type;
+    - a call that runs past ``t.timeout``: ``timeout`` (see the note above on abandoned threads).
+
+    ``KeyboardInterrupt`` (and other ``BaseException`` s such as ``GeneratorExit``) propagate: they
+    mean "stop", and :meth:`ToolEnv.step` leaves the env as it was before the step.
     """
     err = t.validate(arguments) if validate else None
     if err is not None:
@@ -171,13 +242,28 @@ def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True) -> tuple
         if t.timeout is None:
             out = t.execute(**arguments)
         else:
-            out = _pool().submit(t.execute, **arguments).result(timeout=t.timeout)
-    except cf.TimeoutError:
+            out = _execute_with_timeout(t, arguments)
+    except TimeoutError:
         return "timeout", ToolResult(f"Error: {t.name} timed out after {t.timeout:g} s", ok=False)
-    except Exception as e:  # a tool's own failure is the agent's observation, not a crash
-        return "tool_error", ToolResult(f"Error: {t.name} failed: {type(e).__name__}: {e}", ok=False)
+    except _Saturated:
+        return "timeout", ToolResult(
+            f"Error: {t.name} has {MAX_ABANDONED_PER_TOOL} earlier calls still running past their "
+            f"{t.timeout:g} s timeout; not started.", ok=False)
+    except (Exception, SystemExit) as e:  # a tool's own failure is the agent's observation, not a crash
+        return "tool_error", ToolResult(f"Error: {t.name} failed: {type(e).__name__}: {_safe_str(e)}", ok=False)
     if isinstance(out, str):
         out = ToolResult(out)
-    elif not isinstance(out, ToolResult):
-        out = ToolResult(str(out))
+    if not isinstance(out, ToolResult) or not isinstance(out.content, str):
+        got = type(out.content if isinstance(out, ToolResult) else out).__name__
+        what = "ToolResult.content" if isinstance(out, ToolResult) else "its result"
+        return "tool_error", ToolResult(
+            f"Error: {t.name} failed: {what} is a {got}; a tool must return a str or a ToolResult with str content.",
+            ok=False)
     return ("ok" if out.ok else "tool_error"), out
+
+
+def _safe_str(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # an exception whose __str__ raises
+        return f"<unprintable {type(e).__name__}>"
