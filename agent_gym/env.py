@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agent_gym.chat import ChatRenderer
+from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, get_format
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool, ToolResult, run_tool
@@ -176,6 +177,11 @@ class ToolEnv(gym.Env):
         """Extra weighted process-reward components for one call (see ``RewardConfig.extra``)."""
         return {}
 
+    def is_success(self, answer_scores: dict[str, float], task: dict[str, Any]) -> bool:
+        """Whether an answer with these scores solves ``task`` (``Episode.success``). Default: exact
+        match, ``answer_scores["em"] >= 1``; an env whose answers are judged otherwise overrides it."""
+        return float(answer_scores.get("em", 0.0)) >= 1.0
+
     # -- gymnasium API -----------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -209,6 +215,8 @@ class ToolEnv(gym.Env):
         self.invalid_streak = 0
         self.step_spans: list[list[int]] = []
         self.step_rewards: list[float] = []
+        self.step_reward_components: list[dict[str, float]] = []
+        self.step_call_statuses: list[list[str]] = []
         self.answer: str | None = None
         self.transcript: list[tuple[str, str]] = [(m["role"], m["content"]) for m in self.messages]
         self._done = False
@@ -315,23 +323,25 @@ class ToolEnv(gym.Env):
         if terminated:
             info["answer"] = parsed.answer
             info["answer_scores"] = answer_scores
+        self.step_reward_components.append(dict(comps))
+        self.step_call_statuses.append([c["status"] for c in info["tool_calls"]])
         if terminated or truncated:
             self._done = True
-            info["trajectory"] = self.trajectory()
+            info["episode"] = self.episode(answer_scores, reason)
         return self._obs(), reward, terminated, truncated, info
 
-    def trajectory(self) -> dict[str, Any]:
-        """The episode so far, for the trainer: ids, the loss mask, spans and per-step rewards."""
-        return {
-            "token_ids": list(self._ids),
-            "loss_mask": list(self._loss_mask),
-            "prompt_len": self.prompt_len,
-            "step_spans": [list(s) for s in self.step_spans],
-            "step_rewards": list(self.step_rewards),
-            "task_id": str(self.task.get("id", self.task_index)),
-            "task_index": self.task_index,
-            "answer": self.answer,
-        }
+    def episode(self, answer_scores: dict[str, float], truncation_reason: str | None) -> Episode:
+        """The episode so far as the typed record the trainer reads (``info["episode"]`` at its end)."""
+        scores = {k: float(v) for k, v in answer_scores.items()}
+        return Episode(
+            token_ids=list(self._ids), loss_mask=list(self._loss_mask), prompt_len=self.prompt_len,
+            step_spans=[list(s) for s in self.step_spans], step_rewards=list(self.step_rewards),
+            step_reward_components=[dict(c) for c in self.step_reward_components],
+            step_call_statuses=[list(s) for s in self.step_call_statuses],
+            task_id=str(self.task.get("id", self.task_index)), task_index=self.task_index, answer=self.answer,
+            answer_scores=scores, success=self.answer is not None and bool(self.is_success(scores, self.task)),
+            truncation_reason=truncation_reason,
+        )
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":

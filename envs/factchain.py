@@ -33,7 +33,10 @@ Data
     indices from disjoint random streams.
 Parameters
     ``num_entities`` (default 32), ``num_relations`` (1 to 6, default 4), ``num_hops`` (default 2),
-    ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``split``, ``system_prompt``,
+    ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``num_kbs`` (default 1: with N > 1, task
+    ``k`` is asked over KB ``k % N``, the KBs of seeds ``kb_seed`` .. ``kb_seed + N - 1``, and the
+    lookup tool answers from that task's KB; training over several KBs teaches the lookup skill
+    rather than one KB's names), ``split``, ``system_prompt``,
     ``question_style``, ``exclude_train_tasks`` (default 0; with ``split="test"``, N > 0 redraws
     every test question that is one of the first N train questions, so that the test split is
     held out from a training pool of ``num_tasks=N``: the trainer's ``eval_sets`` use it), and every
@@ -83,8 +86,7 @@ class LookupTool(Tool):
     description = "Look up one fact: the entity that `relation` points to from `entity`."
 
     def __init__(self, kb: dict[tuple[str, str], str], relations: tuple[str, ...]):
-        self.kb = kb
-        self.entities = {e for e, _ in kb}
+        self.use_kb(kb)
         self.parameters = {
             "type": "object",
             "properties": {
@@ -94,6 +96,11 @@ class LookupTool(Tool):
             "required": ["entity", "relation"],
             "additionalProperties": False,
         }
+
+    def use_kb(self, kb: dict[tuple[str, str], str]) -> None:
+        """Answer from ``kb`` from now on (a multi-KB env switches it at each reset)."""
+        self.kb = kb
+        self.entities = {e for e, _ in kb}
 
     def execute(self, entity: str, relation: str) -> ToolResult:
         e = entity.strip()
@@ -110,6 +117,7 @@ class FactChainEnv(ToolEnv):
         num_hops: int = 2,
         num_tasks: int = 10000,
         kb_seed: int = 0,
+        num_kbs: int = 1,
         split: str = "train",
         max_turns: int | None = None,
         max_context_tokens: int = 1024,
@@ -120,7 +128,8 @@ class FactChainEnv(ToolEnv):
     ):
         if not 1 <= num_relations <= len(RELATIONS):
             raise ValueError(f"num_relations must be in 1..{len(RELATIONS)}, got {num_relations}")
-        for name, v in (("num_entities", num_entities), ("num_hops", num_hops), ("num_tasks", num_tasks)):
+        for name, v in (("num_entities", num_entities), ("num_hops", num_hops), ("num_tasks", num_tasks),
+                        ("num_kbs", num_kbs)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if num_entities < 2:
@@ -141,9 +150,10 @@ class FactChainEnv(ToolEnv):
         self.question_style = question_style
         self._num_tasks = num_tasks
         self.exclude_train_tasks = exclude_train_tasks
-        self.entities, self.kb = make_kb(num_entities, num_relations, kb_seed)
+        self.kbs = [make_kb(num_entities, num_relations, kb_seed + i) for i in range(num_kbs)]
+        self.entities, self.kb = self.kbs[0]
         self._excluded = {self._draw("train", k, 0) for k in range(exclude_train_tasks)}
-        if len(self._excluded) >= num_entities * num_relations ** num_hops:
+        if len(self._excluded) >= num_kbs * num_entities * num_relations ** num_hops:
             raise ValueError(f"exclude_train_tasks={exclude_train_tasks} covers every one of the "
                              f"{num_entities * num_relations ** num_hops} questions of this KB: nothing is held out")
         system = system_prompt or ("Answer the question by following the chain of facts. Use the lookup tool "
@@ -160,37 +170,51 @@ class FactChainEnv(ToolEnv):
     def num_tasks(self) -> int:
         return self._num_tasks
 
-    def _draw(self, split: str, index: int, attempt: int) -> tuple[str, tuple[str, ...]]:
-        """The (start entity, relation chain) of task ``index`` of ``split``; a pure function of
-        ``(kb_seed, split, index)`` (``attempt`` > 0 only when a held-out draw is redrawn)."""
-        key = [self.kb_seed, _SPLITS[split], int(index)] + ([attempt] if attempt else [])
+    def _draw(self, split: str, index: int, attempt: int) -> tuple[int, str, tuple[str, ...]]:
+        """The (KB, start entity, relation chain) of task ``index`` of ``split``: KB ``index % num_kbs``,
+        the rest a pure function of ``(that KB's seed, split, index)`` (``attempt`` > 0 only when a
+        held-out draw is redrawn)."""
+        kb = int(index) % len(self.kbs)
+        key = [self.kb_seed + kb, _SPLITS[split], int(index)] + ([attempt] if attempt else [])
         rng = np.random.default_rng(key)
-        start = self.entities[int(rng.integers(len(self.entities)))]
-        return start, tuple(self.relations[int(i)] for i in rng.integers(len(self.relations), size=self.num_hops))
+        entities = self.kbs[kb][0]
+        start = entities[int(rng.integers(len(entities)))]
+        return kb, start, tuple(self.relations[int(i)] for i in rng.integers(len(self.relations), size=self.num_hops))
 
     def get_task(self, index: int) -> dict[str, Any]:
         attempt = 0
-        start, chain = self._draw(self.split, index, 0)
-        while (start, chain) in self._excluded:  # a held-out test question is never one of the training pool's
+        kb, start, chain = self._draw(self.split, index, 0)
+        while (kb, start, chain) in self._excluded:  # a held-out test question is never one of the training pool's
             attempt += 1
-            start, chain = self._draw(self.split, index, attempt)
+            kb, start, chain = self._draw(self.split, index, attempt)
         chain = list(chain)
         path = [start]
+        facts = self.kbs[kb][1]
         for r in chain:
-            path.append(self.kb[(path[-1], r)])
+            path.append(facts[(path[-1], r)])
         if self.question_style == "nested":
             question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f' of "{start}"?'
         else:
             question = f'Who is "{start}"' + "".join(f"'s {r}" for r in chain) + "?"
         return {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
-                "aliases": [], "chain": chain, "path": path}
+                "aliases": [], "chain": chain, "path": path, "kb": kb}
+
+    def facts(self, task: dict[str, Any]) -> dict[tuple[str, str], str]:
+        """The KB that ``task`` is asked over (KB 0 for a task given without one)."""
+        return self.kbs[task.get("kb", 0)][1]
 
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
         return {"em": exact_match(answer, [task["answer"]])}
 
+    def is_success(self, answer_scores: dict[str, float], task: dict[str, Any]) -> bool:
+        """Success is naming the entity at the end of the chain: exact match."""
+        return answer_scores.get("em", 0.0) >= 1.0
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._hops_found: set[int] = set()
-        return super().reset(seed=seed, options=options)
+        obs, info = super().reset(seed=seed, options=options)
+        self.tools["lookup"].use_kb(self.facts(self.task))
+        return obs, info
 
     def protocol_demonstration(self, task: dict[str, Any], rng: np.random.Generator) -> list[str]:
         """A demonstration that follows the tool protocol but not the question: one lookup per hop,
@@ -203,7 +227,7 @@ class FactChainEnv(ToolEnv):
         for _ in range(self.num_hops):
             relation = self.relations[int(rng.integers(len(self.relations)))]
             turns.append(lookup_turn(entity, relation))
-            entity = self.kb[(entity, relation)]
+            entity = self.facts(task)[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
 
@@ -216,7 +240,7 @@ class FactChainEnv(ToolEnv):
         entity, turns = task["path"][0], []
         for relation in reversed(task["chain"]):
             turns.append(lookup_turn(entity, relation))
-            entity = self.kb[(entity, relation)]
+            entity = self.facts(task)[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
 

@@ -129,7 +129,7 @@ class TrainConfig:
         return self.adv_estimator == "gae"
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         if self.adv_estimator is None:
             self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
         check_eval_sets(self.eval_sets)
@@ -166,7 +166,9 @@ def check_eval_sets(eval_sets: dict[str, Any]) -> None:
                               f"(e.g. {{kb_seed: 1000}}), got {kw!r}")
 
 
-def _check_types(cfg: Any) -> None:
+def check_types(cfg: Any) -> None:
+    """Check every field of a config dataclass against its type hint (RL and SFT configs); YAML's
+    ints are accepted for floats and stored as floats, and ``1e-5`` strings are read as floats."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)

@@ -32,28 +32,13 @@ import yaml  # noqa: E402
 def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: str):
     import gymnasium as gym
 
-    from trainers.rollout import _trajectory
+    from trainers.sft import play
 
     env = gym.make(env_id, **env_kwargs).unwrapped
     if policy == "oracle" and not hasattr(type(env), "demonstration"):
         raise SystemExit(f"error: {type(env).__name__} has no demonstration(task); use --policy model or wrong")
-    out = []
-    from collections import Counter
-
-    for k in tasks:
-        env.reset(options={"task_index": k})
-        texts = env.demonstration(env.task) if policy == "oracle" else ["<answer>none</answer>"]
-        comps, statuses = Counter(), Counter()
-        info: dict[str, Any] = {}
-        for text in texts:
-            ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
-            _, _, term, trunc, info = env.step(np.asarray(ids, dtype=np.int64))
-            comps.update(info["reward_components"])
-            statuses.update(c["status"] for c in info["tool_calls"])
-            if term or trunc:
-                break
-        out.append(_trajectory(info, {}, 0, comps, statuses))
-    return out, env.tokenizer
+    script = env.demonstration if policy == "oracle" else (lambda task: ["<answer>none</answer>"])
+    return [play(env, k, script) for k in tasks], env.tokenizer
 
 
 def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], model: str, backend: str,
@@ -75,7 +60,7 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], mo
     finally:
         be.close()
         envs.close()
-    return trajs, tok
+    return [t.episode for t in trajs], tok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import agent_gym  # noqa: F401
     from trainers.rollout import summarize
-    from trainers.trainer import eval_keys
+    from trainers.trainer import episode_record, eval_keys
 
     env_kwargs = yaml.safe_load(args.env_kwargs) or {}
     if not isinstance(env_kwargs, dict):
@@ -100,19 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy == "model":
         if not args.model:
             ap.error("--policy model needs --model")
-        trajs, tok = model_episodes(args.env, env_kwargs, tasks, args.model, args.backend, args.max_turn_tokens)
+        episodes, tok = model_episodes(args.env, env_kwargs, tasks, args.model, args.backend, args.max_turn_tokens)
     else:
-        trajs, tok = scripted_episodes(args.env, env_kwargs, tasks, args.policy)
-    summary = eval_keys(summarize(trajs))
-    summary.update({"env": args.env, "policy": args.policy, "model": args.model, "tasks": len(trajs)})
+        episodes, tok = scripted_episodes(args.env, env_kwargs, tasks, args.policy)
+    summary = eval_keys(summarize(episodes))
+    summary.update({"env": args.env, "policy": args.policy, "model": args.model, "tasks": len(episodes)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with open(out / "trajectories.jsonl", "w") as f:
-        for t in trajs:
-            f.write(json.dumps({"task_index": t.task_index, "reward": t.reward, "success": t.success, "stats": t.stats,
-                                "text": tok.decode(t.token_ids, skip_special_tokens=False),
-                                "token_ids": t.token_ids, "loss_mask": t.loss_mask}) + "\n")
+        for ep in episodes:
+            f.write(json.dumps(episode_record(ep, tok)) + "\n")
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}, indent=1))
     return 0
 

@@ -11,40 +11,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from agent_gym.episode import Episode
 from agent_gym.vector import ToolVectorEnv
 from trainers.backends.base import GenerationBackend, SamplingConfig
 
 
 @dataclass
 class Trajectory:
-    """One finished episode, as the env reported it."""
+    """One sampled episode: the env's ``Episode`` plus what only the sampler knows."""
 
-    token_ids: list[int]
-    """(T_i,) the whole context: prompt, agent turns, env deltas."""
-    loss_mask: list[int]
-    """(T_i,) 1 exactly on the agent's sampled tokens."""
-    prompt_len: int
-    step_spans: list[list[int]]
-    """[start, end) of each turn's agent tokens."""
-    step_rewards: list[float]
-    """The env's reward for each turn (process components, plus the outcome on the last)."""
+    episode: Episode
+    """The env's record: token ids, loss mask, spans, step rewards, answer scores, success..."""
     sampler_logprobs: list[float]
     """(T_i,) the backend's log-prob of each agent token, 0 elsewhere."""
-    task_index: int
     group: int
-    success: bool
-    stats: dict[str, Any] = field(default_factory=dict)
-    """Per-episode facts for logging: turns, truncation reason, call statuses, reward components."""
-
-    @property
-    def reward(self) -> float:
-        return float(sum(self.step_rewards))
+    """The GRPO/RLOO group: trajectories of one group share a task."""
 
 
 @dataclass
@@ -83,26 +70,28 @@ class RolloutBatch:
         return RolloutBatch(**kw)
 
 
+def pad_rows(rows: Sequence[Sequence[float]], pad_value: float, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) the rows right-padded with ``pad_value`` to the longest (T); RL batches and SFT both use it."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad_value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
 def build_batch(trajs: Sequence[Trajectory], pad_id: int) -> RolloutBatch:
     from trainers.algos import place_rewards
 
-    b, t = len(trajs), max(len(tr.token_ids) for tr in trajs)
-    ids = torch.full((b, t), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, t), dtype=torch.long)
-    mask = torch.zeros((b, t), dtype=torch.float32)
-    slp = torch.zeros((b, t), dtype=torch.float32)
-    for i, tr in enumerate(trajs):
-        n = len(tr.token_ids)
-        ids[i, :n] = torch.tensor(tr.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(tr.loss_mask, dtype=torch.float32)
-        slp[i, :n] = torch.tensor(tr.sampler_logprobs, dtype=torch.float32)
+    eps = [tr.episode for tr in trajs]
+    ids = pad_rows([ep.token_ids for ep in eps], pad_id, torch.long)  # (B, T)
+    attn = pad_rows([[1] * len(ep.token_ids) for ep in eps], 0, torch.long)  # (B, T)
+    mask = pad_rows([ep.loss_mask for ep in eps], 0.0, torch.float32)  # (B, T)
+    slp = pad_rows([tr.sampler_logprobs for tr in trajs], 0.0, torch.float32)  # (B, T)
     # A turn whose action was empty has no agent token to carry its reward; it goes to the
     # nearest earlier agent token (the env's penalties for empty turns still count).
     ends, rewards = [], []
-    for tr in trajs:
+    for ep in eps:
         e_row, r_row, carry = [], [], 0.0
-        for (s, e), r in zip(tr.step_spans, tr.step_rewards):
+        for (s, e), r in zip(ep.step_spans, ep.step_rewards):
             if e > s:
                 e_row.append(e - 1)
                 r_row.append(r + carry)
@@ -113,7 +102,7 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int) -> RolloutBatch:
                 carry += r
         ends.append(e_row)
         rewards.append(r_row)
-    outcome = torch.zeros(b)
+    outcome = torch.zeros(len(eps))
     token_rewards = place_rewards(outcome, mask, rewards, ends)  # (B, T)
     groups = torch.tensor([tr.group for tr in trajs], dtype=torch.long)
     return RolloutBatch(ids, attn, mask, token_rewards, slp, groups)
@@ -147,8 +136,6 @@ def collect(
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
     lps: list[dict[int, float]] = [{} for _ in range(n)]
-    comps: list[Counter[str]] = [Counter() for _ in range(n)]
-    statuses: list[Counter[str]] = [Counter() for _ in range(n)]
     done: list[Trajectory | None] = [None] * n
     turn = 0
     while any(d is None for d in done):
@@ -168,57 +155,39 @@ def collect(
         obs, _, term, trunc, infos = vec.step(actions)
         times.env_s += time.perf_counter() - t0
         for i in active:
-            comps[i].update(infos[i]["reward_components"])
-            statuses[i].update(c["status"] for c in infos[i]["tool_calls"])
             if term[i] or trunc[i]:
-                done[i] = _trajectory(infos[i], lps[i], i // group_size, comps[i], statuses[i])
+                ep: Episode = infos[i]["episode"]
+                slp = [0.0] * len(ep.token_ids)
+                for pos, lp in lps[i].items():
+                    slp[pos] = lp
+                done[i] = Trajectory(ep, slp, i // group_size)
         turn += 1
     return [d for d in done if d is not None], times
 
 
-def _trajectory(info: dict[str, Any], lps: dict[int, float], group: int, comps: Counter, statuses: Counter) -> Trajectory:
-    tr = info["trajectory"]
-    slp = [0.0] * len(tr["token_ids"])
-    for pos, lp in lps.items():
-        slp[pos] = lp
-    scores = info.get("answer_scores") or {}
-    stats = {
-        "turns": info["turn"],
-        "truncation_reason": info.get("truncation_reason"),
-        "answered": tr["answer"] is not None,
-        "answer_scores": dict(scores),
-        "reward_components": dict(comps),
-        "call_statuses": dict(statuses),
-    }
-    return Trajectory(
-        token_ids=tr["token_ids"], loss_mask=tr["loss_mask"], prompt_len=tr["prompt_len"],
-        step_spans=tr["step_spans"], step_rewards=tr["step_rewards"], sampler_logprobs=slp,
-        task_index=tr["task_index"], group=group, success=float(scores.get("em", 0.0)) >= 1.0, stats=stats,
-    )
-
-
-def summarize(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Episode-level metrics of a batch (see docs/metrics.md)."""
-    n = len(trajs)
+def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:
+    """Episode-level metrics of a batch (see docs/metrics.md). ``rollout/<score>`` is the mean of
+    each answer score the env reports (``em``, ``f1``...; 0 for an episode without an answer)."""
+    eps = [e.episode if isinstance(e, Trajectory) else e for e in episodes]
+    n = len(eps)
     out: dict[str, float] = {
-        "rollout/reward_mean": float(np.mean([t.reward for t in trajs])),
-        "rollout/success_rate": float(np.mean([t.success for t in trajs])),
-        "rollout/answered_rate": float(np.mean([t.stats["answered"] for t in trajs])),
-        "rollout/turns_mean": float(np.mean([t.stats["turns"] for t in trajs])),
-        "rollout/length_mean": float(np.mean([len(t.token_ids) for t in trajs])),
-        "rollout/agent_tokens_mean": float(np.mean([sum(t.loss_mask) for t in trajs])),
+        "rollout/reward_mean": float(np.mean([e.reward for e in eps])),
+        "rollout/success_rate": float(np.mean([e.success for e in eps])),
+        "rollout/answered_rate": float(np.mean([e.answered for e in eps])),
+        "rollout/turns_mean": float(np.mean([e.turns for e in eps])),
+        "rollout/length_mean": float(np.mean([len(e.token_ids) for e in eps])),
+        "rollout/agent_tokens_mean": float(np.mean([sum(e.loss_mask) for e in eps])),
     }
-    for key in ("em", "f1"):
-        vals = [t.stats["answer_scores"].get(key, 0.0) for t in trajs]
-        out[f"rollout/{key}"] = float(np.mean(vals))
-    reasons = Counter(t.stats["truncation_reason"] or "answered" for t in trajs)
+    for key in sorted({k for e in eps for k in e.answer_scores}):
+        out[f"rollout/{key}"] = float(np.mean([e.answer_scores.get(key, 0.0) for e in eps]))
+    reasons = Counter(e.truncation_reason or "answered" for e in eps)
     for r, c in reasons.items():
         out[f"rollout/end_{r}"] = c / n
     statuses: Counter[str] = Counter()
     comps: Counter[str] = Counter()
-    for t in trajs:
-        statuses.update(t.stats.get("call_statuses", {}))
-        comps.update(t.stats["reward_components"])
+    for e in eps:
+        statuses.update(e.call_statuses)
+        comps.update(e.reward_components)
     for s, c in statuses.items():
         out[f"tools/{s}_per_episode"] = c / n
     for k, v in comps.items():

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import yaml
 
-from trainers.config import ConfigError, _check_types, check_eval_sets, to_dict
+from agent_gym.episode import Episode
+from trainers.config import ConfigError, check_types, check_eval_sets, to_dict
 
 
 @dataclass
@@ -63,7 +64,7 @@ class SFTConfig:
     drawn with those weights (e.g. ``{oracle: 0.3, reversed: 0.7}``, an imperfect demonstrator)."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         check_eval_sets(self.eval_sets)
         for name in ("num_demos", "steps", "batch_size", "eval_tasks", "max_turn_tokens"):
             if getattr(self, name) <= 0:
@@ -88,7 +89,7 @@ def lr_factor(cfg: SFTConfig, step: int) -> float:
 def demo_policy(env: Any, name: str, rng: np.random.Generator):
     """The scripted policy ``name`` of ``env`` as a function ``task -> assistant turns``."""
     if name == "oracle":
-        demo = getattr(type(env), "demonstration", None)
+        demo = getattr(env, "demonstration", None)  # bound: a static or an instance method
         if demo is None:
             raise ValueError(f"{type(env).__name__} has no demonstration(task) method; SFT needs one")
         return demo
@@ -101,9 +102,21 @@ def demo_policy(env: Any, name: str, rng: np.random.Generator):
     return lambda task: method(task, rng)
 
 
+def play(env: Any, task_index: int, script: Any) -> Episode:
+    """Play task ``task_index`` of ``env`` with a scripted policy (``task -> assistant turns``,
+    each turn's text encoded and closed with the end-of-turn token); return the env's ``Episode``."""
+    env.reset(options={"task_index": int(task_index)})
+    for text in script(env.task):
+        ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
+        *_, terminated, truncated, info = env.step(np.asarray(ids, dtype=np.int64))
+        if terminated or truncated:
+            return info["episode"]
+    raise ValueError(f"the scripted policy ended task {task_index} of {type(env).__name__} before the episode ended")
+
+
 def demonstrations(env: Any, task_indices: list[int], policy: str | dict[str, float] = "oracle",
-                   rng: np.random.Generator | None = None) -> list[dict[str, Any]]:
-    """Run a scripted policy on each task; return the env's trajectories (ids + loss masks).
+                   rng: np.random.Generator | None = None) -> list[Episode]:
+    """Run a scripted policy on each task; return the env's episodes (ids + loss masks).
 
     ``policy`` is one policy's name, or a mix ``{name: weight}``: each task's policy is then
     drawn from ``rng`` with those weights (normalized)."""
@@ -114,16 +127,7 @@ def demonstrations(env: Any, task_indices: list[int], policy: str | dict[str, fl
     weights = np.asarray([mix[n] for n in names], dtype=float)
     picks = (rng.choice(len(names), size=len(task_indices), p=weights / weights.sum()) if len(names) > 1
              else np.zeros(len(task_indices), dtype=int))  # one policy: leave rng's stream as it was
-    out = []
-    tok = env.tokenizer
-    for k, pick in zip(task_indices, picks):
-        env.reset(options={"task_index": int(k)})
-        info: dict[str, Any] = {}
-        for text in demos[pick](env.task):
-            ids = tok.encode(text, add_special_tokens=False) + [env.eot_id]
-            *_, info = env.step(np.asarray(ids, dtype=np.int64))
-        out.append(info["trajectory"])
-    return out
+    return [play(env, k, demos[pick]) for k, pick in zip(task_indices, picks)]
 
 
 def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -142,6 +146,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.config import TrainConfig
     from trainers.logger import RunLogger
     from trainers.models import load_policy, load_tokenizer_for
+    from trainers.rollout import pad_rows
     from trainers.tiny_model import save_tiny_model
     from trainers.trainer import evaluate_greedy, make_vector_env
 
@@ -177,15 +182,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     for step in range(cfg.steps):
         model.train()
         rows = [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)]
-        t = max(len(r["token_ids"]) for r in rows)
-        ids = torch.full((len(rows), t), tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        mask = torch.zeros(len(rows), t)
-        for i, r in enumerate(rows):
-            n = len(r["token_ids"])
-            ids[i, :n] = torch.tensor(r["token_ids"])
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(r["loss_mask"], dtype=torch.float32)
+        ids = pad_rows([r.token_ids for r in rows], tok.pad_token_id, torch.long)  # (B, T)
+        attn = pad_rows([[1] * len(r.token_ids) for r in rows], 0, torch.long)  # (B, T)
+        mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float32)  # (B, T)
         loss = sft_loss(model, ids, attn, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()

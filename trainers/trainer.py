@@ -24,6 +24,7 @@ import torch
 import yaml
 
 import agent_gym  # noqa: F401  (registers the env ids)
+from agent_gym.episode import Episode
 from agent_gym.vector import ToolVectorEnv
 from trainers import algos
 from trainers.backends.base import SamplingConfig
@@ -170,7 +171,7 @@ class Trainer:
         if not cfg.use_action_mask:
             # Ablation: everything after the prompt (env tokens included) is under the loss.
             pos = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
-            prompt = torch.tensor([t.prompt_len for t in trajs])[:, None]  # (B, 1)
+            prompt = torch.tensor([t.episode.prompt_len for t in trajs])[:, None]  # (B, 1)
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
         self.policy.eval()
         temp = cfg.temperature
@@ -292,10 +293,7 @@ class Trainer:
         return cfg.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= cfg.stop_success
 
     def trajectory_records(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
-        return [{"task_index": t.task_index, "group": t.group, "reward": t.reward, "success": t.success,
-                 "step_spans": t.step_spans, "step_rewards": t.step_rewards, "stats": t.stats,
-                 "text": self.tokenizer.decode(t.token_ids, skip_special_tokens=False),
-                 "token_ids": t.token_ids, "loss_mask": t.loss_mask} for t in trajs]
+        return [episode_record(t.episode, self.tokenizer, group=t.group) for t in trajs]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -368,6 +366,14 @@ def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv
     return out
 
 
+def episode_record(ep: Episode, tokenizer: Any, **extra: Any) -> dict[str, Any]:
+    """One episode as a JSON record (the trajectory files, ``trainers.evaluate``'s output, the
+    viewer's input): every ``Episode`` field, its totals, and the decoded text."""
+    return {**dataclasses.asdict(ep), **extra, "reward": ep.reward, "turns": ep.turns,
+            "reward_components": ep.reward_components, "call_statuses": ep.call_statuses,
+            "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False)}
+
+
 def _trim(mb: RolloutBatch) -> RolloutBatch:
     """Cut a minibatch's right padding to its longest row."""
     t = int(mb.attention_mask.sum(-1).max())
@@ -397,4 +403,4 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         trainer.cleanup()
 
 
-__all__ = ["NonFiniteLossError", "Trainer", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run"]
+__all__ = ["NonFiniteLossError", "Trainer", "episode_record", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run"]

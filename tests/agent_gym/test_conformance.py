@@ -49,7 +49,7 @@ def test_two_envs_seeded_alike_stay_equal(env_id):
         ob, rb, tb, ub, ib = b.step(act_b)
         assert (ra, ta, ua) == (rb, tb, ub)
         if ta or ua:
-            assert ia["trajectory"] == ib["trajectory"]
+            assert ia["episode"] == ib["episode"]
             oa, ia = a.reset()
             ob, ib = b.reset()
 
@@ -80,14 +80,14 @@ def test_token_invariants_under_fuzzed_actions(env_id):
         assert abs(sum(info["reward_components"].values()) - reward) < 1e-9
         statuses.update(c["status"] for c in info["tool_calls"])
         if term or trunc:
-            traj = info["trajectory"]
-            mask = np.asarray(traj["loss_mask"])
+            traj = info["episode"]
+            mask = np.asarray(traj.loss_mask)
             expect = np.zeros(len(ids), dtype=int)
-            for s, e in traj["step_spans"]:
+            for s, e in traj.step_spans:
                 expect[s:e] = 1
             # The loss mask is exactly the agent's tokens.
-            assert np.array_equal(traj["token_ids"], ids) and np.array_equal(mask, expect)
-            assert len(traj["step_rewards"]) == info["turn"] == len(traj["step_spans"])
+            assert np.array_equal(traj.token_ids, ids) and np.array_equal(mask, expect)
+            assert len(traj.step_rewards) == info["turn"] == len(traj.step_spans)
             episodes += 1
             obs, info = env.reset()
         prev = obs["input_ids"]

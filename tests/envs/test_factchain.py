@@ -104,7 +104,7 @@ def test_sft_demo_mix_draws_each_policy_by_weight():
     env = _env()
     demos = demonstrations(env, list(range(300)), {"oracle": 0.3, "reversed": 0.7}, np.random.default_rng(0))
     reversed_order = 0
-    for k, text in enumerate(env.tokenizer.decode(d["token_ids"]) for d in demos):
+    for k, text in enumerate(env.tokenizer.decode(d.token_ids) for d in demos):
         chain = env.get_task(k)["chain"]
         rels = re.findall(r'"relation": "([^"]*)"', text)
         assert rels in (chain, chain[::-1])
@@ -135,7 +135,8 @@ def test_sft_demo_policy_lookup_and_errors():
     oracle = demonstrations(env, [0, 1, 2], "oracle", rng)
     proto = demonstrations(env, [0, 1, 2], "protocol", rng)
     assert len(oracle) == len(proto) == 3
-    assert all(sum(t["loss_mask"]) > 0 for t in oracle + proto)
+    assert all(sum(t.loss_mask) > 0 for t in oracle + proto)
+    assert all(t.success for t in oracle) and all(t.answered for t in proto)
     with pytest.raises(ValueError, match=r"demo_policy 'expert'.*available: \['oracle', 'protocol', 'reversed'\]"):
         demo_policy(env, "expert", rng)
 
@@ -164,3 +165,27 @@ def test_heldout_test_split_excludes_the_training_pool():
         _env(split="test", exclude_train_tasks=-1)
     with pytest.raises(ValueError, match="nothing is held out"):
         _env(split="test", num_entities=2, num_relations=1, num_hops=1, exclude_train_tasks=50)
+
+
+def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
+    from trainers.sft import play
+
+    env = _env(num_kbs=3, num_tasks=30)
+    one = _env()
+    assert [one.get_task(k) for k in range(0, 30, 3)] == [
+        {**env.get_task(k), "kb": 0} for k in range(0, 30, 3)]  # KB 0's tasks are the single-KB env's
+    names = [set(e) for e, _ in env.kbs]
+    assert env.kbs[0][1] != env.kbs[1][1] and len(names[0] & names[1]) < 8
+    for k in range(30):
+        t = env.get_task(k)
+        assert t["kb"] == k % 3 and t["path"][0] in names[k % 3]
+        ep = play(env, k, env.demonstration)  # the oracle's lookups are answered from the task's KB
+        assert ep.success and ep.call_statuses == {"ok": 2}
+    env.reset(options={"task_index": 1})
+    only_kb0 = sorted(names[0] - names[1])[0]
+    _, _, _, _, info = env.step(np.asarray(env.tokenizer.encode(
+        '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "rival"}}</tool_call>'
+        % only_kb0, add_special_tokens=False) + [env.eot_id]))
+    assert info["tool_calls"][0]["status"] == "tool_error"  # KB 0's entity is unknown in KB 1
+    with pytest.raises(ValueError, match="num_kbs must be a positive integer"):
+        _env(num_kbs=0)

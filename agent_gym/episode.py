@@ -1,0 +1,79 @@
+"""``Episode``: the one typed record an env hands to a trainer when an episode ends.
+
+``ToolEnv.step`` puts it in ``info["episode"]`` on the step that terminates or truncates the
+episode. Everything a trainer, an evaluator or a viewer needs about the episode is a field here;
+nothing downstream reads answer-score names (``"em"``, ``"f1"``) or env-specific splits: the env
+decides ``success`` itself (``ToolEnv.is_success``).
+
+It holds plain Python values only (no numpy, no torch), so it pickles across the processes of an
+async vector env and serializes with ``dataclasses.asdict`` to JSON.
+
+Shapes: T = the episode's length in tokens (prompt + agent turns + env tokens), S = its steps
+(assistant turns).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass
+class Episode:
+    """One finished episode, as the env built it (see docs/design.md, "The env contract")."""
+
+    token_ids: list[int]
+    """(T,) the whole context: prompt, every agent turn, every env delta (tool results, turn closers)."""
+    loss_mask: list[int]
+    """(T,) 1 exactly on the tokens the agent sampled, 0 on prompt and env tokens."""
+    prompt_len: int
+    """Tokens of the opening prompt (system + question), the first ``prompt_len`` of ``token_ids``."""
+    step_spans: list[list[int]]
+    """(S, 2) ``[start, end)`` of each step's agent tokens in ``token_ids`` (``end == start`` for an empty action)."""
+    step_rewards: list[float]
+    """(S,) the env's reward of each step: its process components, plus the outcome on the last."""
+    step_reward_components: list[dict[str, float]]
+    """(S,) each step's weighted reward components (``em``, ``format``, ``tool``, ``invalid``, ``hop``...);
+    their values sum to that step's reward."""
+    step_call_statuses: list[list[str]]
+    """(S,) the status of each tool call of each step (``ok``, ``parse_error``, ``bad_arguments``...)."""
+    task_id: str
+    task_index: int
+    """The task's index in the env's task list; -1 for a task passed in ``reset(options={"task": ...})``."""
+    answer: str | None
+    """The text of the final ``<answer>``, or None when the episode was truncated without one."""
+    answer_scores: dict[str, float]
+    """The env's raw answer scores in [0, 1] (e.g. ``{"em": 1.0, "f1": 1.0}``); empty without an answer."""
+    success: bool
+    """The env's verdict (``ToolEnv.is_success(answer_scores, task)``); False without an answer."""
+    truncation_reason: str | None
+    """None when the agent answered; else ``max_turns``, ``invalid_calls``, ``tool_budget`` or ``context``."""
+
+    @property
+    def reward(self) -> float:
+        """The episode's return: the sum of its step rewards."""
+        return float(sum(self.step_rewards))
+
+    @property
+    def turns(self) -> int:
+        return len(self.step_spans)
+
+    @property
+    def answered(self) -> bool:
+        return self.answer is not None
+
+    @property
+    def reward_components(self) -> dict[str, float]:
+        """Each reward component summed over the episode."""
+        total: Counter[str] = Counter()
+        for comps in self.step_reward_components:
+            total.update(comps)
+        return dict(total)
+
+    @property
+    def call_statuses(self) -> dict[str, int]:
+        """How many tool calls of the episode ended with each status."""
+        return dict(Counter(s for step in self.step_call_statuses for s in step))
+
+
+__all__ = ["Episode"]
