@@ -25,6 +25,10 @@ Tools
     HTTP server, a prebuilt pyserini index), ``lookup_tool=True`` raises at construction unless
     ``corpus_path`` names the served corpus: looking up the split's own paragraphs would leak
     the gold paragraphs in a fullwiki setting.
+Oracle
+    ``demonstration(task)``: one search per supporting title (the title as the query; at most
+    ``max_turns - 1``) in the env's tool format, then the gold answer. ``trainers/evaluate.py
+    --policy oracle`` and SFT's ``demo_policy: oracle`` use it (as for FactChain).
 Observation
     The token ids of the conversation: system prompt (with the tool schemas), the question, every
     assistant turn and every tool response. ``tool_format="hermes"`` (default) or
@@ -72,6 +76,7 @@ Parameters
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from collections import OrderedDict
@@ -511,6 +516,23 @@ class MultiHopQAEnv(ToolEnv):
         t = self.tasks[index]
         return {"id": t.id, "question": t.question, "answer": t.answer, "aliases": list(t.aliases),
                 "supporting_titles": list(t.supporting_titles), "type": t.type}
+
+    def demonstration(self, task: dict[str, Any]) -> list[str]:
+        """The oracle's assistant turns for ``task`` (the hook FactChain has, used by
+        ``trainers/evaluate.py --policy oracle`` and SFT's ``demo_policy: oracle``): one search
+        per supporting title, with the title as the query (as many as ``max_turns - 1`` allows,
+        in the env's tool format), then the gold answer in ``<answer>`` tags. Its EM is 1.0
+        whenever the episode is not truncated first (e.g. by ``max_context_tokens``)."""
+        searches = list(task.get("supporting_titles") or [])[: max(self.max_turns - 1, 0)]
+        return [self._search_turn(title) for title in searches] + [f"<answer>{task['answer']}</answer>"]
+
+    def _search_turn(self, query: str) -> str:
+        name = getattr(self.format, "name", "")
+        if name == "hermes":
+            return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query}}) + "</tool_call>"
+        if name == "search_r1":
+            return f"<search>{query}</search>"
+        raise NotImplementedError(f"{self.env_id}: no scripted search turn for tool format {name!r}")
 
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
         golds = [task["answer"], *task.get("aliases", [])]
