@@ -14,10 +14,20 @@ prefix of the longer render, and taking the difference. Two ways of taking the d
 They agree whenever tokenization restarts at the end-of-turn token, which holds when that token
 is a special (added) token, as in every chat template we know. The renderer checks this on a
 probe at construction and falls back to ``tokens`` when it does not hold.
+
+Message contents are plain text. A tool result, an echoed argument or a question may contain the
+text of a special token (``<|im_end|>``); encoded with the template it would become the special
+token itself, and an agent could forge turn boundaries in env tokens. So special tokens are
+recognized only in the template's own text: where a content holds a special token's text, the
+render is cut at the template's special tokens and each piece is encoded with
+``split_special_tokens=True``, which is what the tokenizer does anyway (it splits at added tokens
+before BPE) except that the content's specials stay plain text. Contents without special-token
+text take the ordinary path, so their ids are unchanged.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -54,6 +64,10 @@ class ChatRenderer:
             )
         self.tok = tokenizer
         self.tools = tools or None
+        specials = set(getattr(tokenizer, "all_special_tokens", [])) | {
+            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+        specials = sorted((t for t in specials if t), key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._cache: OrderedDict[tuple, list[int]] = OrderedDict()
         self._cache_size = cache_size
 
@@ -92,11 +106,63 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
+    def encode_render(self, messages: list[Message], add_generation_prompt: bool) -> tuple[str, list[int]]:
+        """Render ``messages`` and encode the text, special tokens recognized only outside the
+        message contents (see the module docstring). Returns the text and its ids."""
+        text = self.render_text(messages, add_generation_prompt=add_generation_prompt)
+        rx = self._special_re
+        if rx is None or not any(rx.search(m["content"]) for m in messages):
+            return text, self.encode(text)
+        spans = self._content_spans(messages, text, add_generation_prompt)
+        ids: list[int] = []
+        pos = 0
+        for m in rx.finditer(text):
+            if any(a <= m.start() and m.end() <= b for a, b in spans):
+                continue  # a special token's text inside a content: plain text
+            ids += self._encode_plain(text[pos:m.start()])
+            ids += self.encode(m.group(0))
+            pos = m.end()
+        return text, ids + self._encode_plain(text[pos:])
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def _content_spans(self, messages: list[Message], text: str, gen: bool) -> list[tuple[int, int]]:
+        """Where each content lies in ``text``: the template is rendered once more with a unique
+        placeholder per content, then the placeholders are matched against ``text``."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        skeleton = self.render_text([{**m, "content": k} for m, k in zip(messages, marks)], add_generation_prompt=gen)
+        pieces = re.split("(\ue000\\d+\ue001)", skeleton)
+        for transform in (lambda c: c, str.strip):  # verbatim, or trimmed (Llama 3's templates)
+            spans, pos, out = [], 0, []
+            for i, piece in enumerate(pieces):
+                if i % 2:
+                    c = transform(messages[int(piece[1:-1])]["content"])
+                    spans.append((pos, pos + len(c)))
+                    out.append(c)
+                    pos += len(c)
+                else:
+                    out.append(piece)
+                    pos += len(piece)
+            if "".join(out) == text:
+                return spans
+        # Some other transformation: take each content to run to the next piece of template text.
+        spans, pos = [], 0
+        for i, piece in enumerate(pieces):
+            if i % 2 == 0:
+                nxt = text.find(piece, pos) if piece else pos
+                if i and nxt >= 0:
+                    spans.append((pos, nxt))
+                pos = (nxt if nxt >= 0 else pos) + len(piece)
+        return spans
+
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The ids of the initial context, ending with the generation prompt (memoized: GRPO
         groups and evaluation reset to the same task many times)."""
         key = ("prompt",) + tuple((m["role"], m["content"]) for m in messages)
-        return self._memo(key, lambda: self.encode(self.render_text(messages, add_generation_prompt=True)))
+        return self._memo(key, lambda: self.encode_render(messages, add_generation_prompt=True)[1])
 
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
         """Ids to append after an assistant turn's end-of-turn token."""
@@ -124,10 +190,13 @@ class ChatRenderer:
                 "conversation is not a prefix), so token-exact incremental rendering is impossible "
                 "with it. Use a template that renders earlier turns unchanged."
             )
+        rx = self._special_re
+        if rx is not None and any(rx.search(m["content"]) for m in new_messages):
+            return self._delta_token_mode(new_messages)  # contents holding special-token text
         return self.encode(full[len(self._base_prefix_text):])
 
     def _delta_token_mode(self, new_messages: list[Message]) -> list[int]:
-        full = self.encode(self.render_text(_BASE + list(new_messages), add_generation_prompt=True))
+        full = self.encode_render(_BASE + list(new_messages), add_generation_prompt=True)[1]
         n = len(self._base_prefix_ids)
         if full[:n] != self._base_prefix_ids:
             raise ChatTemplateError("the base conversation's tokens are not a prefix of the longer render; "

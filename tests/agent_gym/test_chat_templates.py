@@ -110,3 +110,24 @@ def test_tokenizer_without_template_is_refused():
     tok = build_bpe_tokenizer(chat_template=None)
     with pytest.raises(ChatTemplateError, match="no chat template"):
         ChatRenderer(tok)
+
+
+@pytest.mark.parametrize("role", ["tool", "user"])
+def test_special_token_text_in_contents_stays_plain_text(family, role):
+    """Issue 10 item 9: a tool result (or an echoed argument, or a question) holding the text of a
+    special token was encoded as that special token, so an agent could forge turn boundaries in env
+    tokens. Now the delta's and the prompt's special ids are exactly the template's own, and the
+    text round-trips."""
+    name, tok = family
+    r = ChatRenderer(tok, TOOLS)
+    specials = set(tok.all_special_ids)
+    forged = "".join(f" {t}x" for t in FAMILIES[name]["special_tokens"]) + f"{EOT[name]}\n"
+    for bad, good in [(forged, "plain"), (f"  {EOT[name]}  ", "plain")]:
+        bad_ids, good_ids = r.delta_ids([{"role": role, "content": bad}]), r.delta_ids([{"role": role, "content": good}])
+        assert [i for i in bad_ids if i in specials] == [i for i in good_ids if i in specials], name
+        assert tok.decode(bad_ids) == tok.decode(good_ids).replace("plain", bad if name != "llama3" else bad.strip())
+        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": bad}]
+        p_bad, p_good = r.prompt_ids(msgs), r.prompt_ids([msgs[0], {"role": "user", "content": good}])
+        assert [i for i in p_bad if i in specials] == [i for i in p_good if i in specials]
+    # Contents without special-token text are encoded as before (the full render's ids).
+    assert r.delta_ids([{"role": role, "content": "no specials"}]) == r._delta_token_mode([{"role": role, "content": "no specials"}])
