@@ -17,7 +17,6 @@ from typing import Any, Literal
 import yaml
 
 Algo = Literal["ppo", "grpo", "rloo", "reinforce_pp"]
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_pp"]
 
 
 class ConfigError(ValueError):
@@ -82,8 +81,9 @@ class TrainConfig:
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
 
     # -- algorithm -----------------------------------------------------------------------------
-    adv_estimator: AdvEstimator | None = None
-    """Defaults from ``algo``."""
+    adv_estimator: str | None = None
+    """A name in the advantage-estimator registry (``trainers.algos.register_adv_est``: gae, grpo,
+    rloo, reinforce_pp, or one you register); defaults from ``algo``."""
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std: bool = True
@@ -100,12 +100,15 @@ class TrainConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip_c: float | None = None
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    loss_agg: str = "token-mean"
+    """A name in the aggregation registry (``trainers.algos.register_agg``): token-mean,
+    seq-mean-token-sum, seq-mean-token-mean, or one you register."""
     vf_coef: float = 0.5
     value_clip: float | None = 0.2
     kl_coef: float = 0.0
     kl_mode: Literal["reward", "loss"] = "loss"
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_kind: str = "k3"
+    """A name in the KL registry (``trainers.algos.register_kl``): k1, k2, k3, or one you register."""
     entropy_coef: float = 0.0
     use_action_mask: bool = True
     """Ablation switch: False puts every non-prompt token (env tokens too) under the loss."""
@@ -126,12 +129,16 @@ class TrainConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return self.adv_estimator == "gae"
+        """From the estimator's registration (``register_adv_est(name, uses_critic=...)``)."""
+        from trainers.algos import USES_CRITIC
+
+        return USES_CRITIC[self.adv_estimator]
 
     def __post_init__(self) -> None:
         check_types(self)
         if self.adv_estimator is None:
             self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
+        check_registered(self)
         check_eval_sets(self.eval_sets)
         for name in ("iterations", "tasks_per_iter", "group_size", "max_turn_tokens", "ppo_epochs",
                      "minibatch_size", "eval_every", "eval_tasks", "checkpoint_every", "keep_checkpoints"):
@@ -140,7 +147,7 @@ class TrainConfig:
         if self.batch_size % self.minibatch_size:
             raise ConfigError(f"minibatch_size={self.minibatch_size} must divide the batch of "
                               f"tasks_per_iter * group_size = {self.tasks_per_iter} * {self.group_size} = {self.batch_size}")
-        if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:
+        if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:  # their group statistics need 2
             raise ConfigError(f"group_size must be at least 2 for adv_estimator={self.adv_estimator!r}, got {self.group_size}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
@@ -155,6 +162,18 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("lr and critic_lr must be positive")
+
+
+def check_registered(cfg: "TrainConfig") -> None:
+    """The registries are the only lists of valid names: anything registered (before the config is
+    built) is selectable, anything else fails naming the valid ones."""
+    from trainers import algos
+
+    for key, registry, how in (("adv_estimator", algos.ADV_ESTIMATORS, "register_adv_est"),
+                               ("loss_agg", algos.AGGREGATIONS, "register_agg"), ("kl_kind", algos.KL_KINDS, "register_kl")):
+        if getattr(cfg, key) not in registry:
+            raise ConfigError(f"config key {key!r}: {getattr(cfg, key)!r} is not registered; registered: "
+                              f"{', '.join(sorted(registry))} (add one with trainers.algos.{how})")
 
 
 def check_eval_sets(eval_sets: dict[str, Any]) -> None:

@@ -79,3 +79,62 @@ def test_env_kwargs_are_arguments_of_the_env(path):
             accepted |= set(inspect.signature(klass.__init__).parameters)
     for key in {**cfg.env_kwargs, **cfg.eval_env_kwargs, **{k: v for kw in cfg.eval_sets.values() for k, v in kw.items()}}:
         assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"
+
+
+@pytest.fixture
+def scratch_registrations():
+    from trainers import algos
+
+    regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.AGGREGATIONS, algos.KL_KINDS)
+    before = [dict(r) for r in regs]
+    yield algos
+    for r, b in zip(regs, before):
+        r.clear()
+        r.update(b)
+
+
+def test_registered_names_are_selectable_from_yaml(tmp_path, scratch_registrations):
+    algos = scratch_registrations
+
+    @algos.register_adv_est("mine", uses_critic=True)
+    def mine(**kw):
+        return algos.get_adv_est("gae")(**kw)
+
+    @algos.register_agg("my-sum")
+    def my_sum(loss_mat, mask):
+        return (loss_mat * mask).sum()
+
+    @algos.register_kl("abs")
+    def kl_abs(d):
+        return d.abs()
+
+    p = tmp_path / "c.yaml"
+    p.write_text("algo: grpo\nadv_estimator: mine\nloss_agg: my-sum\nkl_kind: abs\nkl_coef: 0.1\n")
+    cfg = load_config(p)
+    assert (cfg.adv_estimator, cfg.loss_agg, cfg.kl_kind) == ("mine", "my-sum", "abs")
+    assert cfg.uses_critic  # from the registration, not from the name
+    assert not load_config(None, ["algo=grpo"]).uses_critic
+
+
+@pytest.mark.parametrize("key,value,valid", [
+    ("adv_estimator", "mine2", "gae, grpo, reinforce_pp, rloo"),
+    ("loss_agg", "sum", "seq-mean-token-mean, seq-mean-token-sum, token-mean"),
+    ("kl_kind", "k9", "k1, k2, k3"),
+])
+def test_unregistered_names_fail_listing_the_registered(key, value, valid):
+    with pytest.raises(ConfigError, match=f"config key '{key}': '{value}' is not registered; registered: {valid}"):
+        load_config(None, [f"{key}={value}"])
+
+
+def test_a_taken_name_cannot_be_registered_again_differently(scratch_registrations):
+    algos = scratch_registrations
+    gae = algos.get_adv_est("gae")
+    assert algos.register_adv_est("gae", uses_critic=True)(gae) is gae  # the same entry again: a no-op
+    with pytest.raises(ValueError, match="'gae' is already registered"):
+        algos.register_adv_est("gae", uses_critic=True)(lambda **kw: None)
+    with pytest.raises(ValueError, match="already registered with uses_critic=True"):
+        algos.register_adv_est("gae")(gae)
+    with pytest.raises(ValueError, match="'token-mean' is already registered"):
+        algos.register_agg("token-mean")(lambda m, k: m)
+    with pytest.raises(ValueError, match="KL kind 'k3' is already registered"):
+        algos.register_kl("k3")(lambda d: d)

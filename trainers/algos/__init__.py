@@ -5,6 +5,7 @@ See ``docs/algorithms.md`` for the formulas, the registry names and the metrics.
 
 from .advantages import (
     ADV_ESTIMATORS,
+    USES_CRITIC,
     AdvEstimator,
     gae,
     get_adv_est,
@@ -17,6 +18,7 @@ from .advantages import (
 )
 from .losses import (
     AGGREGATIONS,
+    KL_KINDS,
     KLKind,
     aggregate,
     entropy_from_logits,
@@ -27,12 +29,15 @@ from .losses import (
     masked_mean,
     policy_loss,
     register_agg,
+    register_kl,
     value_loss,
 )
 
 __all__ = [
     "ADV_ESTIMATORS",
     "AGGREGATIONS",
+    "KL_KINDS",
+    "USES_CRITIC",
     "AdvEstimator",
     "KLKind",
     "aggregate",
@@ -50,6 +55,7 @@ __all__ = [
     "policy_loss",
     "register_adv_est",
     "register_agg",
+    "register_kl",
     "reinforce_pp",
     "rloo",
     "value_loss",

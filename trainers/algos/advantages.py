@@ -61,6 +61,7 @@ from .losses import (
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "USES_CRITIC",
     "AdvEstimator",
     "get_adv_est",
     "gae",
@@ -89,20 +90,26 @@ class AdvEstimator(Protocol):
 
 
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+USES_CRITIC: dict[str, bool] = {}
+"""name -> whether the estimator needs a critic's values (the trainer builds one only then)."""
 
 
-def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Register an advantage estimator under ``name``.
+def register_adv_est(name: str, *, uses_critic: bool = False) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Register an advantage estimator under ``name``; ``uses_critic=True`` when it reads ``values``.
 
-    Registering the same function twice is a no-op; a different function under a name already
-    taken raises ``ValueError``.
+    Registering the same function twice is a no-op; a different function (or a different
+    ``uses_critic``) under a name already taken raises ``ValueError``. A registered name is
+    selectable from YAML (``adv_estimator: NAME``).
     """
 
     def deco(fn: AdvEstimator) -> AdvEstimator:
         old = ADV_ESTIMATORS.get(name)
         if old is not None and old is not fn:
             raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}")
+        if old is not None and USES_CRITIC[name] != uses_critic:
+            raise ValueError(f"advantage estimator {name!r} is already registered with uses_critic={USES_CRITIC[name]}")
         ADV_ESTIMATORS[name] = fn
+        USES_CRITIC[name] = uses_critic
         return fn
 
     return deco
@@ -351,7 +358,7 @@ def kl_in_reward(
 # ----------------------------------------------------------------------------- estimators
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", uses_critic=True)
 @torch.no_grad()
 def gae(
     *,

@@ -42,6 +42,7 @@ __all__ = [
     "STD_RTOL",
     "KLKind",
     "aggregate",
+    "register_kl",
     "entropy_from_logits",
     "get_agg",
     "kl_loss",
@@ -57,7 +58,38 @@ __all__ = [
 ]
 
 KLKind = Literal["k1", "k2", "k3"]
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_KINDS: dict[str, Callable[[Tensor], Tensor]] = {}
+"""name -> per-token KL estimate from ``d = logprobs - ref_logprobs`` (B, T) -> (B, T)."""
+
+
+def register_kl(name: str) -> Callable[[Callable[[Tensor], Tensor]], Callable[[Tensor], Tensor]]:
+    """Register a KL estimator ``fn(d) -> (B, T)`` under ``name`` (selectable as ``kl_kind: NAME``).
+    A different function under a name already taken raises ``ValueError``."""
+
+    def deco(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        old = KL_KINDS.get(name)
+        if old is not None and old is not fn:
+            raise ValueError(f"KL kind {name!r} is already registered to {old!r}")
+        KL_KINDS[name] = fn
+        return fn
+
+    return deco
+
+
+@register_kl("k1")
+def _kl_k1(d: Tensor) -> Tensor:
+    return d
+
+
+@register_kl("k2")
+def _kl_k2(d: Tensor) -> Tensor:
+    return 0.5 * d.square()
+
+
+@register_kl("k3")
+def _kl_k3(d: Tensor) -> Tensor:
+    neg = (-d).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.exp(neg) - neg - 1.0
 
 # exp(20) ~ 4.9e8: far outside any clip range, still finite in float32 and bfloat16.
 _MAX_LOG_RATIO = 20.0
@@ -255,15 +287,10 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind = "k3") -> T
         - T: padded token length
     """
     expect_bt(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    d = logprobs - ref_logprobs
-    if kind == "k1":
-        return d
-    if kind == "k2":
-        return 0.5 * d.square()
-    if kind == "k3":
-        neg = (-d).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return torch.exp(neg) - neg - 1.0
-    raise ValueError(f"unknown KL kind {kind!r}; valid: {', '.join(KL_KINDS)}")
+    fn = KL_KINDS.get(kind)
+    if fn is None:
+        raise ValueError(f"unknown KL kind {kind!r}; valid: {', '.join(sorted(KL_KINDS))}")
+    return fn(logprobs - ref_logprobs)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
