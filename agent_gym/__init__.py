@@ -4,10 +4,10 @@
 """
 
 from agent_gym.env import RewardConfig, ToolEnv
-from agent_gym.registration import ENV_IDS, register_envs
+from agent_gym.registration import ENV_IDS, register_env
 from agent_gym.tools import Tool, ToolResult, tool
 
-register_envs()
+import envs  # noqa: E402,F401  (each env module registers its own ids)
 
-__all__ = ["ENV_IDS", "RewardConfig", "Tool", "ToolEnv", "ToolResult", "tool"]
+__all__ = ["ENV_IDS", "RewardConfig", "Tool", "ToolEnv", "ToolResult", "register_env", "tool"]
 __version__ = "0.1.0"

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from agent_gym.env import ToolEnv
+from agent_gym.registration import register_env
 from agent_gym.formats import CallOutcome
 from agent_gym.scoring import exact_match
 from agent_gym.tools import Tool, ToolResult
@@ -270,3 +271,6 @@ def oracle_turns(task: dict[str, Any]) -> list[str]:
 
 
 FactChainEnv.demonstration = staticmethod(oracle_turns)
+
+
+register_env("AgentR1/FactChain-v0", f"{__name__}:FactChainEnv")

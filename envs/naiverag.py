@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from agent_gym.registration import register_env
 from agent_gym.tools import Tool
 from envs.qa import MultiHopQAEnv
 
@@ -129,3 +130,7 @@ class TwoWikiMultiHopQANaiveRAGEnv(NaiveRAGEnv):
 class MuSiQueNaiveRAGEnv(NaiveRAGEnv):
     dataset = "musique"
     env_id = "AgentR1/MuSiQue-NaiveRAG-v0"
+
+
+for _cls in (HotpotQANaiveRAGEnv, TwoWikiMultiHopQANaiveRAGEnv, MuSiQueNaiveRAGEnv):
+    register_env(_cls.env_id, f"{__name__}:{_cls.__name__}")

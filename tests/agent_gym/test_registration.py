@@ -1,0 +1,43 @@
+"""Env ids are registered by their own modules; a taken id cannot be re-registered differently."""
+
+from __future__ import annotations
+
+import importlib
+
+import gymnasium as gym
+import pytest
+
+import agent_gym
+from agent_gym.registration import ENV_IDS, register_env
+
+
+def test_each_env_module_registers_its_own_ids():
+    assert len(ENV_IDS) == 7
+    for env_id, (entry_point, _) in ENV_IDS.items():
+        module, cls = entry_point.split(":")
+        mod = importlib.import_module(module)
+        assert module.startswith("envs.") and hasattr(mod, cls)
+        assert gym.spec(env_id).entry_point == entry_point
+    importlib.reload(importlib.import_module("envs.factchain"))  # importing a module again is a no-op
+    assert ENV_IDS["AgentR1/FactChain-v0"][0] == "envs.factchain:FactChainEnv"
+
+
+@pytest.fixture
+def scratch_id():
+    env_id = "AgentR1Test/Scratch-v0"
+    yield env_id
+    ENV_IDS.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+
+
+def test_taken_id_with_a_different_entry_raises(scratch_id):
+    register_env(scratch_id, "envs.factchain:FactChainEnv", {"num_hops": 3})
+    register_env(scratch_id, "envs.factchain:FactChainEnv", {"num_hops": 3})  # the same entry: a no-op
+    assert gym.make(scratch_id).unwrapped.num_hops == 3
+    with pytest.raises(ValueError, match="already registered to 'envs.factchain:FactChainEnv'"):
+        register_env(scratch_id, "envs.hotpotqa:HotpotQAEnv")
+    with pytest.raises(ValueError, match="with kwargs"):
+        register_env(scratch_id, "envs.factchain:FactChainEnv", {"num_hops": 2})
+    with pytest.raises(ValueError, match="already registered"):
+        register_env("AgentR1/FactChain-v0", "envs.musique:MuSiQueEnv")
+    assert agent_gym.ENV_IDS is ENV_IDS
