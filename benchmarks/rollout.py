@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 from trainers.backends import HFBackend, SamplingConfig  # noqa: E402
-from trainers.tiny_model import build_tiny_qwen2, save_tiny_model  # noqa: E402
+from trainers.models import save_policy  # noqa: E402
+from trainers.tiny_model import build_tiny_qwen2  # noqa: E402
 
 TOOL_TEXT = "\n<|im_start|>user\n<tool_response>\nKarimel was born in 1907.\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
@@ -116,7 +117,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny_model(model, tok, Path(tmp) / "tiny")
+        path = save_policy(model, tok, Path(tmp) / "tiny")
         t0 = time.perf_counter()
         backend = VLLMBackend(path, max_model_len=max_len)
         results["vllm_engine_start_s"] = round(time.perf_counter() - t0, 2)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 from typing import Any
 
@@ -126,3 +127,26 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         ent = torch.zeros_like(lp)
         ent[:, 1:][sel] = entropy_from_logits(logits[None])[0]
     return lp, ent
+
+
+def save_policy(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
+    """Write any policy (the tiny model or a hub model) and its tokenizer as a HF directory that
+    vLLM and transformers load: the SFT warm start's ``model/`` and the vLLM backend's weights.
+
+    Writes config.json, model.safetensors, generation_config.json and the tokenizer files.
+    Returns the directory as a string.
+    """
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    # Greedy-free defaults: vLLM reads generation_config.json for default sampling params, and
+    # a leftover top_k/temperature there would silently change what a backend asked for.
+    gen_cfg = {
+        "bos_token_id": model.config.bos_token_id,
+        "eos_token_id": model.config.eos_token_id,
+        "pad_token_id": model.config.pad_token_id,
+    }
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump(gen_cfg, f, indent=2)
+    return path

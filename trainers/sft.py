@@ -145,9 +145,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.backends.hf_backend import HFBackend
     from trainers.config import TrainConfig
     from trainers.logger import RunLogger
-    from trainers.models import load_policy, load_tokenizer_for
+    from trainers.models import load_policy, load_tokenizer_for, save_policy
     from trainers.rollout import pad_rows
-    from trainers.tiny_model import save_tiny_model
     from trainers.trainer import evaluate_greedy, make_vector_env
 
     torch.manual_seed(cfg.seed)
@@ -198,7 +197,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         logger.log(step, metrics)
     final = {"sft/loss": float(loss.detach()), **evaluate(), "time/elapsed_min": (time.perf_counter() - t0) / 60}
     logger.log(cfg.steps, final)
-    save_tiny_model(model, tok, run_dir / "model")
+    save_policy(model, tok, run_dir / "model")
     (run_dir / "final.json").write_text(json.dumps(final, indent=2))
     logger.close()
     for envs in [eval_envs, *eval_sets.values()]:

@@ -8,8 +8,6 @@ input/output embeddings, hence ``tie_word_embeddings=False`` by default.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import torch
@@ -62,25 +60,3 @@ def build_tiny_qwen2(
     model.to(torch.float32)
     model.eval()
     return model
-
-
-def save_tiny_model(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
-    """Write ``model`` and ``tokenizer`` as a HF directory that vLLM and transformers load.
-
-    Writes config.json, model.safetensors, generation_config.json and the tokenizer files.
-    Returns the directory as a string.
-    """
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    # Greedy-free defaults: vLLM reads generation_config.json for default sampling params, and
-    # a leftover top_k/temperature there would silently change what a backend asked for.
-    gen_cfg = {
-        "bos_token_id": model.config.bos_token_id,
-        "eos_token_id": model.config.eos_token_id,
-        "pad_token_id": model.config.pad_token_id,
-    }
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump(gen_cfg, f, indent=2)
-    return path

@@ -31,7 +31,7 @@ from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainers.config import TrainConfig, from_dict, to_dict
 from trainers.logger import RunLogger
-from trainers.models import Critic, frozen_copy, load_policy, load_tokenizer_for, token_logprobs
+from trainers.models import Critic, frozen_copy, load_policy, load_tokenizer_for, save_policy, token_logprobs
 from trainers.rollout import RolloutBatch, Trajectory, build_batch, collect, summarize
 
 
@@ -54,9 +54,7 @@ def make_backend(cfg: TrainConfig, policy: torch.nn.Module, tokenizer: Any, run_
         return HFBackend(policy, pad_token_id=pad, device=cfg.device)
     from trainers.backends.vllm_backend import VLLMBackend
 
-    from trainers.tiny_model import save_tiny_model
-
-    path = save_tiny_model(policy, tokenizer, run_dir / "vllm_init")
+    path = save_policy(policy, tokenizer, run_dir / "vllm_init")
     return VLLMBackend(path, seed=cfg.seed, **cfg.vllm_kwargs)
 
 

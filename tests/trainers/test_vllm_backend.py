@@ -25,7 +25,8 @@ import torch
 from agent_gym.tokenizer import default_tokenizer
 from trainers.backends import GenerationBackend, HFBackend, SamplingConfig
 from trainers.backends.hf_backend import processed_logprobs
-from trainers.tiny_model import build_tiny_qwen2, save_tiny_model
+from trainers.models import save_policy
+from trainers.tiny_model import build_tiny_qwen2
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tok, tmp_path_factory) -> Path:
-    return Path(save_tiny_model(build_tiny_qwen2(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model"))
+    return Path(save_policy(build_tiny_qwen2(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model"))
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +204,7 @@ def test_tied_embeddings_sync_matches_hf(tok, tmp_path):
 
     model = build_tiny_qwen2(tok, seed=0, tie_word_embeddings=True)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    path = save_tiny_model(model, tok, tmp_path / "tied")
+    path = save_policy(model, tok, tmp_path / "tied")
     hf = HFBackend(model, pad_token_id=tok.pad_token_id)
     prompts = _prompts(6, seed=5)
     sampling = SamplingConfig(max_new_tokens=20, temperature=0)

@@ -74,7 +74,7 @@ class TiedEmbeddingsError(ValueError):
 class VLLMBackend:
     """``GenerationBackend`` over an offline ``vllm.LLM`` engine.
 
-    model_path: a HF directory (e.g. from ``trainers.tiny_model.save_tiny_model``).
+    model_path: a HF directory (e.g. from ``trainers.models.save_policy``).
     seed: the engine seed; requests without an explicit seed draw from it.
     dtype: weights and activations; float32 makes greedy output match ``HFBackend`` exactly.
     max_model_len: the longest prompt plus completion the engine accepts.
