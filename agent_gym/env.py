@@ -327,11 +327,12 @@ class ToolEnv(gym.Env):
         self.step_call_statuses.append([c["status"] for c in info["tool_calls"]])
         if terminated or truncated:
             self._done = True
-            info["episode"] = self.episode(answer_scores, reason)
+            info["trajectory"] = self.episode(answer_scores, reason)
         return self._obs(), reward, terminated, truncated, info
 
     def episode(self, answer_scores: dict[str, float], truncation_reason: str | None) -> Episode:
-        """The episode so far as the typed record the trainer reads (``info["episode"]`` at its end)."""
+        """The episode so far as the typed record the trainer reads: ``info["trajectory"]`` at its end
+        (not ``info["episode"]``, which Gymnasium's ``RecordEpisodeStatistics`` owns)."""
         scores = {k: float(v) for k, v in answer_scores.items()}
         return Episode(
             token_ids=list(self._ids), loss_mask=list(self._loss_mask), prompt_len=self.prompt_len,

@@ -1,6 +1,6 @@
 """``Episode``: the one typed record an env hands to a trainer when an episode ends.
 
-``ToolEnv.step`` puts it in ``info["episode"]`` on the step that terminates or truncates the
+``ToolEnv.step`` puts it in ``info["trajectory"]`` on the step that terminates or truncates the
 episode. Everything a trainer, an evaluator or a viewer needs about the episode is a field here;
 nothing downstream reads answer-score names (``"em"``, ``"f1"``) or env-specific splits: the env
 decides ``success`` itself (``ToolEnv.is_success``).

@@ -156,7 +156,7 @@ def collect(
         times.env_s += time.perf_counter() - t0
         for i in active:
             if term[i] or trunc[i]:
-                ep: Episode = infos[i]["episode"]
+                ep: Episode = infos[i]["trajectory"]
                 slp = [0.0] * len(ep.token_ids)
                 for pos, lp in lps[i].items():
                     slp[pos] = lp

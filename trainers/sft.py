@@ -110,7 +110,7 @@ def play(env: Any, task_index: int, script: Any) -> Episode:
         ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
         *_, terminated, truncated, info = env.step(np.asarray(ids, dtype=np.int64))
         if terminated or truncated:
-            return info["episode"]
+            return info["trajectory"]
     raise ValueError(f"the scripted policy ended task {task_index} of {type(env).__name__} before the episode ended")
 
 

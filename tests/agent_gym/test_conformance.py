@@ -49,7 +49,7 @@ def test_two_envs_seeded_alike_stay_equal(env_id):
         ob, rb, tb, ub, ib = b.step(act_b)
         assert (ra, ta, ua) == (rb, tb, ub)
         if ta or ua:
-            assert ia["episode"] == ib["episode"]
+            assert ia["trajectory"] == ib["trajectory"]
             oa, ia = a.reset()
             ob, ib = b.reset()
 
@@ -80,7 +80,7 @@ def test_token_invariants_under_fuzzed_actions(env_id):
         assert abs(sum(info["reward_components"].values()) - reward) < 1e-9
         statuses.update(c["status"] for c in info["tool_calls"])
         if term or trunc:
-            traj = info["episode"]
+            traj = info["trajectory"]
             mask = np.asarray(traj.loss_mask)
             expect = np.zeros(len(ids), dtype=int)
             for s, e in traj.step_spans:

@@ -105,8 +105,8 @@ def test_answer_rewards_and_components_add_up():
     _, r, term, trunc, info = env.step(act(env, "<answer>yo</answer>"))
     assert term and not trunc and info["answer"] == "yo"
     assert info["reward_components"] == {"em": 1.0, "f1": 0.25, "format": 0.1} and r == pytest.approx(1.35)
-    assert info["episode"].step_rewards == pytest.approx([-0.1, -0.05, 1.35])
-    assert info["episode"].reward_components == pytest.approx({"tool": 0.2, "invalid": -0.3, "no_action": -0.05, "em": 1.0, "f1": 0.25, "format": 0.1})
+    assert info["trajectory"].step_rewards == pytest.approx([-0.1, -0.05, 1.35])
+    assert info["trajectory"].reward_components == pytest.approx({"tool": 0.2, "invalid": -0.3, "no_action": -0.05, "em": 1.0, "f1": 0.25, "format": 0.1})
 
 
 def test_process_components_from_env_hook():
@@ -122,7 +122,7 @@ def test_limits_end_episodes():
     env.reset(options={"task_index": 0})
     env.step(act(env, call("echo", text="a")))
     *_, trunc, info = env.step(act(env, call("echo", text="a")))
-    assert trunc and info["truncation_reason"] == "max_turns" and "episode" in info
+    assert trunc and info["truncation_reason"] == "max_turns" and "trajectory" in info
     with pytest.raises(RuntimeError, match="call reset"):
         env.step(act(env, "x"))
     env = TinyEnv(max_invalid_calls=2)

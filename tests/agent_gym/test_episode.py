@@ -1,4 +1,4 @@
-"""The env -> trainer seam: ``info["episode"]`` is one typed, picklable ``Episode``, and success
+"""The env -> trainer seam: ``info["trajectory"]`` is one typed, picklable ``Episode``, and success
 is the env's decision (``ToolEnv.is_success``), which the trainer's metrics follow."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ def test_episode_is_typed_and_its_totals_match_the_steps():
     env = TinyEnv(tools=[echo], rewards={"call_ok": 0.2, "call_invalid": -0.3, "no_action": -0.05, "format": 0.1})
     env.reset(options={"task_index": 1})
     infos = [env.step(act(env, call("echo", text="x") + call("nope")))[-1], env.step(act(env, "hmm"))[-1]]
-    assert all("episode" not in i for i in infos)  # only the last step carries it
+    assert all("trajectory" not in i for i in infos)  # only the last step carries it
     *_, term, trunc, info = env.step(act(env, "<answer>yo</answer>"))
-    ep = info["episode"]
+    ep = info["trajectory"]
     assert isinstance(ep, Episode) and term and not trunc
     assert ep.step_call_statuses == [["ok", "unknown_tool"], [], []]
     assert ep.call_statuses == {"ok": 1, "unknown_tool": 1}
@@ -43,7 +43,7 @@ def test_truncated_episode_is_not_a_success_and_says_why():
     env.reset(options={"task_index": 0})
     env.step(act(env, "thinking"))
     *_, term, trunc, info = env.step(act(env, "still thinking"))
-    ep = info["episode"]
+    ep = info["trajectory"]
     assert trunc and not term
     assert (ep.answer, ep.answer_scores, ep.success, ep.truncation_reason) == (None, {}, False, "max_turns")
 
@@ -62,7 +62,7 @@ def test_the_env_decides_success_and_the_trainer_follows():
     for cls in (TinyEnv, LenientEnv):
         env = cls(tools=[echo])
         env.reset(options={"task_index": 0})
-        episodes.append(env.step(act(env, "<answer>not hi</answer>"))[-1]["episode"])
+        episodes.append(env.step(act(env, "<answer>not hi</answer>"))[-1]["trajectory"])
     strict, lenient = episodes
     assert strict.answer_scores == lenient.answer_scores == {"em": 0.0, "f1": 0.5}
     assert not strict.success and lenient.success
@@ -83,7 +83,17 @@ def test_factchain_episodes_cross_processes():
         answer = np.asarray(u.tokenizer.encode("<answer>x</answer>", add_special_tokens=False) + [u.eot_id])
         *_, term, _, infos = envs.step([answer, answer])
         assert term.all()
-        eps = infos["episode"]
+        eps = infos["trajectory"]
         assert all(isinstance(e, Episode) and e.answer == "x" and not e.success for e in eps)
     finally:
         envs.close()
+
+
+def test_gymnasium_episode_statistics_wrapper_keeps_the_episode():
+    """``info["episode"]`` belongs to Gymnasium's RecordEpisodeStatistics; the env's record is
+    ``info["trajectory"]``, so the two coexist."""
+    env = gym.wrappers.RecordEpisodeStatistics(TinyEnv(tools=[echo]))
+    env.reset(options={"task_index": 0})
+    *_, info = env.step(act(env, "<answer>hi</answer>"))
+    assert isinstance(info["trajectory"], Episode) and info["trajectory"].success
+    assert info["episode"]["r"] == pytest.approx(info["trajectory"].reward) and info["episode"]["l"] == 1

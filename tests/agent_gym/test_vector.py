@@ -60,7 +60,7 @@ def test_vector_entry_point_groups_and_active_stepping():
                 turn[i] += 1
                 if term[i] or trunc[i]:
                     done[i] = True
-                    assert term[i] and r[i] == 1.0 and infos[i]["episode"].answer == envs.envs[i].task["answer"]
+                    assert term[i] and r[i] == 1.0 and infos[i]["trajectory"].answer == envs.envs[i].task["answer"]
     envs.close()
 
 

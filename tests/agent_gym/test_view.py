@@ -3,7 +3,7 @@
 The trajectories come from a real run: a tiny GRPO run of the project's trainer (random tiny
 model, so its episodes fail), plus one iteration file of FactChain episodes played by the env's
 own demonstrator and by a wrong answerer (successes, failures, tool calls), written from the
-env's ``info["episode"]`` with per-step tool-call statuses and reward components.
+env's ``info["trajectory"]`` with per-step tool-call statuses and reward components.
 
 The browser test needs Debian's chromium (``apt-get install -y chromium``, done by ``make
 setup``) and the ``playwright`` package (the ``dev`` extra); it skips, naming the fix, without them.
@@ -51,7 +51,7 @@ def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
             comps.update(info["reward_components"])
             if term or trunc:
                 break
-        tr = vars(info["episode"])
+        tr = vars(info["trajectory"])
         scores = info.get("answer_scores") or {}
         recs.append({**{k2: tr[k2] for k2 in ("token_ids", "loss_mask", "prompt_len", "step_spans", "step_rewards", "answer")},
                      "task_index": k, "success": float(scores.get("em", 0.0)) >= 1.0, "answer_scores": scores,

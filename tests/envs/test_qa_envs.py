@@ -257,7 +257,7 @@ def test_process_and_format_rewards_add_up():
     assert r == pytest.approx(0.1)
     _, r, term, _, info = env.step(act(env, "<answer>Yes</answer>"))
     assert term and info["reward_components"] == {"em": 1.0, "format": 0.1} and r == pytest.approx(1.1)
-    assert info["episode"].step_rewards == pytest.approx([0.1, 1.1]) and info["episode"].success
+    assert info["trajectory"].step_rewards == pytest.approx([0.1, 1.1]) and info["trajectory"].success
 
 
 STUFFED = "Quillhaven Harrowgate Vale Estmark Marlow Vance Odile Brask yes no 1884 1968"
@@ -337,7 +337,7 @@ def test_naive_rag_turn_without_answer_ends_the_episode():
     env = make("AgentR1/HotpotQA-NaiveRAG-v0", rewards={"call_invalid": -0.5})
     env.reset(options={"task_index": 0})
     _, r, term, trunc, info = env.step(act(env, "I think it is Quillhaven."))
-    assert term and not trunc and r == 0.0 and info["answer"] is None and "episode" in info
+    assert term and not trunc and r == 0.0 and info["answer"] is None and "trajectory" in info
     env.reset(options={"task_index": 0})
     _, r, term, _, info = env.step(act(env, call("search", query="x")))
     assert term and info["tool_calls"][0]["status"] == "unknown_tool" and r == -0.5
