@@ -1,6 +1,6 @@
 """``ToolEnv``: a Gymnasium env whose observations and actions are token ids.
 
-The contract (DESIGN.md, "token in, token out"):
+The contract (docs/design.md, "The env contract"):
 
 - observation: ``{"input_ids": int64 array}``, the whole context so far;
 - action: the ids the policy generated in one assistant turn, stop token included;
@@ -52,6 +52,20 @@ class RewardConfig:
     no_action: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Weights must be finite real numbers: a string or NaN weight would only fail (or poison
+        every reward) at the first step."""
+        for name in ("format", "call_ok", "call_invalid", "no_action"):
+            _check_weight(f"rewards.{name}", getattr(self, name))
+        for name in ("answer_weights", "extra"):
+            table = getattr(self, name)
+            if not isinstance(table, dict):
+                raise TypeError(f"rewards.{name} must be a dict of name -> weight, got {type(table).__name__}")
+            for k, w in table.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"rewards.{name} keys must be strings, got {k!r}")
+                _check_weight(f"rewards.{name}[{k!r}]", w)
+
     @classmethod
     def from_any(cls, value: "RewardConfig | dict | None") -> "RewardConfig":
         if value is None:
@@ -65,6 +79,13 @@ class RewardConfig:
         if unknown:
             raise ValueError(f"unknown reward key(s) {unknown}; valid keys: {sorted(names)}")
         return cls(**value)
+
+
+def _check_weight(where: str, w: Any) -> None:
+    if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a number, got {w!r} ({type(w).__name__})")
+    if not np.isfinite(w):
+        raise ValueError(f"{where} must be finite, got {w!r}")
 
 
 class ToolEnv(gym.Env):
@@ -94,6 +115,8 @@ class ToolEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    required_task_keys: tuple[str, ...] = ("question", "answer")
+    """Keys a task passed as ``reset(options={"task": ...})`` must have (subclasses extend it)."""
 
     def __init__(
         self,
@@ -120,6 +143,8 @@ class ToolEnv(gym.Env):
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
+        for t in tools:
+            t.check_schema()
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self.format = get_format(tool_format)
         if tools:
@@ -182,6 +207,19 @@ class ToolEnv(gym.Env):
         match, ``answer_scores["em"] >= 1``; an env whose answers are judged otherwise overrides it."""
         return float(answer_scores.get("em", 0.0)) >= 1.0
 
+    def check_task(self, task: Any) -> dict[str, Any]:
+        """A copy of ``task`` if it is a dict with every key in ``required_task_keys`` and a string
+        question; else ``ValueError`` naming what is missing (checked at reset, never mid-episode)."""
+        if not isinstance(task, dict):
+            raise ValueError(f"options['task'] must be a dict, got {type(task).__name__}")
+        missing = [k for k in self.required_task_keys if k not in task]
+        if missing:
+            raise ValueError(f"options['task'] is missing key(s) {missing}; {type(self).__name__} tasks need "
+                             f"{list(self.required_task_keys)} (got keys {sorted(map(str, task))})")
+        if not isinstance(task["question"], str):
+            raise ValueError(f"options['task']['question'] must be a string, got {type(task['question']).__name__}")
+        return dict(task)
+
     # -- gymnasium API -----------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -191,7 +229,7 @@ class ToolEnv(gym.Env):
         if unknown:
             raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'task', 'task_index'")
         if "task" in options:
-            task = dict(options["task"])
+            task = self.check_task(options["task"])
             self.task_index = -1
         else:
             n = self.num_tasks()
@@ -238,97 +276,160 @@ class ToolEnv(gym.Env):
             raise RuntimeError("step() called on a finished episode; call reset() first.")
         return _as_id_list(action, self.vocab_size)
 
+    def encode_turn(self, text: str) -> np.ndarray:
+        """The action that writes ``text`` as one whole assistant turn: its ids, then the
+        end-of-turn token (for scripted policies, demonstrations, text wrappers and tests). The
+        text is encoded as a model's output would be (special-token text is a special token)."""
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False) + [self.eot_id], dtype=np.int64)
+
     def step(self, action: Any):
+        """One assistant turn. Transactional: it either completes, or raises and leaves the env as
+        it was before the call (the action is not appended, the turn not counted), so the caller may
+        retry, reset or step again. What a tool did to the world outside the env is not undone."""
         action_ids = self.check_action(action)
+        saved = self._checkpoint()
+        try:
+            turn = self._append_action(action_ids)
+            if turn.reason is None:  # the action fits the context budget
+                turn.parsed = self.format.parse(turn.text)
+                if turn.parsed.answer is not None:
+                    self._score_answer(turn)
+                else:
+                    self._run_turn_calls(turn)
+                    self._append_delta(turn)
+            return self._finish(turn)
+        except BaseException:  # KeyboardInterrupt included: it propagates, the env stays consistent
+            self._rollback(saved)
+            raise
+
+    # -- the parts of a step, in order -----------------------------------------------------------
+
+    def _append_action(self, action_ids: list[int]) -> "_Turn":
+        """Append the agent's ids (loss mask 1) and, if the turn did not end with the end-of-turn
+        token, an env-owned one (mask 0). An action longer than the context left is cut to fit and
+        ends the episode (``truncation_reason="context"``) without being parsed or scored."""
         self.turn += 1
+        room = self.max_context_tokens - len(self._ids)
+        dropped = max(len(action_ids) - room, 0)
+        if dropped:
+            action_ids = action_ids[:room]
         start = len(self._ids)
         self._ids.extend(action_ids)
         self._loss_mask.extend([1] * len(action_ids))
-        action_span = [start, len(self._ids)]
-        ends_with_stop = bool(action_ids) and action_ids[-1] in self._stop_set
+        ends_with_stop = not dropped and bool(action_ids) and action_ids[-1] in self._stop_set
         # Only the end-of-turn token closes a turn in the template; any other ending (length ran
-        # out, or another stop id such as eos) is closed by the env with an env-owned token.
+        # out, another stop id such as eos, or the cut above) is closed with an env-owned token.
         closed_by_env = not ends_with_stop or action_ids[-1] != self.eot_id
         body = action_ids[:-1] if ends_with_stop else action_ids
+        span = [start, len(self._ids)]
         if closed_by_env:
             self._ids.append(self.eot_id)
             self._loss_mask.append(0)
         text = self.tokenizer.decode(body, skip_special_tokens=False)
-        parsed = self.format.parse(text)
         self.transcript.append(("assistant", text))
+        turn = _Turn(span=span, closed_by_env=closed_by_env, text=text, dropped=dropped)
+        if dropped:
+            turn.truncated, turn.reason = True, "context"
+        return turn
 
-        comps: dict[str, float] = {}
-        outcomes: list[CallOutcome] = []
-        terminated = truncated = False
-        reason: str | None = None
-        answer_scores: dict[str, float] = {}
-        if parsed.answer is not None:
-            self.answer = parsed.answer
-            answer_scores = self.score_answer(parsed.answer, self.task)
-            for k, w in self.reward_cfg.answer_weights.items():
-                comps[k] = w * float(answer_scores.get(k, 0.0))
-            comps["format"] = self.reward_cfg.format
-            terminated = True
-        else:
-            outcomes = self._run_calls(parsed)
-            for o in outcomes:
-                key = "tool" if o.status == "ok" else "invalid"
-                comps[key] = comps.get(key, 0.0) + (self.reward_cfg.call_ok if o.status == "ok" else self.reward_cfg.call_invalid)
-                if o.status == "ok":
-                    for k, v in self.process_components(o, self.task).items():
-                        comps[k] = comps.get(k, 0.0) + v
-            if not outcomes:
-                comps["no_action"] = self.reward_cfg.no_action
-            valid = any(o.status == "ok" for o in outcomes)
-            self.invalid_streak = 0 if valid else self.invalid_streak + 1
-            if any(o.status == "budget" for o in outcomes):
-                truncated, reason = True, "tool_budget"
-            elif self.invalid_streak >= self.max_invalid_calls:
-                truncated, reason = True, "invalid_calls"
-            elif self.turn >= self.max_turns:
-                truncated, reason = True, "max_turns"
+    def _score_answer(self, turn: "_Turn") -> None:
+        """An answer ends the episode: outcome components from ``score_answer`` and ``format``."""
+        answer = turn.parsed.answer
+        scores = self.score_answer(answer, self.task)
+        if not isinstance(scores, dict):
+            raise TypeError(f"{type(self).__name__}.score_answer must return a dict of floats, got {type(scores).__name__}")
+        turn.answer_scores = {k: float(v) for k, v in scores.items()}
+        for k, w in self.reward_cfg.answer_weights.items():
+            turn.comps[k] = w * turn.answer_scores.get(k, 0.0)
+        turn.comps["format"] = self.reward_cfg.format
+        self.answer = answer
+        turn.terminated = True
 
-        obs_start = action_span[1]
-        msgs = []
-        if not terminated:
-            msgs = self.format.result_messages(outcomes) if outcomes else [{"role": "user", "content": self.format.nudge()}]
-        if truncated:  # the episode ends here: results are kept in the transcript, not the tokens
-            self.transcript.extend((m["role"] + " (after the episode ended)", m["content"]) for m in msgs)
-        elif not terminated:
+    def _run_turn_calls(self, turn: "_Turn") -> None:
+        """Run the turn's calls; process components; the invalid streak and the limits."""
+        cfg = self.reward_cfg
+        turn.outcomes = self._run_calls(turn.parsed)
+        for o in turn.outcomes:
+            key = "tool" if o.status == "ok" else "invalid"
+            turn.comps[key] = turn.comps.get(key, 0.0) + (cfg.call_ok if o.status == "ok" else cfg.call_invalid)
+            if o.status == "ok":
+                for k, v in self.process_components(o, self.task).items():
+                    turn.comps[k] = turn.comps.get(k, 0.0) + float(v)
+        if not turn.outcomes:
+            turn.comps["no_action"] = cfg.no_action
+        valid = any(o.status == "ok" for o in turn.outcomes)
+        self.invalid_streak = 0 if valid else self.invalid_streak + 1
+        if any(o.status == "budget" for o in turn.outcomes):
+            turn.truncated, turn.reason = True, "tool_budget"
+        elif self.invalid_streak >= self.max_invalid_calls:
+            turn.truncated, turn.reason = True, "invalid_calls"
+        elif self.turn >= self.max_turns:
+            turn.truncated, turn.reason = True, "max_turns"
+
+    def _append_delta(self, turn: "_Turn") -> None:
+        """The results (or a nudge) as the next messages: their chat-template delta is appended
+        unless the episode ends here or it would leave no room for a next turn."""
+        msgs = self.format.result_messages(turn.outcomes) if turn.outcomes else [
+            {"role": "user", "content": self.format.nudge()}]
+        if not turn.truncated:
             delta = self.renderer.delta_ids(msgs)
             # Keep room for at least one token of the next turn.
             if len(self._ids) + len(delta) >= self.max_context_tokens:
-                truncated, reason = True, "context"
+                turn.truncated, turn.reason = True, "context"
             else:
                 self._ids.extend(delta)
                 self._loss_mask.extend([0] * len(delta))
-                self.messages.append({"role": "assistant", "content": text})
+                self.messages.append({"role": "assistant", "content": turn.text})
                 self.messages.extend(msgs)
                 self.transcript.extend((m["role"], m["content"]) for m in msgs)
+                return
+        # The episode ends here: results are kept in the transcript, not the tokens.
+        self.transcript.extend((m["role"] + " (after the episode ended)", m["content"]) for m in msgs)
 
-        reward = float(sum(comps.values()))
-        self.step_spans.append(action_span)
-        self.step_rewards.append(reward)
+    def _finish(self, turn: "_Turn"):
+        """Record the step (span, reward, components, statuses) and build the step's return."""
+        reward = float(sum(turn.comps.values()))
+        calls = [{"name": o.call.name, "arguments": o.call.arguments, "status": o.status} for o in turn.outcomes]
         info: dict[str, Any] = {
             "turn": self.turn,
-            "action_span": action_span,
-            "obs_span": [obs_start, len(self._ids)],
-            "closed_by_env": closed_by_env,
-            "action_text": text,
-            "tool_calls": [{"name": o.call.name, "arguments": o.call.arguments, "status": o.status} for o in outcomes],
-            "reward_components": comps,
-            "truncation_reason": reason,
+            "action_span": turn.span,
+            "obs_span": [turn.span[1], len(self._ids)],
+            "closed_by_env": turn.closed_by_env,
+            "action_text": turn.text,
+            "action_tokens_dropped": turn.dropped,
+            "tool_calls": calls,
+            "reward_components": turn.comps,
+            "truncation_reason": turn.reason,
             "max_new_tokens": max(self.max_context_tokens - len(self._ids), 0),
         }
-        if terminated:
-            info["answer"] = parsed.answer
-            info["answer_scores"] = answer_scores
-        self.step_reward_components.append(dict(comps))
-        self.step_call_statuses.append([c["status"] for c in info["tool_calls"]])
-        if terminated or truncated:
+        if turn.terminated:
+            info["answer"] = turn.parsed.answer
+            info["answer_scores"] = turn.answer_scores
+        self.step_spans.append(turn.span)
+        self.step_rewards.append(reward)
+        self.step_reward_components.append(dict(turn.comps))
+        self.step_call_statuses.append([c["status"] for c in calls])
+        if turn.terminated or turn.truncated:
+            info["trajectory"] = self.episode(turn.answer_scores, turn.reason)
             self._done = True
-            info["trajectory"] = self.episode(answer_scores, reason)
-        return self._obs(), reward, terminated, truncated, info
+        return self._obs(), reward, turn.terminated, turn.truncated, info
+
+    _EPISODE_LISTS = ("_ids", "_loss_mask", "step_spans", "step_rewards", "step_reward_components",
+                      "step_call_statuses", "transcript", "messages")
+    _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done")
+
+    def _checkpoint(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """The episode state a step may change. Steps only append to the lists, so their lengths
+        are enough to undo one."""
+        return ({k: len(getattr(self, k)) for k in self._EPISODE_LISTS},
+                {k: getattr(self, k) for k in self._EPISODE_SCALARS})
+
+    def _rollback(self, saved: tuple[dict[str, int], dict[str, Any]]) -> None:
+        lengths, scalars = saved
+        for k, n in lengths.items():
+            del getattr(self, k)[n:]
+        for k, v in scalars.items():
+            setattr(self, k, v)
 
     def episode(self, answer_scores: dict[str, float], truncation_reason: str | None) -> Episode:
         """The episode so far as the typed record the trainer reads: ``info["trajectory"]`` at its end
@@ -379,6 +480,23 @@ class ToolEnv(gym.Env):
         self.tool_calls_used += 1
         status, result = run_tool(t, call.arguments, validate=False)
         return CallOutcome(call, status, result)
+
+
+@dataclass
+class _Turn:
+    """What one step has found so far, passed between the named parts of :meth:`ToolEnv.step`."""
+
+    span: list[int]
+    closed_by_env: bool
+    text: str
+    dropped: int = 0
+    parsed: ParsedTurn | None = None
+    comps: dict[str, float] = field(default_factory=dict)
+    outcomes: list[CallOutcome] = field(default_factory=list)
+    answer_scores: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    reason: str | None = None
 
 
 def _as_id_list(action: Any, vocab_size: int) -> list[int]:

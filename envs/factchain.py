@@ -111,6 +111,8 @@ class LookupTool(Tool):
 
 
 class FactChainEnv(ToolEnv):
+    required_task_keys = ("question", "answer", "path", "chain")
+
     def __init__(
         self,
         num_entities: int = 32,

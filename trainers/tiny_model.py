@@ -1,7 +1,7 @@
 """A tiny Qwen2 causal LM built from a config, for CPU tests and benchmarks.
 
 The shape defaults are the ones measured to run in both transformers and vLLM's CPU backend
-(DESIGN.md, "Facts measured on this kind of machine"): vLLM's CPU attention needs a head
+(docs/design.md, "Facts measured on the project's machine"): vLLM's CPU attention needs a head
 dimension of 32 or more, and its in-place weight reload matches transformers only with untied
 input/output embeddings, hence ``tie_word_embeddings=False`` by default.
 """

@@ -19,7 +19,7 @@ Weight sync, two routes (docs/vllm.md):
   the model's own ``load_weights``, which fuses q/k/v and gate/up); then it drops the prefix
   cache, whose KV blocks were computed with the old weights. The worker-side method comes from
   ``WeightSyncExtension``, passed as vLLM's ``worker_extension_cls``. That is a change from
-  DESIGN.md's recipe (a module-level function sent to ``collective_rpc``): vLLM 0.32 serializes
+  the recipe of the original design notes (docs/design.md) (a module-level function sent to ``collective_rpc``): vLLM 0.32 serializes
   a callable only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickle on the engine's socket),
   while a method name is a plain string.
 - GPU (untested here, no GPU): ``sync_weights_gpu_ipc`` drives vLLM's weight-transfer engine
@@ -27,7 +27,7 @@ Weight sync, two routes (docs/vllm.md):
 
 Tied input/output embeddings: supported, and tested (tests/trainers/test_vllm_backend.py) by
 changing only the embedding matrix, syncing, and checking greedy output and log-probs against
-transformers. DESIGN.md records that the CPU reload matched only with untied embeddings. The
+transformers. The original design notes (docs/design.md) recorded that the CPU reload matched only with untied embeddings. The
 cause, as far as we traced it in vLLM 0.32: the layerwise reload rebuilds each layer's
 parameters, so during a reload ``lm_head`` no longer shares the embedding's tensor, and a state
 dict without ``lm_head.weight`` (safetensors and ``save_pretrained`` drop the tied copy) leaves
