@@ -35,10 +35,16 @@ the head unloaded (a sync that changed only the embedding then produced one repe
 ``lm_head.weight`` for a tied model (taken from the embedding when the state dict omits it), and
 refuses with ``TiedEmbeddingsError`` a state dict whose head differs from its embedding.
 
-Lifecycle: vLLM runs an engine-core process and a worker process. ``close()`` shuts both down;
-it is registered with ``atexit`` (which also runs after Ctrl-C's ``KeyboardInterrupt`` unwinds
-the main thread) and is idempotent. The engine uses the ``spawn`` start method, so scripts that
-create a ``VLLMBackend`` need an ``if __name__ == "__main__":`` guard.
+Lifecycle: vLLM runs an engine-core process, which starts the worker process. ``close()`` shuts
+both down; it is registered with ``atexit`` (which also runs after Ctrl-C's ``KeyboardInterrupt``
+unwinds the main thread) and is idempotent. vLLM's own shutdown can leave a worker behind when
+the parent exits during or right after start-up under CPU contention (issue 10: an orphaned
+``VLLM::Worker`` holding the parent's stdout), so the backend does not trust it alone
+(``trainers/backends/process_guard.py``): every process the engine starts carries a per-engine
+token in its environment; ``close()``, a start-up that fails or is interrupted, and a watchdog
+process that outlives a parent killed without closing all end every process with that token.
+The engine uses the ``spawn`` start method, so scripts that create a ``VLLMBackend`` need an
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 import weakref
 from typing import Any, Sequence
 
@@ -62,6 +69,7 @@ except ImportError as e:  # pragma: no cover - exercised only where vllm is miss
         f"GPU machine run `pip install -e .[vllm]`. Import error: {e}"
     ) from e
 
+from trainers.backends import process_guard
 from trainers.backends.base import Generation, SamplingConfig
 
 _DEFAULT_KV_CACHE_BYTES = 512 * 2**20
@@ -128,7 +136,22 @@ class VLLMBackend:
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         kwargs.update(engine_kwargs)
-        self.llm = LLM(**kwargs)
+        self._closed = True  # until the engine is up: close() has nothing to do before
+        self._token = uuid.uuid4().hex
+        self._watchdog = process_guard.start_watchdog(self._token)
+        previous = os.environ.get(process_guard.ENV_VAR)
+        os.environ[process_guard.ENV_VAR] = self._token  # inherited by every engine process
+        try:
+            self.llm = LLM(**kwargs)
+        except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
+            process_guard.end_marked(self._token)
+            self._watchdog.release()
+            raise
+        finally:
+            if previous is None:
+                os.environ.pop(process_guard.ENV_VAR, None)
+            else:
+                os.environ[process_guard.ENV_VAR] = previous
         self._tmpdir = tempfile.mkdtemp(prefix="vllm_weights_")
         self._closed = False
         # A weak reference, so atexit does not keep a closed-over backend alive forever.
@@ -178,6 +201,11 @@ class VLLMBackend:
         finally:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             del self.llm
+            # Whatever vLLM's shutdown left running (a worker re-parented to init, a slow exit).
+            left = process_guard.end_marked(self._token)
+            self._watchdog.release()
+            if left:
+                raise RuntimeError(f"VLLMBackend.close: engine processes {sorted(left)} survived SIGKILL")
 
     def __enter__(self) -> "VLLMBackend":
         return self

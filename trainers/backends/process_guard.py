@@ -1,0 +1,127 @@
+"""Leave no engine process behind: find every process an engine started, and end them.
+
+vLLM runs its engine core in a child process, which starts the model workers as its own
+children. vLLM's shutdown ends them, but not always: when the parent exits during or right after
+start-up under CPU contention, a worker survived as an orphan (ppid 1) holding the parent's
+stdout (issue 10). So ``VLLMBackend`` marks the processes it starts instead of trusting the tree:
+
+- Before creating the engine it puts a fresh token in the environment variable ``ENV_VAR``.
+  Every process started from then on (engine core, workers, however deep, whoever their parent
+  is now) carries it in ``/proc/PID/environ``, which a process cannot lose by being re-parented.
+- ``end_marked(token)`` ends every process carrying the token: SIGTERM, a grace period, then
+  SIGKILL, until none is left. multiprocessing's resource tracker is spared: it is shared with
+  the rest of the parent process and exits by itself once the processes holding its pipe are gone.
+- ``start_watchdog(token)`` starts this file as a small process that waits on a pipe from the
+  parent and runs ``end_marked(token)`` when the pipe closes without a "closed" line, that is when
+  the parent died without closing the engine (SIGKILL, a crash, ``os._exit``). It ignores SIGINT,
+  so the Ctrl-C that stops a terminal's foreground group does not stop it first.
+
+Linux only (``/proc``); elsewhere the functions find nothing and vLLM's own shutdown is all there is.
+No torch or vllm import here: the watchdog starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ENV_VAR = "AGENT_GYM_ENGINE_TOKEN"
+_SPARED = (b"multiprocessing.resource_tracker",)
+
+
+def marked_pids(token: str) -> set[int]:
+    """Live processes (zombies excluded) whose environment holds ``ENV_VAR=token``, except this one."""
+    needle = f"{ENV_VAR}={token}".encode() + b"\0"
+    found = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read() + b"\0":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if any(s in f.read() for s in _SPARED):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            if stat[stat.rindex(b")") + 2 :].split()[0] == b"Z":
+                continue
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read
+        found.add(int(entry))
+    return found
+
+
+def end_marked(token: str, grace_s: float = 5.0, kill_s: float = 10.0) -> set[int]:
+    """End every process marked with ``token``; returns those still alive (empty on success).
+
+    Waits up to ``grace_s`` for them to exit by themselves (a shutdown in progress), sends SIGTERM
+    to the rest and waits ``grace_s`` more, then SIGKILLs whatever is left for up to ``kill_s``.
+    """
+    deadline = time.monotonic() + grace_s
+    while (pids := marked_pids(token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_s)):
+        if not pids:
+            return pids
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+            pids = marked_pids(token)
+    return pids
+
+
+class Watchdog:
+    """The parent's end of a watchdog process (see the module docstring)."""
+
+    def __init__(self, token: str):
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", os.path.abspath(__file__), token],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, close_fds=True,
+        )
+
+    def release(self) -> None:
+        """The engine was closed normally: the watchdog exits without ending anything."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.write(b"closed\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def start_watchdog(token: str) -> Watchdog:
+    return Watchdog(token)
+
+
+def _watchdog_main(token: str) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    data = sys.stdin.buffer.read()  # until the parent closes the pipe or dies
+    if b"closed" not in data:
+        end_marked(token)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_watchdog_main(sys.argv[1]))
