@@ -94,3 +94,33 @@ def test_token_invariants_under_fuzzed_actions(env_id):
     assert episodes > 100
     # The fuzzer reached both successful and failed calls (an env without tools has no "ok").
     assert ({"ok", "parse_error"} if u.tools else {"parse_error"}) <= statuses, statuses
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_pickle_and_deepcopy_mid_episode(env_id):
+    """Issue 10 item 12: every registered id pickles and deep-copies (async vector envs and
+    checkpointing need it), before reset and mid-episode; a copy then steps exactly like the
+    original."""
+    import copy
+    import pickle
+
+    env = make(env_id)
+    pickle.loads(pickle.dumps(env))
+    copy.deepcopy(env)
+    env.reset(seed=3)
+    rng = np.random.default_rng(3)
+    env.step(fuzz_action(env, rng))  # may end the episode; the copies must agree either way
+    copies = [pickle.loads(pickle.dumps(env)), copy.deepcopy(env)]
+    u = env.unwrapped
+    if u._done:
+        for c in copies:
+            c.reset(seed=4)
+        env.reset(seed=4)
+    action = u.encode_turn("<answer>x</answer>")
+    ref = env.step(action)
+    for c in copies:
+        got = c.step(action)
+        assert np.array_equal(got[0]["input_ids"], ref[0]["input_ids"]) and got[1:4] == ref[1:4]
+        assert got[4]["trajectory"] == ref[4]["trajectory"]
+    env.close()
