@@ -2,8 +2,8 @@
 
 The trajectories come from a real run: a tiny GRPO run of the project's trainer (random tiny
 model, so its episodes fail), plus one iteration file of FactChain episodes played by the env's
-own demonstrator and by a wrong answerer (successes, failures, tool calls), written from the
-env's ``info["trajectory"]`` with per-step tool-call statuses and reward components.
+own demonstrator and by a wrong answerer (successes, failures, tool calls), written with the
+trainer's ``episode_record`` (per-step tool-call statuses and reward components included).
 
 The browser test needs Debian's chromium (``apt-get install -y chromium``, done by ``make
 setup``) and the ``playwright`` package (the ``dev`` extra); it skips, naming the fix, without them.
@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,32 +30,25 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
-    """FactChain episodes from the env's demonstrator and a wrong answer, as trajectory records."""
+    """FactChain episodes from the env's demonstrator and a wrong answer, as the trainer writes
+    trajectory records (``episode_record`` of the env's ``Episode``)."""
     import gymnasium as gym
 
     import agent_gym  # noqa: F401  (registers the ids)
+    from trainers.trainer import episode_record
 
     env = gym.make("AgentR1/FactChain-v0").unwrapped
     recs = []
     for k in range(n_oracle + n_wrong):
         env.reset(seed=k, options={"task_index": k})
         texts = env.demonstration(env.task) if k < n_oracle else ["<answer>nobody at all</answer>"]
-        step_comps, step_statuses, comps = [], [], Counter()
         info: dict = {}
         for text in texts:
             ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
             _, _, term, trunc, info = env.step(np.asarray(ids, dtype=np.int64))
-            step_comps.append(dict(info["reward_components"]))
-            step_statuses.append([c["status"] for c in info["tool_calls"]])
-            comps.update(info["reward_components"])
             if term or trunc:
                 break
-        tr = vars(info["trajectory"])
-        scores = info.get("answer_scores") or {}
-        recs.append({**{k2: tr[k2] for k2 in ("token_ids", "loss_mask", "prompt_len", "step_spans", "step_rewards", "answer")},
-                     "task_index": k, "success": float(scores.get("em", 0.0)) >= 1.0, "answer_scores": scores,
-                     "reward_components": dict(comps), "step_reward_components": step_comps,
-                     "step_call_statuses": step_statuses})
+        recs.append(episode_record(info["trajectory"], env.tokenizer, group=k))
     return recs
 
 
