@@ -46,11 +46,10 @@ class TextView(gym.Wrapper):
         return self._text(obs), info
 
     def step(self, action: str):
-        tok = self.tool_env.tokenizer
-        ids = tok.encode(action, add_special_tokens=False) + [self.tool_env.eot_id]
-        obs, r, term, trunc, info = self.env.step(np.asarray(ids, dtype=np.int64))
+        ids = self.tool_env.encode_turn(action)
+        obs, r, term, trunc, info = self.env.step(ids)
         info["retokenized"] = True
-        info["retokenize_lossy"] = tok.decode(ids[:-1], skip_special_tokens=False) != action
+        info["retokenize_lossy"] = self.tool_env.tokenizer.decode(ids[:-1], skip_special_tokens=False) != action
         return self._text(obs), r, term, trunc, info
 
 
@@ -70,9 +69,7 @@ class ChatView(gym.Wrapper):
         return self._messages(), info
 
     def step(self, action: str):
-        tok = self.tool_env.tokenizer
-        ids = tok.encode(action, add_special_tokens=False) + [self.tool_env.eot_id]
-        _, r, term, trunc, info = self.env.step(np.asarray(ids, dtype=np.int64))
+        _, r, term, trunc, info = self.env.step(self.tool_env.encode_turn(action))
         info["retokenized"] = True
         msgs = self._messages()
         if term or trunc:  # the env does not append the final turn to its messages

@@ -59,7 +59,7 @@ class TinyEnv(ToolEnv):
 
 def act(env, text, close=True):
     u = env.unwrapped
-    return np.asarray(u.tokenizer.encode(text, add_special_tokens=False) + ([u.eot_id] if close else []), dtype=np.int64)
+    return u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
 
 
 def call(name, **args):

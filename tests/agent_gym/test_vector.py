@@ -11,13 +11,12 @@ def scripted_turns(env, task):
     """The ids of a correct FactChain episode: one lookup per hop, then the answer."""
     import json
 
-    tok, eot = env.tokenizer, env.eot_id
     out = []
     for i, r in enumerate(task["chain"]):
         call = {"name": "lookup", "arguments": {"entity": task["path"][i], "relation": r}}
-        out.append(tok.encode(f"<tool_call>{json.dumps(call)}</tool_call>", add_special_tokens=False) + [eot])
-    out.append(tok.encode(f"<answer>{task['answer']}</answer>", add_special_tokens=False) + [eot])
-    return [np.asarray(a, dtype=np.int64) for a in out]
+        out.append(env.encode_turn(f"<tool_call>{json.dumps(call)}</tool_call>"))
+    out.append(env.encode_turn(f"<answer>{task['answer']}</answer>"))
+    return out
 
 
 @pytest.mark.parametrize("mode,kwargs", [("sync", {}), ("async", {"shared_memory": False})])
@@ -43,7 +42,7 @@ def test_vector_entry_point_groups_and_active_stepping():
     assert np.array_equal(obs["input_ids"][0], obs["input_ids"][1])
     plans = [scripted_turns(e, e.task) for e in envs.envs]
     # env 3 answers wrongly at once; the others follow the chain.
-    wrong = np.asarray(envs.envs[3].tokenizer.encode("<answer>nobody</answer>", add_special_tokens=False) + [envs.envs[3].eot_id])
+    wrong = envs.envs[3].encode_turn("<answer>nobody</answer>")
     obs, r, term, trunc, infos = envs.step([plans[0][0], plans[1][0], None, wrong])
     assert infos[2] == {} and term.tolist() == [False, False, False, True] and r[3] == 0.0
     assert envs.active.tolist() == [True, True, True, False]
@@ -67,7 +66,7 @@ def test_vector_entry_point_groups_and_active_stepping():
 def test_no_autoreset_by_default_and_autoreset_option():
     envs = ToolVectorEnv.from_entry_point("envs.factchain:FactChainEnv", num_envs=2, info_format="list")
     envs.reset(seed=0)
-    wrong = np.asarray(envs.envs[0].tokenizer.encode("<answer>x</answer>", add_special_tokens=False) + [envs.envs[0].eot_id])
+    wrong = envs.envs[0].encode_turn("<answer>x</answer>")
     envs.step([wrong, wrong])
     assert not envs.active.any()
     envs = ToolVectorEnv.from_entry_point("envs.factchain:FactChainEnv", num_envs=2, autoreset=True, info_format="list")
