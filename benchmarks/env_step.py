@@ -62,7 +62,7 @@ def lookup_ids(env: FactChainEnv, rng: np.random.Generator) -> np.ndarray:
     e = env.entities[int(rng.integers(len(env.entities)))]
     r = env.relations[int(rng.integers(len(env.relations)))]
     text = '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "%s"}}</tool_call>' % (e, r)
-    return np.asarray(env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id], dtype=np.int64)
+    return env.encode_turn(text)
 
 
 def make_env(cache: bool) -> FactChainEnv:
@@ -150,7 +150,7 @@ def bench_hotpotqa(max_steps: int) -> dict | None:
         if i % 4 == 0:
             env.reset(options={"task_index": (i // 4) % len(tasks)})
         text = '<tool_call>{"name": "search", "arguments": %s}</tool_call>' % json.dumps({"query": q})
-        action = np.asarray(env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id], dtype=np.int64)
+        action = env.encode_turn(text)
         tool0 = timer.total
         c0 = time.process_time()
         t0 = time.perf_counter()

@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # A whole env step: a bm25s search tool that returns the huge passage first.
     import gymnasium as gym
-    import numpy as np
 
     import agent_gym  # noqa: F401
     from agent_gym.datasets import load_qa
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                    max_context_tokens=4096, max_turns=50)
     u = env.unwrapped
     call = '<tool_call>{"name": "search", "arguments": {"query": "quillhaven lighthouse keepers"}}</tool_call>'
-    ids = np.asarray(u.tokenizer.encode(call, add_special_tokens=False) + [u.eot_id], dtype=np.int64)
+    ids = u.encode_turn(call)
     steps = []
     for _ in range(1 + args.repeats):  # a fresh episode each time; the env's caches stay warm
         env.reset(options={"task_index": 0})

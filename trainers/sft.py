@@ -107,8 +107,7 @@ def play(env: Any, task_index: int, script: Any) -> Episode:
     each turn's text encoded and closed with the end-of-turn token); return the env's ``Episode``."""
     env.reset(options={"task_index": int(task_index)})
     for text in script(env.task):
-        ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
-        *_, terminated, truncated, info = env.step(np.asarray(ids, dtype=np.int64))
+        *_, terminated, truncated, info = env.step(env.encode_turn(text))
         if terminated or truncated:
             return info["trajectory"]
     raise ValueError(f"the scripted policy ended task {task_index} of {type(env).__name__} before the episode ended")

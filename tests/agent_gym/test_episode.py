@@ -9,7 +9,6 @@ import pickle
 from dataclasses import asdict
 
 import gymnasium as gym
-import numpy as np
 import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
@@ -80,7 +79,7 @@ def test_factchain_episodes_cross_processes():
     try:
         envs.reset(seed=0)
         u = gym.make("AgentR1/FactChain-v0").unwrapped
-        answer = np.asarray(u.tokenizer.encode("<answer>x</answer>", add_special_tokens=False) + [u.eot_id])
+        answer = u.encode_turn("<answer>x</answer>")
         *_, term, _, infos = envs.step([answer, answer])
         assert term.all()
         eps = infos["trajectory"]

@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from agent_gym.view import ViewerError, build_page_data, normalize, write_viewer
@@ -44,8 +43,7 @@ def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
         texts = env.demonstration(env.task) if k < n_oracle else ["<answer>nobody at all</answer>"]
         info: dict = {}
         for text in texts:
-            ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
-            _, _, term, trunc, info = env.step(np.asarray(ids, dtype=np.int64))
+            _, _, term, trunc, info = env.step(env.encode_turn(text))
             if term or trunc:
                 break
         recs.append(episode_record(info["trajectory"], env.tokenizer, group=k))

@@ -50,8 +50,7 @@ def test_names_tokenize_alike_in_question_call_and_result():
 def _play(env, turns):
     statuses = []
     for text in turns:
-        ids = env.tokenizer.encode(text, add_special_tokens=False) + [env.eot_id]
-        _, reward, term, trunc, info = env.step(np.asarray(ids, dtype=np.int64))
+        _, reward, term, trunc, info = env.step(env.encode_turn(text))
         statuses += [c["status"] for c in info["tool_calls"]]
         if term or trunc:
             return statuses, info
@@ -183,9 +182,8 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
         assert ep.success and ep.call_statuses == {"ok": 2}
     env.reset(options={"task_index": 1})
     only_kb0 = sorted(names[0] - names[1])[0]
-    _, _, _, _, info = env.step(np.asarray(env.tokenizer.encode(
-        '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "rival"}}</tool_call>'
-        % only_kb0, add_special_tokens=False) + [env.eot_id]))
+    _, _, _, _, info = env.step(env.encode_turn(
+        '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "rival"}}</tool_call>' % only_kb0))
     assert info["tool_calls"][0]["status"] == "tool_error"  # KB 0's entity is unknown in KB 1
     with pytest.raises(ValueError, match="num_kbs must be a positive integer"):
         _env(num_kbs=0)

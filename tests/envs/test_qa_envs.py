@@ -33,8 +33,7 @@ def make(env_id="AgentR1/HotpotQA-v0", **kw):
 
 def act(env, text, close=True):
     u = env.unwrapped
-    ids = u.tokenizer.encode(text, add_special_tokens=False) + ([u.eot_id] if close else [])
-    return np.asarray(ids, dtype=np.int64)
+    return u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
 
 
 def call(name, **args):
