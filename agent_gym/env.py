@@ -8,7 +8,11 @@ The contract (docs/design.md, "The env contract"):
   of length with the end-of-turn token (an env token, outside the loss mask);
 - tool results come back through a token-exact chat-template delta (:mod:`agent_gym.chat`);
 - every failure of a call (malformed, unknown tool, bad arguments, tool error, timeout, budget)
-  becomes a message to the agent and a status in ``info["tool_calls"]``; none raises.
+  becomes a message to the agent and a status in ``info["tool_calls"]``; none raises;
+- ``step()`` is transactional: anything that does raise (``KeyboardInterrupt`` from a tool, an
+  exception in a subclass hook) leaves the env exactly as before the call;
+- configuration is checked at construction (tool schemas, reward weights) and a task passed to
+  ``reset`` is checked there (``required_task_keys``), so neither fails mid-episode.
 
 Subclasses supply tasks, tools and answer scoring; see ``docs/adding_tools_and_envs.md``.
 """
@@ -99,7 +103,12 @@ class ToolEnv(gym.Env):
         tool_format: a name from :func:`agent_gym.formats.list_formats`.
         system_prompt: the task instructions; the format's call instructions are appended.
         max_turns: assistant turns before truncation.
-        max_context_tokens: the context budget; a turn that would exceed it truncates.
+        max_context_tokens: the context budget. An action longer than the room left is cut to
+            that room, closed with the env's end-of-turn token, and ends the episode with
+            ``truncation_reason="context"`` without being parsed or scored (no answer, no tool
+            call, reward 0; ``info["action_tokens_dropped"]`` counts the ids cut): nothing past
+            the budget is ever scored. A tool response that would leave no room for a next turn
+            ends the episode the same way.
         max_tool_calls: tool calls per episode; a call beyond it gets status ``budget`` and ends
             the episode.
         max_invalid_calls: consecutive turns with only failed calls (or no call and no answer)

@@ -1,0 +1,80 @@
+"""Tag-parser speed: every tool-call format's ``parse`` on adversarial turns of about 8,000 tokens.
+
+Issue 10 item 7: the regex parsers were quadratic on runs of unclosed tags (7,000 ``<tool_call>``
+took 13 s; 14,000 took 44 s). The target is under 10 ms for a step of 8k tokens. Each case is a
+turn of 8,000 ids of the built-in tokenizer (every tag is one token there), decoded to text and
+parsed; reported as the median and maximum over repeats, with the ratio of the time at 16k
+tokens to the time at 8k (linear: about 2; quadratic: about 4).
+
+    python benchmarks/parse_speed.py [--repeats 20] [--out benchmarks/results/parse_speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_gym.formats import get_format, list_formats  # noqa: E402
+from agent_gym.tokenizer import default_tokenizer  # noqa: E402
+
+TOKENS = 8000
+CASES = {
+    "unclosed <tool_call>": ["<tool_call>"],
+    "unclosed <search>": ["<search>"],
+    "unclosed <answer>": ["<answer>"],
+    "mixed open tags": ["<tool_call>", "<answer>", "<search>", "</answer>"],
+    "closed calls": ["<tool_call>", '{"name": "lookup", "arguments": {"entity": "Karimel"}}', "</tool_call>"],
+    "prose": ["the capital of the country where the river is located"],
+}
+
+
+def turn_text(pieces: list[str], n_tokens: int) -> str:
+    tok = default_tokenizer()
+    unit = tok.encode("".join(pieces), add_special_tokens=False)
+    ids = (unit * (n_tokens // len(unit) + 1))[:n_tokens]
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results/parse_speed.json")
+    args = ap.parse_args()
+    rows = []
+    for case, pieces in CASES.items():
+        small, large = turn_text(pieces, TOKENS), turn_text(pieces, 2 * TOKENS)
+        for name in list_formats():
+            f = get_format(name)
+            t8 = timed(lambda: f.parse(small), args.repeats)
+            t16 = timed(lambda: f.parse(large), args.repeats)
+            row = {"case": case, "format": name, "tokens": TOKENS, "chars": len(small),
+                   "median_ms": statistics.median(t8) * 1e3, "max_ms": max(t8) * 1e3,
+                   "ratio_16k_to_8k": statistics.median(t16) / statistics.median(t8)}
+            rows.append(row)
+            print(f"{case:22s} {name:10s} {row['chars']:7d} chars  median {row['median_ms']:7.3f} ms  "
+                  f"max {row['max_ms']:7.3f} ms  16k/8k {row['ratio_16k_to_8k']:4.2f}")
+    worst = max(r["max_ms"] for r in rows)
+    print(f"worst max over all cases: {worst:.3f} ms (target < 10 ms for an 8k-token step)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "worst_max_ms": worst}, indent=1))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
