@@ -15,12 +15,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_gym.formats import get_format, list_formats  # noqa: E402
+from benchmarks.passage_formatter import timed  # noqa: E402
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 
 TOKENS = 8000
@@ -39,15 +39,6 @@ def turn_text(pieces: list[str], n_tokens: int) -> str:
     unit = tok.encode("".join(pieces), add_special_tokens=False)
     ids = (unit * (n_tokens // len(unit) + 1))[:n_tokens]
     return tok.decode(ids, skip_special_tokens=False)
-
-
-def timed(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def main() -> None:
