@@ -93,8 +93,10 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             if not self.active[i]:
                 raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action "
                                    "or reset it.")
+            if not isinstance(self.envs[i], ToolEnv):
+                continue  # a wrapper may change the action space: its own step checks the action
             try:
-                self.envs[i].unwrapped.check_action(actions[i])
+                self.envs[i].check_action(actions[i])
             except ValueError as e:
                 raise ValueError(f"action of sub-env {i}: {e} (no sub-env was stepped)") from e
         if self.autoreset:
