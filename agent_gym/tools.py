@@ -170,8 +170,9 @@ def _basic_check(schema: dict[str, Any], args: dict) -> str | None:
 # call to the same tool fails at once (status ``timeout``, with a message saying why) instead of
 # starting yet another thread, which bounds the threads one misbehaving tool can leak. Envs build
 # their own tool objects, so one env's hung tool never limits another env's calls. Starting a thread
-# costs about 0.1 ms, small next to any call slow enough to need a timeout; tools with
-# ``timeout=None`` run inline as before.
+# costs a fraction of a millisecond (an instant tool: 0.51 ms per call against 0.30 ms through the
+# old pool, on this project's 2-core machine under a load average of 15), small next to any call
+# slow enough to need a timeout; tools with ``timeout=None`` run inline as before (0.02 ms).
 
 MAX_ABANDONED_PER_TOOL = 8
 _ABANDONED: "weakref.WeakKeyDictionary[Tool, int]" = weakref.WeakKeyDictionary()
