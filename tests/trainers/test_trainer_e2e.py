@@ -25,10 +25,10 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
     batch = build_batch(trajs, tr.pad_id)
     for i, t in enumerate(trajs):
         expect = torch.zeros(batch.input_ids.shape[1])
-        for s, e in t.step_spans:
+        for s, e in t.episode.step_spans:
             expect[s:e] = 1
         assert torch.equal(batch.loss_mask[i], expect)
-        assert torch.equal(batch.input_ids[i, : len(t.token_ids)], torch.tensor(t.token_ids))
+        assert torch.equal(batch.input_ids[i, : len(t.episode.token_ids)], torch.tensor(t.episode.token_ids))
     last = tr.train()
     tr.cleanup()
     for k, v in tr.policy.named_parameters():
