@@ -10,8 +10,19 @@ It reports EM, F1, success, turns, tool calls by status and the reward component
 runs of this script: Naive RAG is a model on a ``*-NaiveRAG-v0`` env, and the base tool-call
 agent is an untrained (instruct) model on the tool env.
 
-Policies: ``model`` (greedy decoding with ``--model``), ``oracle`` (the env's
-``demonstration(task)``), ``wrong`` (calls nothing and answers "none"; a floor).
+Policies: ``model`` (``--model``, or ``--checkpoint``: an RL run's policy with its env settings),
+``oracle`` (the env's ``demonstration(task)``), ``wrong`` (calls nothing and answers "none"; a floor).
+
+Decoding (``--decode``, for ``--policy model``): ``greedy`` (the default), ``sample`` (one sample
+per turn at ``--temperature``), ``value-guided`` (K = ``--k`` samples per turn, the one the PPO
+critic values most; needs ``--checkpoint`` of a PPO run) and ``random-of-k`` (a uniformly random
+one of the same K samples: the control with the same sampling cost). See ``trainers.decoding``.
+
+    python trainers/evaluate.py --checkpoint runs/factchain_ppo --eval-set heldout --tasks 64 \\
+        --decode value-guided --k 4
+
+The summary adds ``decode/*``: tokens generated (all candidates) and run through the critic per
+episode, and the wall time.
 """
 
 from __future__ import annotations
@@ -41,37 +52,93 @@ def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int],
     return [play(env, k, script) for k in tasks], env.tokenizer
 
 
-def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], model: str, backend: str,
-                   max_turn_tokens: int):
+def load_checkpoint_models(path: str | Path):
+    """An RL run's checkpoint: (config, tokenizer, policy, critic or None), in eval mode.
+
+    ``path`` is a run directory (its latest checkpoint), a ``checkpoints/iter_*`` directory or
+    its ``state.pt``. The policy is rebuilt from the run's config (``init_from`` must still exist)
+    and takes the checkpoint's weights; the critic exists for runs that train one (PPO)."""
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint
+    from trainers.config import from_dict
+    from trainers.models import Critic, load_policy, load_tokenizer_for
+
+    p = Path(path)
+    ckpt = p.parent if p.name == "state.pt" else p if (p / "state.pt").is_file() else latest_checkpoint(p)
+    if ckpt is None or not (ckpt / "state.pt").is_file():
+        raise SystemExit(f"error: --checkpoint {path}: no checkpoint there; pass an RL run directory (with "
+                         "checkpoints/), a checkpoints/iter_* directory or its state.pt")
+    state = load_checkpoint(ckpt)
+    cfg = from_dict({**state["config"], "device": "cpu"}, str(ckpt / "state.pt"))
+    tok = load_tokenizer_for(cfg)
+    policy = load_policy(cfg, tok)
+    policy.load_state_dict(state["policy"])
+    critic = None
+    if state.get("critic") is not None:
+        critic = Critic(policy)
+        critic.load_state_dict(state["critic"])
+        critic.eval()
+    return cfg, ckpt, tok, policy.eval(), critic
+
+
+def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: Any, tok: Any,
+                   backend: str, max_turn_tokens: int, decode: str = "greedy", k: int = 1,
+                   temperature: float = 1.0, critic: Any = None, seed: int = 0):
+    """Episodes of ``policy`` on ``tasks``, decoded by ``decode`` (greedy, sample, value-guided,
+    random-of-k: see ``trainers.decoding``). Returns the episodes, the tokenizer and the cost
+    (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
+    import time
+
     from trainers.backends.base import SamplingConfig
     from trainers.config import TrainConfig
-    from trainers.models import load_policy, load_tokenizer_for
+    from trainers.decoding import BestOfK
     from trainers.rollout import collect
     from trainers.trainer import make_backend, make_vector_env
 
-    cfg = TrainConfig(model=model, backend=backend, eval_tasks=len(tasks))
-    tok = load_tokenizer_for(cfg)
-    policy = load_policy(cfg, tok).eval()
+    cfg = TrainConfig(backend=backend, eval_tasks=len(tasks), seed=seed)
     vocab = policy.get_input_embeddings().num_embeddings
     envs = make_vector_env(env_id, len(tasks), {"tokenizer": tok, "vocab_size": vocab, **env_kwargs})
     be = make_backend(cfg, policy, tok, Path(".cache/evaluate"))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    wrapped = BestOfK(be, k, decode, critic, pad_token_id=pad) if decode in ("value-guided", "random-of-k") else be
+    sampling = SamplingConfig(max_new_tokens=max_turn_tokens, temperature=0.0 if decode == "greedy" else temperature)
     try:
-        trajs, _ = collect(envs, be, tasks, 1, SamplingConfig(max_new_tokens=max_turn_tokens, temperature=0.0), seed=0)
+        t0 = time.perf_counter()
+        trajs, rt = collect(envs, wrapped, tasks, 1, sampling, seed=seed)
+        wall = time.perf_counter() - t0
     finally:
-        be.close()
+        wrapped.close()
         envs.close()
-    return [t.episode for t in trajs], tok
+    n = len(trajs)
+    cost = getattr(wrapped, "cost", None)
+    gen_tokens = cost.generated_tokens if cost is not None else rt.generated_tokens
+    cost_keys = {
+        "decode/generated_tokens_per_episode": gen_tokens / n,
+        "decode/action_tokens_per_episode": rt.generated_tokens / n,
+        "decode/critic_tokens_per_episode": (cost.critic_tokens if cost is not None else 0) / n,
+        "decode/wall_s": wall, "decode/generate_s": cost.generate_s if cost is not None else rt.generate_s,
+        "decode/critic_s": cost.critic_s if cost is not None else 0.0, "decode/env_s": rt.env_s,
+    }
+    return [t.episode for t in trajs], tok, cost_keys
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Evaluate a model or a scripted policy on an env.")
-    ap.add_argument("--env", default="AgentR1/FactChain-v0")
-    ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments")
+    ap.add_argument("--env", help="env id (default: the checkpoint's env_id, else AgentR1/FactChain-v0)")
+    ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments (over the checkpoint's)")
     ap.add_argument("--policy", choices=["model", "oracle", "wrong"], default="model")
     ap.add_argument("--model", help="HF directory, hub name or 'tiny' (with --policy model)")
+    ap.add_argument("--checkpoint", help="an RL run directory, checkpoints/iter_* directory or state.pt: its policy "
+                                         "(and critic), env_id and env_kwargs")
+    ap.add_argument("--eval-set", help="with --checkpoint: apply the run's eval_sets[NAME] env overrides (e.g. heldout)")
+    ap.add_argument("--decode", choices=["greedy", "sample", "value-guided", "random-of-k"], default="greedy",
+                    help="greedy; sample (one sample per turn); value-guided (best of --k samples by the critic's "
+                         "value, needs a PPO checkpoint); random-of-k (a uniformly random one of the same --k samples)")
+    ap.add_argument("--k", type=int, default=4, help="candidates per turn for value-guided and random-of-k")
+    ap.add_argument("--temperature", type=float, help="sampling temperature (default: the checkpoint's, else 1.0)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--tasks", type=int, default=100, help="evaluate tasks 0..N-1")
-    ap.add_argument("--max-turn-tokens", type=int, default=256)
+    ap.add_argument("--max-turn-tokens", type=int, help="default: the checkpoint's max_turn_tokens, else 256")
     ap.add_argument("--out", default="runs/eval")
     args = ap.parse_args(argv)
     import agent_gym  # noqa: F401
@@ -81,15 +148,61 @@ def main(argv: list[str] | None = None) -> int:
     env_kwargs = yaml.safe_load(args.env_kwargs) or {}
     if not isinstance(env_kwargs, dict):
         ap.error("--env-kwargs must be a YAML mapping, e.g. '{split: test}'")
+    if args.k < 1:
+        ap.error(f"--k must be at least 1, got {args.k}")
+    if args.checkpoint and args.model:
+        ap.error("pass --model or --checkpoint, not both")
+    if args.eval_set and not args.checkpoint:
+        ap.error("--eval-set names one of a run's eval_sets; it needs --checkpoint")
+    if args.policy != "model" and (args.checkpoint or args.decode != "greedy"):
+        ap.error(f"--policy {args.policy} is scripted: --checkpoint and --decode apply to --policy model")
     tasks = list(range(args.tasks))
+    summary_extra: dict[str, Any] = {}
     if args.policy == "model":
-        if not args.model:
-            ap.error("--policy model needs --model")
-        episodes, tok = model_episodes(args.env, env_kwargs, tasks, args.model, args.backend, args.max_turn_tokens)
+        critic, env_id, temperature, max_turn = None, args.env, args.temperature, args.max_turn_tokens
+        if args.checkpoint:
+            cfg, ckpt, tok, policy, critic = load_checkpoint_models(args.checkpoint)
+            if args.eval_set is not None and args.eval_set not in cfg.eval_sets:
+                ap.error(f"--eval-set {args.eval_set!r}: the run's eval_sets are {sorted(cfg.eval_sets)}")
+            env_kwargs = {**cfg.env_kwargs, **(cfg.eval_sets[args.eval_set] if args.eval_set else {}), **env_kwargs}
+            env_id = env_id or cfg.env_id
+            temperature = cfg.temperature if temperature is None else temperature
+            max_turn = max_turn or cfg.max_turn_tokens
+            summary_extra = {"checkpoint": str(ckpt), "checkpoint_algo": cfg.algo, "eval_set": args.eval_set}
+            if args.decode == "value-guided" and critic is None:
+                raise SystemExit(
+                    f"error: --decode value-guided needs a critic, and the checkpoint {ckpt} has none (its run's "
+                    f"adv_estimator {cfg.adv_estimator!r} trains no value head; GRPO, RLOO and REINFORCE++ runs "
+                    "and SFT models have none). Pass the checkpoint of a PPO run (algo: ppo), or use --decode "
+                    "random-of-k or sample with this one.")
+        elif args.model:
+            if args.decode == "value-guided":
+                raise SystemExit(
+                    f"error: --decode value-guided needs a critic, and --model {args.model} is a policy only (an HF "
+                    "model has no value head). Pass --checkpoint with a PPO run directory (its checkpoints/iter_*/"
+                    "state.pt holds the critic), or use --decode random-of-k or sample.")
+            from trainers.config import TrainConfig
+            from trainers.models import load_policy, load_tokenizer_for
+
+            mcfg = TrainConfig(model=args.model)
+            tok = load_tokenizer_for(mcfg)
+            policy = load_policy(mcfg, tok).eval()
+        else:
+            ap.error("--policy model needs --model or --checkpoint")
+        temperature = 1.0 if temperature is None else temperature
+        if args.decode in ("value-guided", "random-of-k") and args.k > 1 and temperature <= 0:
+            ap.error(f"--decode {args.decode} with --k {args.k} needs --temperature > 0 (K greedy candidates are the same)")
+        env_id = env_id or "AgentR1/FactChain-v0"
+        k = args.k if args.decode in ("value-guided", "random-of-k") else 1
+        episodes, tok, cost = model_episodes(env_id, env_kwargs, tasks, policy, tok, args.backend, max_turn or 256,
+                                             args.decode, k, temperature, critic, args.seed)
+        summary_extra.update({"decode": args.decode, "k": k, "temperature": 0.0 if args.decode == "greedy" else temperature,
+                              "seed": args.seed, **cost})
     else:
-        episodes, tok = scripted_episodes(args.env, env_kwargs, tasks, args.policy)
+        env_id = args.env or "AgentR1/FactChain-v0"
+        episodes, tok = scripted_episodes(env_id, env_kwargs, tasks, args.policy)
     summary = eval_keys(summarize(episodes))
-    summary.update({"env": args.env, "policy": args.policy, "model": args.model, "tasks": len(episodes)})
+    summary.update({"env": env_id, "policy": args.policy, "model": args.model, "tasks": len(episodes), **summary_extra})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
