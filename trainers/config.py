@@ -79,6 +79,18 @@ class TrainConfig:
     over the batch: exact for the ``hf`` backend (same module, mismatch ~1e-6), approximate for
     vLLM; it needs ``top_p: 1.0`` (top-p changes the sampled distribution's support)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    rollout_workers: int = 0
+    """Ray actors that collect the rollout, each a slice of tasks_per_iter (0: in-process, no Ray);
+    see docs/scaling.md, "Ray rollout workers"."""
+    ray_address: str | None = None
+    """The Ray cluster to join (``auto`` or ``host:port``); None starts a local one."""
+    rollout_worker_cpus: float = 1.0
+    rollout_worker_gpus: float = 0.0
+    """Ray resources of each rollout worker; with GPUs the worker generates on ``cuda``."""
+    rollout_retries: int = 2
+    """How often one worker's slice is retried in one iteration after the worker died or timed out."""
+    rollout_timeout_s: float = 600.0
+    """A worker whose slice takes longer is killed (Ray restarts it) and the slice retried."""
 
     # -- algorithm -----------------------------------------------------------------------------
     adv_estimator: str | None = None
@@ -162,6 +174,21 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("lr and critic_lr must be positive")
+        check_rollout_workers(self)
+
+
+def check_rollout_workers(cfg: "TrainConfig") -> None:
+    if cfg.rollout_workers < 0:
+        raise ConfigError(f"rollout_workers must be >= 0 (0: in-process rollout), got {cfg.rollout_workers}")
+    if cfg.rollout_workers and cfg.tasks_per_iter % cfg.rollout_workers:
+        raise ConfigError(f"rollout_workers={cfg.rollout_workers} must divide tasks_per_iter={cfg.tasks_per_iter} "
+                          "(each worker collects an equal slice of the tasks)")
+    if cfg.rollout_worker_cpus < 0 or cfg.rollout_worker_gpus < 0:
+        raise ConfigError("rollout_worker_cpus and rollout_worker_gpus must be >= 0")
+    if cfg.rollout_retries < 0:
+        raise ConfigError(f"rollout_retries must be >= 0, got {cfg.rollout_retries}")
+    if cfg.rollout_timeout_s <= 0:
+        raise ConfigError(f"rollout_timeout_s must be positive, got {cfg.rollout_timeout_s}")
 
 
 def check_registered(cfg: "TrainConfig") -> None:

@@ -122,16 +122,23 @@ def collect(
     group_size: int,
     sampling: SamplingConfig,
     seed: int,
+    offset: int = 0,
 ) -> tuple[list[Trajectory], RolloutTimes]:
     """Run one episode in every sub-env. Env ``i`` gets task ``task_indices[i // group_size]``.
 
     Generation seeds are a pure function of ``(seed, env, turn)``, so a rollout is reproducible
-    and a resumed run repeats it exactly.
+    and a resumed run repeats it exactly. ``offset``: the global index of this vector env's first
+    sub-env when it runs one slice of a larger batch (a Ray rollout worker, trainers/ray_rollout.py);
+    env ``i`` then seeds and groups as env ``offset + i`` of the whole batch would, so the slices
+    together give the same trajectories as one in-process call. A multiple of ``group_size``.
     """
     n = vec.num_envs
+    if offset % group_size:
+        raise ValueError(f"offset {offset} must be a multiple of group_size {group_size} (slices hold whole groups)")
     times = RolloutTimes()
     t0 = time.perf_counter()
-    obs, infos = vec.reset(seed=seed, options={"task_indices": list(task_indices), "group_size": group_size})
+    obs, infos = vec.reset(seed=[seed + offset + i for i in range(n)],
+                           options={"task_indices": list(task_indices), "group_size": group_size})
     times.env_s += time.perf_counter() - t0
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
@@ -141,7 +148,7 @@ def collect(
     while any(d is None for d in done):
         active = [i for i in range(n) if done[i] is None]
         prompts = [obs["input_ids"][i].tolist() for i in active]
-        seeds = [int(np.random.SeedSequence([seed, i, turn]).generate_state(1)[0] & 0x7FFFFFFF) for i in active]
+        seeds = [int(np.random.SeedSequence([seed, offset + i, turn]).generate_state(1)[0] & 0x7FFFFFFF) for i in active]
         t0 = time.perf_counter()
         gens = backend.generate(prompts, sampling, seeds=seeds)
         times.generate_s += time.perf_counter() - t0
@@ -160,7 +167,7 @@ def collect(
                 slp = [0.0] * len(ep.token_ids)
                 for pos, lp in lps[i].items():
                     slp[pos] = lp
-                done[i] = Trajectory(ep, slp, i // group_size)
+                done[i] = Trajectory(ep, slp, (offset + i) // group_size)
         turn += 1
     return [d for d in done if d is not None], times
 

@@ -94,7 +94,13 @@ class Trainer:
                               for name, kw in cfg.eval_sets.items()}
         self.num_tasks = self.envs.envs[0].num_tasks()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.backend = make_backend(cfg, self.policy, self.tokenizer, self.run_dir)
+        self.workers = None
+        if cfg.rollout_workers:  # Ray actors collect the rollout; the learner's HF backend only evaluates
+            from trainers.ray_rollout import start_rollout_workers
+
+            self.workers = start_rollout_workers(cfg, self.policy)
+        self.backend = make_backend(dataclasses.replace(cfg, backend="hf") if self.workers else cfg, self.policy,
+                                    self.tokenizer, self.run_dir)
         self.sampling = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self.logger = RunLogger(self.run_dir, cfg.iterations, cfg.tensorboard, cfg.wandb, cfg.progress_bar, to_dict(cfg))
         if self.resume:
@@ -123,6 +129,8 @@ class Trainer:
             t_fb = time.perf_counter() - t_fb
             self.sync_weights()
             metrics = {**summarize(trajs), **adv_metrics, **update_metrics, **self.mismatch(batch)}
+            if self.workers is not None:
+                metrics.update(self.workers.metrics())
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
@@ -137,6 +145,8 @@ class Trainer:
         return last
 
     def cleanup(self) -> None:
+        if getattr(self, "workers", None) is not None:
+            self.workers.shutdown()
         self.logger.close()
         self.backend.close()
         self.envs.close()
@@ -159,6 +169,8 @@ class Trainer:
 
     def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
         self.policy.eval()
+        if self.workers is not None:
+            return self.workers.collect(self.task_indices(it), self.cfg.group_size, self.sampling, _derive(self.cfg.seed, it))
         return collect(self.envs, self.backend, self.task_indices(it), self.cfg.group_size, self.sampling,
                        seed=_derive(self.cfg.seed, it))
 
@@ -252,8 +264,11 @@ class Trainer:
         sched.step()
 
     def sync_weights(self) -> None:
-        """Push the updated policy to the backend (the HF backend shares the module already)."""
-        if self.cfg.backend != "hf":
+        """Push the updated policy to the backend (the HF backend shares the module already) and
+        to the rollout workers."""
+        if self.workers is not None:
+            self.workers.load_weights(self.policy.state_dict())
+        elif self.cfg.backend != "hf":
             self.backend.load_weights(self.policy.state_dict())
 
     @torch.no_grad()

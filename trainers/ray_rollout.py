@@ -1,0 +1,273 @@
+"""Ray rollout workers: ``rollout_workers: N`` spreads each iteration's rollout over N Ray actors.
+
+The learner (the ``Trainer`` process) keeps the optimizer, scoring and the update; each
+``RolloutWorker`` actor holds its own ``ToolVectorEnv`` of ``batch_size / N`` sub-envs and its own
+generation backend with a copy of the policy. One iteration:
+
+1. the learner splits the iteration's task indices into N equal contiguous slices (task order is
+   the batch order) and sends worker ``w`` its slice with ``offset = w * slice * group_size``,
+   the global index of its first sub-env;
+2. each worker runs ``trainers.rollout.collect(..., offset=offset)``: its sub-env ``i`` is reset,
+   sampled and grouped exactly as sub-env ``offset + i`` of the in-process vector env, so the
+   concatenated slices are the in-process batch (token ids, loss masks, groups; the HF backend's
+   per-request seeds make a row's samples independent of its batch neighbours, up to float
+   rounding of the logits, ~1e-6);
+3. the learner gathers the ``Trajectory`` objects (the env's token-exact ``Episode`` plus the
+   sampler's log-probs), scores and updates as before;
+4. after the update, ``load_weights`` puts the state dict into the object store once
+   (``ray.put``) and hands every worker the same object ref, tagged with a version number.
+
+Failures: a worker whose process dies (a crash, ``os.kill``, ``ray.kill``) is restarted by Ray
+(``max_restarts=-1``; its constructor rebuilds env and model) and its slice is retried after the
+current weights are sent again; a slice that runs past ``rollout_timeout_s`` gets its worker
+killed and restarted the same way. A slice is a pure function of (weights, tasks, seed, offset),
+so the retry returns the same trajectories: nothing is lost or counted twice. A restarted worker
+that receives a slice before the weights (a race with the restart) refuses it, since its weights
+are stale: every ``collect`` names the weights version it needs. Each slice is retried at most
+``rollout_retries`` times per iteration, then the run stops with ``RolloutWorkerError``. The
+restarts of an iteration are logged as ``rollout/worker_restarts``.
+
+vLLM (``backend: vllm``): one engine per worker, not one engine actor shared by all workers.
+Generation is the part of a rollout that needs a GPU and scales with GPUs; an engine per worker
+(``rollout_worker_gpus: 1``) adds generation throughput with each worker, keeps a worker's slice
+independent of the others' progress (a shared engine would serialize every worker's turns through
+one queue and become the bottleneck the workers exist to remove), and confines a crash to one
+worker: its restart rebuilds one engine while the others keep their caches. A shared engine pays
+off only when env steps, not generation, dominate and one GPU is all there is; then run
+``rollout_workers: 0`` with ``num_envs_threads`` instead. With workers, the learner's own backend
+serves only the greedy evaluation and is always the HF backend on the learner's policy (no second
+engine on the learner's device).
+
+Shutdown: ``shutdown()`` kills the actors and, when this pool started the local Ray cluster,
+calls ``ray.shutdown()``, which ends the raylet, the GCS server and every worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from trainers.backends.base import SamplingConfig
+from trainers.config import TrainConfig, to_dict
+from trainers.rollout import RolloutTimes, Trajectory, collect
+
+
+class RolloutWorkerError(RuntimeError):
+    """A rollout worker failed more often than ``rollout_retries`` allows, or could not start."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:  # pragma: no cover - ray is in the scale extra
+        raise ImportError("rollout_workers > 0 needs Ray: pip install -e '.[scale]' (or set rollout_workers: 0). "
+                          f"Import error: {e}") from e
+    return ray
+
+
+class RolloutWorker:
+    """One Ray actor: a ``ToolVectorEnv`` slice, a policy copy and its backend (the class is made
+    remote by ``RolloutWorkerPool``, so importing this module does not need Ray)."""
+
+    def __init__(self, cfg_dict: dict[str, Any], worker_index: int, num_envs: int, use_gpu: bool):
+        from trainers.config import from_dict
+        from trainers.models import load_policy, load_tokenizer_for
+        from trainers.trainer import make_backend, make_vector_env
+
+        cfg = from_dict({**cfg_dict, "rollout_workers": 0, "device": "cuda" if use_gpu else "cpu"})
+        torch.set_num_threads(cfg.torch_threads or 1)
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer_for(cfg)
+        self.policy = load_policy(cfg, self.tokenizer).eval()
+        vocab = self.policy.get_input_embeddings().num_embeddings
+        self.envs = make_vector_env(cfg.env_id, num_envs, {"tokenizer": self.tokenizer, "vocab_size": vocab,
+                                                           **cfg.env_kwargs}, cfg.num_envs_threads)
+        self.backend = make_backend(cfg, self.policy, self.tokenizer, Path(cfg.run_dir) / f"rollout_worker_{worker_index}")
+        self.version = -1  # no weights from the learner yet
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        self.backend.load_weights(state_dict)
+        self.version = version
+        return version
+
+    def collect(self, task_indices: list[int], group_size: int, sampling: SamplingConfig, seed: int, offset: int,
+                version: int) -> tuple[list[Trajectory], RolloutTimes] | None:
+        """The slice's trajectories, or None when this worker does not hold weights ``version``
+        (it was restarted and has not been sent them yet)."""
+        if version != self.version:
+            return None
+        self.policy.eval()
+        return collect(self.envs, self.backend, task_indices, group_size, sampling, seed=seed, offset=offset)
+
+    def close(self) -> None:
+        self.backend.close()
+        self.envs.close()
+
+
+class RolloutWorkerPool:
+    """N ``RolloutWorker`` actors and the learner's side of the protocol (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, state_dict: dict[str, torch.Tensor]):
+        ray = _ray()
+        self.cfg = cfg
+        self.n = cfg.rollout_workers
+        self.tasks_per_worker = cfg.tasks_per_iter // self.n
+        self.started_ray = False
+        if not ray.is_initialized():
+            self._init_ray(ray)
+        self._check_resources(ray)
+        remote_cls = ray.remote(RolloutWorker)
+        cfg_dict = to_dict(cfg)
+        self.actors = [remote_cls.options(num_cpus=cfg.rollout_worker_cpus, num_gpus=cfg.rollout_worker_gpus,
+                                          max_restarts=-1, max_task_retries=0)
+                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.group_size, cfg.rollout_worker_gpus > 0)
+                       for w in range(self.n)]
+        try:
+            ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            self.shutdown()
+            raise RolloutWorkerError(
+                f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout_timeout_s} s; the "
+                f"cluster may lack {cfg.rollout_worker_cpus} CPU / {cfg.rollout_worker_gpus} GPU per worker "
+                f"(ray.cluster_resources(): {ray.cluster_resources()}). Lower rollout_worker_cpus/gpus or add nodes.") from e
+        self.version = 0
+        self.weights_ref = None
+        self.restarts = 0
+        self.load_weights(state_dict)
+
+    # -- Ray cluster ---------------------------------------------------------------------------
+
+    def _init_ray(self, ray: Any) -> None:
+        cfg = self.cfg
+        if cfg.ray_address is not None:
+            ray.init(address=cfg.ray_address)
+            return
+        # A local cluster started for these workers: enough logical CPUs for all of them (they
+        # are scheduling tokens, not cores), no dashboard, and the workers import the same
+        # trainers/agent_gym as this process (a worktree or checkout, not another install).
+        root = str(Path(__file__).resolve().parent.parent)
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+        try:
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout_worker_cpus // 1))),
+                     include_dashboard=False)
+        finally:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+        self.started_ray = True
+
+    def _check_resources(self, ray: Any) -> None:
+        have = ray.cluster_resources()
+        cfg = self.cfg
+        for key, per in (("CPU", cfg.rollout_worker_cpus), ("GPU", cfg.rollout_worker_gpus)):
+            if per > 0 and have.get(key, 0.0) < per * self.n:
+                msg = (f"rollout_workers={self.n} x rollout_worker_{key.lower()}s={per} needs {per * self.n:g} {key}, "
+                       f"the Ray cluster has {have.get(key, 0.0):g}. Lower rollout_worker_{key.lower()}s or "
+                       "rollout_workers, or join a larger cluster (ray_address).")
+                if self.started_ray:
+                    ray.shutdown()
+                raise RolloutWorkerError(msg)
+
+    # -- the protocol --------------------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Put the weights into the object store once; every worker loads the same object."""
+        ray = _ray()
+        self.version += 1
+        self.weights_ref = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
+        ray.get([a.load_weights.remote(self.weights_ref, self.version) for a in self.actors],
+                timeout=self.cfg.rollout_timeout_s)
+
+    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
+                seed: int) -> tuple[list[Trajectory], RolloutTimes]:
+        """The iteration's batch: worker w's slice is tasks ``[w*k, (w+1)*k)`` (k = tasks per
+        worker), returned in slice order, so the batch order is the in-process order."""
+        ray = _ray()
+        k = self.tasks_per_worker
+        if len(task_indices) != k * self.n:
+            raise ValueError(f"got {len(task_indices)} tasks for {self.n} workers x {k} tasks each")
+        slices = [list(task_indices[w * k:(w + 1) * k]) for w in range(self.n)]
+        args = [(slices[w], group_size, sampling, seed, w * k * group_size) for w in range(self.n)]
+        results: dict[int, tuple[list[Trajectory], RolloutTimes]] = {}
+        attempts = [0] * self.n
+        pending = {self.actors[w].collect.remote(*args[w], self.version): (w, time.monotonic()) for w in range(self.n)}
+        self.restarts = 0
+        while pending:
+            oldest = min(t for _, t in pending.values())
+            wait_s = max(0.0, oldest + self.cfg.rollout_timeout_s - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not ready:  # the oldest slice ran out of time: restart its worker, then retry
+                ref = min(pending, key=lambda r: pending[r][1])
+                w, _ = pending.pop(ref)
+                ray.kill(self.actors[w], no_restart=False)
+                pending[self._retry(w, attempts, args, "timed out")] = (w, time.monotonic())
+                continue
+            ref = ready[0]
+            w, _ = pending.pop(ref)
+            try:
+                out = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                pending[self._retry(w, attempts, args, f"died ({type(e).__name__})")] = (w, time.monotonic())
+                continue
+            if out is None:  # restarted before the weights reached it
+                pending[self._retry(w, attempts, args, "was restarted")] = (w, time.monotonic())
+                continue
+            results[w] = out
+        trajs = [t for w in range(self.n) for t in results[w][0]]
+        times = [results[w][1] for w in range(self.n)]
+        # The workers run in parallel: the slowest one bounds the rollout's wall time.
+        return trajs, RolloutTimes(generate_s=max(t.generate_s for t in times), env_s=max(t.env_s for t in times),
+                                   generated_tokens=sum(t.generated_tokens for t in times))
+
+    def _retry(self, w: int, attempts: list[int], args: list[tuple], why: str) -> Any:
+        """Count a restart, wait for worker w to be up again with the current weights, resubmit."""
+        ray = _ray()
+        attempts[w] += 1
+        self.restarts += 1
+        if attempts[w] > self.cfg.rollout_retries:
+            raise RolloutWorkerError(f"rollout worker {w} {why} on its slice (tasks {args[w][0]}) {attempts[w]} times; "
+                                     f"rollout_retries={self.cfg.rollout_retries}. See the worker's log above "
+                                     "(Ray prints it to this process), raise rollout_timeout_s if it is only slow.")
+        # max_task_retries=-1: this call waits through the restart instead of failing on it.
+        ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
+                timeout=self.cfg.rollout_timeout_s)
+        return self.actors[w].collect.remote(*args[w], self.version)
+
+    def metrics(self) -> dict[str, float]:
+        """``rollout/worker_restarts``: worker restarts (deaths and timeouts) during the last collect."""
+        return {"rollout/worker_restarts": float(self.restarts)}
+
+    def pids(self) -> list[int]:
+        ray = _ray()
+        return ray.get([a.pid.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+
+    def shutdown(self) -> None:
+        """Kill the actors; stop Ray when this pool started it. Idempotent."""
+        ray = _ray()
+        if not ray.is_initialized():
+            return
+        for a in getattr(self, "actors", []):
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.actors = []
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutWorkerPool:
+    return RolloutWorkerPool(cfg, policy.state_dict())
+
+
+__all__ = ["RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers"]
