@@ -58,4 +58,47 @@ def register_env(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = 
     )
 
 
-__all__ = ["ENV_IDS", "register_env"]
+MULTIAGENT_IDS: dict[str, tuple[str, dict]] = {}
+"""id -> (entry point, default kwargs): the multi-agent (PettingZoo) ids, made with ``make_multiagent``."""
+
+
+def register_multiagent(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = None) -> None:
+    """Register a multi-agent id for ``entry_point`` ("module:Class" of an
+    :class:`agent_gym.multiagent.MultiAgentToolEnv`). Gymnasium's ``gym.make`` cannot return a
+    PettingZoo env, so these ids live in their own registry and are made with :func:`make_multiagent`.
+    The same rules as ``register_env``: the same entry again is a no-op, a different one raises."""
+    entry = (entry_point, dict(kwargs or {}))
+    old = MULTIAGENT_IDS.get(env_id)
+    if old is not None and old != entry:
+        raise ValueError(f"multi-agent id {env_id!r} is already registered to {old[0]!r} with kwargs {old[1]}; "
+                         f"cannot register {entry_point!r} with kwargs {entry[1]} under it (pick a new id or version)")
+    if env_id in ENV_IDS:
+        raise ValueError(f"{env_id!r} is a single-agent (gym.make) id; pick another id for the multi-agent env")
+    MULTIAGENT_IDS[env_id] = entry
+
+
+def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
+    """Build a registered multi-agent env: PettingZoo's AEC view by default (the env wrapped by
+    ``pettingzoo.utils.conversions.parallel_to_aec``), or the ``ParallelEnv`` itself with
+    ``parallel=True``. ``kwargs`` override the registered defaults."""
+    import importlib
+
+    if env_id not in MULTIAGENT_IDS:
+        import importlib.util
+
+        hint = ("" if importlib.util.find_spec("pettingzoo") else
+                " (pettingzoo is not installed, so the multi-agent envs are not registered: "
+                "pip install 'agent-gym[pettingzoo]')")
+        raise ValueError(f"unknown multi-agent id {env_id!r}; registered: {sorted(MULTIAGENT_IDS)}{hint}")
+    entry_point, defaults = MULTIAGENT_IDS[env_id]
+    module, _, name = entry_point.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    env = cls(**{**defaults, **kwargs})
+    if parallel:
+        return env
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    return parallel_to_aec(env)
+
+
+__all__ = ["ENV_IDS", "MULTIAGENT_IDS", "make_multiagent", "register_env", "register_multiagent"]
