@@ -1,0 +1,1 @@
+"""Adapters that plug the envs into other RL libraries (docs/integrations.md)."""
