@@ -1,6 +1,8 @@
 """Ray rollout workers (trainers/ray_rollout.py) on a local Ray cluster, with an untrained tiny
 model (no SFT fixture: only equality with the in-process run matters here, not learning)."""
 
+import dataclasses
+import json
 import os
 import signal
 import time
@@ -52,28 +54,22 @@ def test_rollout_worker_keys_are_checked(tmp_path):
         _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0)
 
 
-@pytest.mark.timeout(300)
-def test_slices_with_offsets_are_the_in_process_batch(tmp_path):
+def _check_slices(tr):
     """The seam the workers use, without Ray: two half-size vector envs, each collecting its
     slice with its offset, give the one full-size collect's trajectories."""
-    tr = Trainer(_cfg(tmp_path))
-    tr.setup()
-    try:
-        tasks, seed = tr.task_indices(0), 1234
-        full, _ = collect(tr.envs, tr.backend, tasks, 2, tr.sampling, seed)
-        half = make_vector_env(tr.cfg.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.env_kwargs,
-                                                  "vocab_size": tr.policy.get_input_embeddings().num_embeddings})
-        parts = []
-        for w in range(2):
-            part, _ = collect(half, tr.backend, tasks[2 * w: 2 * w + 2], 2, tr.sampling, seed, offset=4 * w)
-            parts += part
-        half.close()
-        assert _key(parts) == _key(full)
-        assert len({tuple(k[0]) for k in _key(full)}) > 1  # the rows differ: a real sample, not one repeated row
-        with pytest.raises(ValueError, match="multiple of group_size"):
-            collect(half, tr.backend, tasks[:2], 2, tr.sampling, seed, offset=3)
-    finally:
-        tr.cleanup()
+    tasks, seed = tr.task_indices(0), 1234
+    full, _ = collect(tr.envs, tr.backend, tasks, 2, tr.sampling, seed)
+    half = make_vector_env(tr.cfg.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.env_kwargs,
+                                              "vocab_size": tr.policy.get_input_embeddings().num_embeddings})
+    parts = []
+    for w in range(2):
+        part, _ = collect(half, tr.backend, tasks[2 * w: 2 * w + 2], 2, tr.sampling, seed, offset=4 * w)
+        parts += part
+    assert _key(parts) == _key(full)
+    assert len({tuple(k[0]) for k in _key(full)}) > 1  # the rows differ: a real sample, not one repeated row
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        collect(half, tr.backend, tasks[:2], 2, tr.sampling, seed, offset=3)
+    half.close()
 
 
 def _alive(pids):
@@ -87,25 +83,48 @@ def _alive(pids):
     return out
 
 
+def _marked(token):
+    """Live processes (not this one) whose environment carries ``token``: everything the Ray
+    cluster started, since the GCS server and raylet inherit this process's environment and the
+    workers the raylet's, including a worker spawned after any snapshot we could take."""
+    out = {}
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_VAR) == token:
+                out[p.pid] = " ".join(p.cmdline())[:100] or p.info["name"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+TOKEN_VAR = "AGENT_GYM_RAY_TEST_TOKEN"
+
+
 @pytest.mark.timeout(600)
-def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path):
-    """One Ray cluster start for three checks (Ray's start-up is most of the cost):
+def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path, monkeypatch):
+    """One Ray cluster start for all the Ray checks (its start-up is most of the cost):
+    - the slicing seam in-process (``collect(offset=...)``, no Ray);
     - determinism: 2 iterations (a GRPO update and a weight push between them) with 2 workers give
       the in-process run's trajectories and losses;
-    - a worker killed (SIGKILL of its process) before iteration 1 is restarted and its slice
-      retried: the batch is still the in-process one, nothing lost or duplicated, and
-      rollout/worker_restarts says 1;
+    - a worker killed (SIGKILL of its process) while iteration 1's slices are in flight is
+      restarted and its slice retried: the batch is still the in-process one, nothing lost or
+      duplicated, and rollout/worker_restarts says 1;
+    - a slice past rollout_timeout_s with no retries left stops the rollout with a clear error;
     - cleanup (the pool started Ray, so it calls ray.shutdown) leaves no Ray process behind."""
     import ray
 
+    from trainers.ray_rollout import RolloutWorkerError
+
     ref = Trainer(_cfg(tmp_path / "inproc"))
     ref.setup()
+    _check_slices(ref)
     ref_rollouts = _record_rollouts(ref)
     ref_last = ref.train()
     ref.cleanup()
 
     was_running = ray.is_initialized()
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    token = f"{os.getpid()}-{time.time_ns()}"
+    monkeypatch.setenv(TOKEN_VAR, token)
     t0 = time.perf_counter()
     tr = Trainer(_cfg(tmp_path / "ray", rollout_workers=2, rollout_timeout_s=240))
     tr.setup()
@@ -115,22 +134,36 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path)
         first_pids = tr.workers.pids()
         assert len(set(first_pids)) == 2 and os.getpid() not in first_pids
 
-        def kill_worker_0(it):
-            if it == 1:
-                os.kill(first_pids[0], signal.SIGKILL)
-                psutil.Process(first_pids[0]).wait(timeout=30)
+        real_wait, kills = ray.wait, []
 
-        seen = _record_rollouts(tr, kill_worker_0)
-        ray_procs = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        def wait_after_killing_worker_0(*a, **kw):
+            # The pool's first ray.wait of iteration 1: both slices are submitted, none returned.
+            if kills == [1]:
+                os.kill(first_pids[0], signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while _alive([first_pids[0]]) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                kills.append("done")
+            return real_wait(*a, **kw)
+
+        monkeypatch.setattr(ray, "wait", wait_after_killing_worker_0)
+        seen = _record_rollouts(tr, lambda it: kills.append(it) if it == 1 else None)
+        t1 = time.perf_counter()
         last = tr.train()
+        train_s = time.perf_counter() - t1
         new_pids = tr.workers.pids()
-        ray_procs |= {p.pid for p in psutil.Process().children(recursive=True)} - before
-        names = " ".join(" ".join(psutil.Process(p).cmdline()) for p in _alive(ray_procs))
+        cluster = _marked(token)
+
+        # A slice that outlives rollout_timeout_s: its worker is killed; with no retries left
+        # the rollout stops naming the worker, instead of waiting forever.
+        tr.workers.cfg = dataclasses.replace(tr.workers.cfg, rollout_timeout_s=0.05, rollout_retries=0)
+        with pytest.raises(RolloutWorkerError, match=r"rollout worker \d timed out on its slice .* rollout_retries=0"):
+            tr.rollout(2)
     finally:
         t1 = time.perf_counter()
         tr.cleanup()
         shutdown_s = time.perf_counter() - t1
-    print(f"ray pool start {start_s:.1f} s, shutdown {shutdown_s:.1f} s")
+    print(f"ray pool start {start_s:.1f} s, 2 iterations {train_s:.1f} s, shutdown {shutdown_s:.1f} s")
 
     for it in (0, 1):
         assert len(seen[it]) == len(ref_rollouts[it]) == 8
@@ -139,21 +172,23 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path)
             assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-4)
     for k in ("policy/loss", "rollout/reward_mean", "rollout/length_mean"):
         assert last[k] == pytest.approx(ref_last[k], abs=1e-5), k
-    import json
-
     recs = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert kills == [1, "done"]
     assert [r["rollout/worker_restarts"] for r in recs] == [0.0, 1.0]
+    print("iteration seconds (the second includes the restart):", [round(r["time/iteration_s"], 1) for r in recs])
     assert new_pids[0] != first_pids[0] and new_pids[1] == first_pids[1]
 
-    # Nothing survives: the workers (killed and restarted ones), and when the pool started Ray,
-    # the raylet, the GCS server and every other process Ray started.
-    assert set(first_pids) | set(new_pids) <= ray_procs | set(first_pids)
-    watch = (ray_procs if not was_running else set(new_pids)) | set(first_pids)
-    deadline = time.monotonic() + 60
-    while _alive(watch) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = [(p, " ".join(psutil.Process(p).cmdline())[:120]) for p in _alive(watch)]
-    assert not left, f"processes left after shutdown: {left}"
-    if not was_running:  # the watched set did hold the cluster's own processes
+    # Nothing survives: the workers (killed and restarted ones) and, when the pool started Ray,
+    # the raylet, the GCS server and every other process of the cluster.
+    if was_running:  # another test's cluster: only our actors must be gone
+        watch = lambda: {p: "" for p in _alive(set(first_pids) | set(new_pids))}  # noqa: E731
+    else:
+        assert set(new_pids) <= set(cluster), cluster
+        names = " ".join(cluster.values())
         assert "raylet" in names and "gcs_server" in names, names[:500]
-        assert not ray.is_initialized()
+        watch = lambda: _marked(token)  # noqa: E731
+    deadline = time.monotonic() + 60
+    while watch() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not watch(), f"processes left after shutdown: {watch()}"
+    assert ray.is_initialized() == was_running
