@@ -39,6 +39,7 @@ class TrainConfig:
 
     # -- env -----------------------------------------------------------------------------------
     env_id: str = "AgentR1/FactChain-v0"
+    """A Gymnasium id, or a multi-agent id (``agent_gym.MULTIAGENT_IDS``: trained by ``trainers.multiagent``)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
     """Overrides of env_kwargs for evaluation (FactChain: the held-out split); logged as ``eval/*``."""

@@ -87,11 +87,7 @@ class Trainer:
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
         vocab = self.policy.get_input_embeddings().num_embeddings
         env_kwargs = {"tokenizer": self.tokenizer, "vocab_size": vocab, **cfg.env_kwargs}
-        self.envs = make_vector_env(cfg.env_id, cfg.batch_size, env_kwargs, cfg.num_envs_threads)
-        self.eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs},
-                                         cfg.num_envs_threads)
-        self.eval_set_envs = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}, cfg.num_envs_threads)
-                              for name, kw in cfg.eval_sets.items()}
+        self.envs, self.eval_envs, self.eval_set_envs = self.make_envs(env_kwargs)
         self.num_tasks = self.envs.envs[0].num_tasks()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = None
@@ -107,6 +103,15 @@ class Trainer:
             self._restore()
         self.t_start = time.perf_counter()
         signal.signal(signal.SIGINT, self._on_sigint)
+
+    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """The rollout, evaluation and eval-set envs (trainers.multiagent overrides it)."""
+        cfg = self.cfg
+        envs = make_vector_env(cfg.env_id, cfg.batch_size, env_kwargs, cfg.num_envs_threads)
+        eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs}, cfg.num_envs_threads)
+        eval_sets = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}, cfg.num_envs_threads)
+                     for name, kw in cfg.eval_sets.items()}
+        return envs, eval_envs, eval_sets
 
     def _on_sigint(self, *_: Any) -> None:
         if self._stop:  # a second Ctrl-C quits at once
@@ -128,7 +133,7 @@ class Trainer:
             update_metrics = self.update(batch, it)
             t_fb = time.perf_counter() - t_fb
             self.sync_weights()
-            metrics = {**summarize(trajs), **adv_metrics, **update_metrics, **self.mismatch(batch)}
+            metrics = {**self.summarize_rollout(trajs), **adv_metrics, **update_metrics, **self.mismatch(batch)}
             if self.workers is not None:
                 metrics.update(self.workers.metrics())
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
@@ -167,12 +172,16 @@ class Trainer:
             out.extend(order[offset: offset + per - len(out)].tolist())
         return out
 
+    def summarize_rollout(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """The rollout's metrics (trainers.multiagent adds the team's)."""
+        return summarize(trajs)
+
     def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
         self.policy.eval()
         if self.workers is not None:
-            return self.workers.collect(self.task_indices(it), self.cfg.group_size, self.sampling, _derive(self.cfg.seed, it))
+            return self.workers.collect(self.task_indices(it), self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it))
         return collect(self.envs, self.backend, self.task_indices(it), self.cfg.group_size, self.sampling,
-                       seed=_derive(self.cfg.seed, it))
+                       seed=derive_seed(self.cfg.seed, it))
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
@@ -216,7 +225,7 @@ class Trainer:
         self.policy.train()
         if self.critic is not None:
             self.critic.train()
-        g = torch.Generator().manual_seed(_derive(cfg.seed, it, 1))
+        g = torch.Generator().manual_seed(derive_seed(cfg.seed, it, 1))
         sums: dict[str, float] = {}
         count = 0
         for _ in range(cfg.ppo_epochs):
@@ -277,7 +286,7 @@ class Trainer:
         on each of ``eval_sets`` (``eval/<name>/*``)."""
         self.policy.eval()
         return evaluate_greedy(self.eval_envs, self.eval_set_envs, self.backend, self.sampling, self.cfg.eval_tasks,
-                               _derive(self.cfg.seed, 10**6))
+                               derive_seed(self.cfg.seed, 10**6))
 
     def mismatch(self, batch: RolloutBatch) -> dict[str, float]:
         """Backend log-probs vs the trainer's recomputation, on agent tokens."""
@@ -394,7 +403,8 @@ def _trim(mb: RolloutBatch) -> RolloutBatch:
     return RolloutBatch(**kw)
 
 
-def _derive(*parts: int) -> int:
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed derived from ``parts`` (e.g. ``(seed, iteration)``): the run's randomness per iteration."""
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)
 
 
@@ -407,8 +417,18 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     return from_dict(data, str(path))
 
 
+def trainer_class(cfg: TrainConfig) -> type[Trainer]:
+    """``Trainer``, or ``trainers.multiagent.MultiAgentTrainer`` when ``env_id`` is a multi-agent id
+    (``agent_gym.MULTIAGENT_IDS``, docs/multiagent.md)."""
+    if cfg.env_id in agent_gym.MULTIAGENT_IDS:
+        from trainers.multiagent import MultiAgentTrainer
+
+        return MultiAgentTrainer
+    return Trainer
+
+
 def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
-    trainer = Trainer(cfg, resume=resume)
+    trainer = trainer_class(cfg)(cfg, resume=resume)
     trainer.setup()
     try:
         return trainer.train()
@@ -416,4 +436,5 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         trainer.cleanup()
 
 
-__all__ = ["NonFiniteLossError", "Trainer", "episode_record", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run"]
+__all__ = ["NonFiniteLossError", "Trainer", "episode_record", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run",
+           "derive_seed", "trainer_class"]

@@ -72,9 +72,15 @@ def test_env_kwargs_are_arguments_of_the_env(path):
 
     first = path.read_text().splitlines()[0]
     cfg = load_config(path, cls=SFTConfig if "train_sft" in first else TrainConfig)
-    cls = load_env_creator(gym.spec(cfg.env_id).entry_point)
+    multi = agent_gym.MULTIAGENT_IDS.get(cfg.env_id)
+    cls = load_env_creator(multi[0] if multi else gym.spec(cfg.env_id).entry_point)
+    klasses = list(cls.__mro__)
+    if multi:  # a multi-agent env passes the ToolEnv arguments it does not name on to every seat
+        from agent_gym.multiagent import SeatEnv
+
+        klasses += SeatEnv.__mro__
     accepted = set()
-    for klass in cls.__mro__:
+    for klass in klasses:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(klass.__init__).parameters)
     for key in {**cfg.env_kwargs, **cfg.eval_env_kwargs, **{k: v for kw in cfg.eval_sets.values() for k, v in kw.items()}}:

@@ -1,0 +1,173 @@
+"""Training a shared policy on a multi-agent env (``agent_gym.MULTIAGENT_IDS``, docs/multiagent.md).
+
+One policy plays every seat. Each agent's turns in a team episode form one trajectory: the seat's
+own ``Episode`` (its own context ids, its own loss mask, its own step rewards, the team's outcome on
+its last step), so the update trains each agent on exactly the tokens it sampled, with its own
+context as the prompt. A team episode of N agents gives N trajectories. Groups (GRPO/RLOO) are per
+task *and* seat: the ``group_size`` rollouts of one task give agent ``a``'s trajectories their own
+group, so an agent's turns are compared with the same seat's on the same task, never with a
+teammate's (their roles differ).
+
+The trainer is ``trainers.trainer.Trainer`` with three parts replaced: the envs (a list of
+``ParallelEnv``s instead of a ``ToolVectorEnv``), the rollout (:func:`collect_multiagent`: every
+live agent of every env generates in one backend call per cycle) and the evaluation. ``run``
+picks it when ``env_id`` is a multi-agent id (``trainer_class``); nothing else in a config
+changes (configs/factchain_team_grpo.yaml).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from agent_gym.registration import make_multiagent
+from trainers.backends.base import GenerationBackend, SamplingConfig
+from trainers.config import ConfigError
+from trainers.rollout import RolloutTimes, Trajectory, summarize
+from trainers.trainer import Trainer, derive_seed, episode_record, eval_keys
+
+
+@dataclass
+class AgentTrajectory(Trajectory):
+    """A ``Trajectory`` that also names the seat that played it."""
+
+    agent: str = ""
+
+
+class TeamEnvs:
+    """``num_envs`` copies of a multi-agent id's ``ParallelEnv``, driven in lockstep by
+    :func:`collect_multiagent` (the multi-agent counterpart of ``ToolVectorEnv``)."""
+
+    def __init__(self, env_id: str, num_envs: int, env_kwargs: dict[str, Any]):
+        self.envs = [make_multiagent(env_id, parallel=True, **env_kwargs) for _ in range(num_envs)]
+        self.possible_agents = list(self.envs[0].possible_agents)
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def close(self) -> None:
+        for e in self.envs:
+            e.close()
+
+
+@dataclass
+class TeamStats:
+    """Per team episode: the team's success, its cycles and its delivered messages."""
+
+    success: list[bool] = dataclasses.field(default_factory=list)
+    cycles: list[int] = dataclasses.field(default_factory=list)
+    messages: list[int] = dataclasses.field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        return {"team/success_rate": float(np.mean(self.success)), "team/cycles_mean": float(np.mean(self.cycles)),
+                "team/messages_per_episode": float(np.mean(self.messages))}
+
+
+def collect_multiagent(
+    teams: TeamEnvs,
+    backend: GenerationBackend,
+    task_indices: Sequence[int],
+    group_size: int,
+    sampling: SamplingConfig,
+    seed: int,
+) -> tuple[list[AgentTrajectory], RolloutTimes, TeamStats]:
+    """One team episode in every env (env ``i`` gets task ``task_indices[i // group_size]``); every
+    cycle, the live agents of every env generate in one backend call. Returns one trajectory per
+    agent and env (ordered by env, then seat), the timings and the team statistics. Generation seeds
+    are a pure function of ``(seed, env, seat, cycle)``."""
+    agents = teams.possible_agents
+    times = RolloutTimes()
+    t0 = time.perf_counter()
+    obs = []
+    for i, env in enumerate(teams.envs):
+        o, infos = env.reset(seed=seed + i, options={"task_index": int(task_indices[i // group_size])})
+        obs.append(o)
+    times.env_s += time.perf_counter() - t0
+    stop = list(infos[agents[0]]["stop_token_ids"])
+    sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
+    lps: dict[tuple[int, str], dict[int, float]] = {(i, a): {} for i in range(teams.num_envs) for a in agents}
+    done: dict[tuple[int, str], AgentTrajectory] = {}
+    stats = TeamStats()
+    cycle = 0
+    while any(env.agents for env in teams.envs):
+        active = [(i, a) for i, env in enumerate(teams.envs) for a in env.agents]
+        prompts = [obs[i][a]["input_ids"].tolist() for i, a in active]
+        seeds = [int(np.random.SeedSequence([seed, i, agents.index(a), cycle]).generate_state(1)[0] & 0x7FFFFFFF)
+                 for i, a in active]
+        t0 = time.perf_counter()
+        gens = backend.generate(prompts, sampling, seeds=seeds)
+        times.generate_s += time.perf_counter() - t0
+        actions: dict[int, dict[str, np.ndarray]] = {}
+        for (i, a), p, g in zip(active, prompts, gens):
+            actions.setdefault(i, {})[a] = np.asarray(g.token_ids, dtype=np.int64)
+            times.generated_tokens += len(g.token_ids)
+            for k, lp in enumerate(g.logprobs):
+                lps[(i, a)][len(p) + k] = float(lp)
+        t0 = time.perf_counter()
+        for i, acts in actions.items():
+            env = teams.envs[i]
+            obs[i], _, term, trunc, infos = env.step(acts)
+            for a in acts:
+                if term[a] or trunc[a]:
+                    ep = infos[a]["trajectory"]
+                    slp = [0.0] * len(ep.token_ids)
+                    for pos, lp in lps[(i, a)].items():
+                        slp[pos] = lp
+                    done[(i, a)] = AgentTrajectory(ep, slp, (i // group_size) * len(agents) + agents.index(a), a)
+            if not env.agents:
+                stats.success.append(any(done[(i, a)].episode.success for a in agents))
+                stats.cycles.append(env.cycle)
+                stats.messages.append(len(env.mailbox.log))
+        times.env_s += time.perf_counter() - t0
+        cycle += 1
+    return [done[(i, a)] for i in range(teams.num_envs) for a in agents], times, stats
+
+
+class MultiAgentTrainer(Trainer):
+    """The RL trainer on a multi-agent id: a shared policy, per-agent trajectories and masks."""
+
+    def setup(self) -> None:
+        if self.cfg.rollout_workers:
+            raise ConfigError(f"rollout_workers: {self.cfg.rollout_workers} is not supported with the multi-agent env "
+                              f"{self.cfg.env_id!r}; set rollout_workers: 0")
+        self._team_stats = TeamStats()
+        super().setup()
+
+    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[TeamEnvs, TeamEnvs, dict[str, TeamEnvs]]:
+        cfg = self.cfg
+        return (TeamEnvs(cfg.env_id, cfg.batch_size, env_kwargs),
+                TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs}),
+                {name: TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}) for name, kw in cfg.eval_sets.items()})
+
+    def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
+        self.policy.eval()
+        trajs, times, self._team_stats = collect_multiagent(self.envs, self.backend, self.task_indices(it),
+                                                            self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it))
+        return trajs, times
+
+    def summarize_rollout(self, trajs: list[Trajectory]) -> dict[str, float]:
+        return {**summarize(trajs), **self._team_stats.metrics()}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Greedy team episodes on the first ``eval_tasks`` tasks of the eval env and of each eval set."""
+        self.policy.eval()
+        greedy = dataclasses.replace(self.sampling, temperature=0.0)
+        out: dict[str, float] = {}
+        for prefix, teams in [("eval/", self.eval_envs)] + [(f"eval/{n}/", e) for n, e in self.eval_set_envs.items()]:
+            trajs, _, stats = collect_multiagent(teams, self.backend, list(range(self.cfg.eval_tasks)), 1, greedy,
+                                                 derive_seed(self.cfg.seed, 10**6))
+            out.update(eval_keys({**summarize(trajs), **stats.metrics()}, prefix))
+        return out
+
+    def trajectory_records(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
+        return [episode_record(t.episode, self.tokenizer, group=t.group, agent=getattr(t, "agent", "")) for t in trajs]
+
+
+__all__ = ["AgentTrajectory", "MultiAgentTrainer", "TeamEnvs", "TeamStats", "collect_multiagent"]
