@@ -41,6 +41,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from agent_gym.env import RewardConfig, ToolEnv
+from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool, ToolResult
@@ -142,6 +143,16 @@ class SeatEnv(ToolEnv):
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         return self.team.process_components(self.agent, outcome, task)
 
+    def end_episode(self, answer_scores: dict[str, float], truncation_reason: str | None,
+                    outcome: dict[str, float] | None = None) -> Episode:
+        """End this seat's episode from outside (the team ended it) and return its ``Episode``;
+        ``outcome`` components are added to its last step (and its reward)."""
+        if outcome:
+            self.step_reward_components[-1].update(outcome)
+            self.step_rewards[-1] = float(sum(self.step_reward_components[-1].values()))
+        self._done = True
+        return self.episode(answer_scores, truncation_reason)
+
     def render_text(self) -> str:
         """This seat's transcript as text (whatever its ``render_mode``)."""
         return "\n\n".join(f"[{role}]\n{content}" for role, content in self.transcript) + "\n"
@@ -218,6 +229,7 @@ class MultiAgentToolEnv(ParallelEnv):
         self.observation_spaces = {a: s.observation_space for a, s in self.seats.items()}
         self.action_spaces = {a: s.action_space for a, s in self.seats.items()}
         self.agents: list[str] = []
+        self._broken = False
         self.np_random, self._np_random_seed = seeding.np_random()
 
     # -- hooks for subclasses ----------------------------------------------------------------
@@ -332,11 +344,9 @@ class MultiAgentToolEnv(ParallelEnv):
         elif self.cycle >= self.max_cycles:
             for a in self.agents:
                 if not (term[a] or trunc[a]):
-                    seat = self.seats[a]
-                    seat._done = True
                     trunc[a] = True
                     infos[a]["truncation_reason"] = "max_cycles"
-                    infos[a]["trajectory"] = seat.episode({}, "max_cycles")
+                    infos[a]["trajectory"] = self.seats[a].end_episode({}, "max_cycles")
         for a in self.agents:
             infos[a]["cycle"] = self.cycle
         self.agents = [a for a in self.agents if not (term[a] or trunc[a])]
@@ -353,16 +363,11 @@ class MultiAgentToolEnv(ParallelEnv):
             if trunc[a]:
                 continue  # this seat left on its own this cycle
             seat = self.seats[a]
-            comps = seat.step_reward_components[-1]
-            comps.update(outcome)
-            seat.step_rewards[-1] = float(sum(comps.values()))
-            seat._done = True
-            rew[a] = seat.step_rewards[-1]
-            term[a] = True
+            ep = seat.end_episode(scores, None, outcome)
+            rew[a], term[a] = seat.step_rewards[-1], True
             info = infos[a]
-            info["reward_components"] = dict(comps)
+            info["reward_components"] = dict(seat.step_reward_components[-1])
             info["answer"], info["answer_scores"] = answer, dict(scores)
-            ep = seat.episode(scores, None)
             info["trajectory"] = dataclasses.replace(ep, answer=answer, answer_scores=dict(scores), success=success)
 
     def render(self) -> str | None:

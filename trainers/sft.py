@@ -137,6 +137,16 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask
     return -(lp * mask).sum() / mask.sum().clamp(min=1)
 
 
+def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> torch.Tensor:
+    """``sft_loss`` of a batch of episodes (right-padded): each one's agent tokens, under its loss mask."""
+    from trainers.rollout import pad_rows
+
+    ids = pad_rows([r.token_ids for r in rows], pad_id, torch.long)  # (B, T)
+    attn = pad_rows([[1] * len(r.token_ids) for r in rows], 0, torch.long)  # (B, T)
+    mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float32)  # (B, T)
+    return sft_loss(model, ids, attn, mask)
+
+
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     import gymnasium as gym
 
@@ -145,7 +155,6 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.config import TrainConfig
     from trainers.logger import RunLogger
     from trainers.models import load_policy, load_tokenizer_for, save_policy
-    from trainers.rollout import pad_rows
     from trainers.trainer import evaluate_greedy, make_vector_env
 
     torch.manual_seed(cfg.seed)
@@ -179,11 +188,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         model.train()
-        rows = [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)]
-        ids = pad_rows([r.token_ids for r in rows], tok.pad_token_id, torch.long)  # (B, T)
-        attn = pad_rows([[1] * len(r.token_ids) for r in rows], 0, torch.long)  # (B, T)
-        mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float32)  # (B, T)
-        loss = sft_loss(model, ids, attn, mask)
+        loss = episodes_loss(model, [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)], tok.pad_token_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -189,6 +189,8 @@ def test_bad_input_names_the_problem(penv):
         penv.reset(options={"task": {"question": "q", "answer": "a"}})
     with pytest.raises(ValueError, match="num_agents"):
         factchain_team.FactChainTeamEnv(num_agents=1)
+    with pytest.raises(RuntimeError, match="call reset"):
+        factchain_team.parallel_env().step({})
 
 
 def test_three_agents_pass_the_chain_around():
