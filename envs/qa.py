@@ -451,7 +451,8 @@ class MultiHopQAEnv(ToolEnv):
             raise ValueError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(sorted(RETRIEVERS))}, "
                              "or an http(s):// URL")
         src: tuple = ()
-        if kind in CORPUS_KINDS and not ({"corpus", "index", "prebuilt"} & set(kwargs)):
+        wraps_corpus = kind == "ray" and kwargs.get("inner", "bm25") in CORPUS_KINDS  # a shared actor's index
+        if (kind in CORPUS_KINDS or wraps_corpus) and not ({"corpus", "index", "prebuilt"} & set(kwargs)):
             if self.corpus_path is not None:
                 kwargs["corpus"] = str(self.corpus_path)
                 src = ("corpus", _file_key(self.corpus_path))

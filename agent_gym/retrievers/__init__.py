@@ -5,7 +5,8 @@
     r.search(["who directed Ed Wood?"], k=5)
 
 Kinds: `bm25` (bm25s, default), `pyserini` (Lucene; extra `pyserini`), `dense` (encoder +
-faiss; extra `dense`), `http` (client of a Search-R1-style server). The factories import their
+faiss; extra `dense`), `http` (client of a Search-R1-style server), `ray` (client of one retriever actor
+shared by every env of a Ray cluster; extra `scale`). The factories import their
 backend module only when called, so `import agent_gym.retrievers` loads no numpy, Java, faiss
 or torch.
 """
@@ -36,6 +37,13 @@ def _dense(**kwargs: Any) -> Retriever:
     from .dense import DenseRetriever
 
     return DenseRetriever(**kwargs)
+
+
+@register_retriever("ray")
+def _ray(**kwargs: Any) -> Retriever:
+    from .ray_actor import RayRetriever
+
+    return RayRetriever(**kwargs)
 
 
 @register_retriever("http")

@@ -72,8 +72,8 @@ def bm25() -> BM25Retriever:
 
 
 def test_registry_lists_valid_kinds():
-    assert set(RETRIEVERS) == {"bm25", "pyserini", "dense", "http"}
-    with pytest.raises(KeyError, match="valid kinds: bm25, dense, http, pyserini"):
+    assert set(RETRIEVERS) == {"bm25", "pyserini", "dense", "http", "ray"}
+    with pytest.raises(KeyError, match="valid kinds: bm25, dense, http, pyserini, ray"):
         make_retriever("splade")
 
 

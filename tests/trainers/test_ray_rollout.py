@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -98,6 +99,34 @@ def _marked(token):
 
 
 TOKEN_VAR = "AGENT_GYM_RAY_TEST_TOKEN"
+CORPUS = str(Path(__file__).resolve().parents[1] / "fixtures" / "qa" / "corpus.jsonl")
+QUERIES = ["who directed The Glass Orchard", "film director born in Quillhaven"]
+
+
+def _remote_search():
+    """In a Ray worker process: a client of the shared retriever, as a rollout worker's env is."""
+    from agent_gym.retrievers import make_retriever
+
+    r = make_retriever("ray", inner="bm25", corpus=CORPUS, cache=False, name="test_retriever")
+    return r.search(QUERIES, 2), r.actor()._actor_id.hex(), os.getpid()
+
+
+def _check_shared_retriever(ray):
+    """The retriever actor (agent_gym/retrievers/ray_actor.py), on the pool's cluster: clients in
+    two processes share one actor and get the in-process BM25's answers, also after the actor's
+    process is killed and restarted."""
+    from agent_gym.retrievers import make_retriever
+
+    t0 = time.perf_counter()
+    direct = make_retriever("bm25", corpus=CORPUS, cache=False).search(QUERIES, 2)
+    here = make_retriever("ray", inner="bm25", corpus=CORPUS, cache=False, name="test_retriever")
+    assert here.search(QUERIES, 2) == direct
+    assert direct[0][0].title == "The Glass Orchard"
+    hits, actor_id, pid = ray.get(ray.remote(num_cpus=0)(_remote_search).remote(), timeout=240)
+    assert hits == direct and actor_id == here.actor()._actor_id.hex() and pid != os.getpid()
+    ray.kill(here.actor(), no_restart=False)  # its process dies; Ray restarts it, the next search waits
+    assert here.search(QUERIES[:1], 2) == direct[:1]
+    return time.perf_counter() - t0
 
 
 @pytest.mark.timeout(600)
@@ -109,6 +138,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
     - a worker killed (SIGKILL of its process) while iteration 1's slices are in flight is
       restarted and its slice retried: the batch is still the in-process one, nothing lost or
       duplicated, and rollout/worker_restarts says 1;
+    - the shared retriever actor (kind ``ray``) serves clients in two processes;
     - a slice past rollout_timeout_s with no retries left stops the rollout with a clear error;
     - cleanup (the pool started Ray, so it calls ray.shutdown) leaves no Ray process behind."""
     import ray
@@ -152,6 +182,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         last = tr.train()
         train_s = time.perf_counter() - t1
         new_pids = tr.workers.pids()
+        retrieval_s = _check_shared_retriever(ray)
         cluster = _marked(token)
 
         # A slice that outlives rollout_timeout_s: its worker is killed; with no retries left
@@ -163,7 +194,8 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         t1 = time.perf_counter()
         tr.cleanup()
         shutdown_s = time.perf_counter() - t1
-    print(f"ray pool start {start_s:.1f} s, 2 iterations {train_s:.1f} s, shutdown {shutdown_s:.1f} s")
+    print(f"ray pool start {start_s:.1f} s, 2 iterations {train_s:.1f} s, shared retriever checks {retrieval_s:.1f} s, "
+          f"shutdown {shutdown_s:.1f} s")
 
     for it in (0, 1):
         assert len(seen[it]) == len(ref_rollouts[it]) == 8

@@ -1,0 +1,40 @@
+"""Kind ``ray`` (agent_gym/retrievers/ray_actor.py) without a Ray cluster: argument checks, the
+clear error without a Ray session, and the QA env handing it the corpus. The cluster part (two
+processes sharing one actor, a restart) runs in tests/trainers/test_ray_rollout.py, on the Ray
+cluster that test starts anyway."""
+
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import agent_gym  # noqa: F401  (registers the env ids)
+from agent_gym.retrievers import make_retriever
+
+HOTPOT = str(Path(__file__).resolve().parents[1] / "fixtures" / "qa" / "hotpotqa")
+
+
+def test_ray_kind_checks_its_arguments():
+    with pytest.raises(ValueError, match="inner='ray' must name the retriever the shared actor builds, one of bm25"):
+        make_retriever("ray", inner="ray")
+    with pytest.raises(ValueError, match="timeout_s must be positive"):
+        make_retriever("ray", inner="bm25", timeout_s=0)
+
+
+def test_ray_kind_without_a_ray_session_says_so():
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("another test left a Ray session running in this process")
+    r = make_retriever("ray", inner="bm25", corpus=[{"id": "a", "title": "A", "text": "a b c"}])
+    with pytest.raises(RuntimeError, match="retriever 'ray' needs a running Ray session"):
+        r.search(["a"], 1)
+
+
+def test_qa_env_gives_the_shared_actor_its_corpus():
+    env = gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, retriever="ray", retriever_kwargs={"cache": False})
+    r = env.unwrapped.retriever
+    assert type(r).__name__ == "RayRetriever" and r.inner == "bm25" and r._actor is None  # nothing started yet
+    titles = {row["title"] for row in r.kwargs["corpus"]}
+    assert titles == {row["title"] for row in env.unwrapped._corpus_docs()} and titles
+    env.close()
