@@ -36,7 +36,9 @@ worker: its restart rebuilds one engine while the others keep their caches. A sh
 off only when env steps, not generation, dominate and one GPU is all there is; then run
 ``rollout_workers: 0`` with ``num_envs_threads`` instead. With workers, the learner's own backend
 serves only the greedy evaluation and is always the HF backend on the learner's policy (no second
-engine on the learner's device).
+engine on the learner's device). A vLLM worker keeps its HF copy of the policy on the CPU (it only
+seeds the engine) and leaves its GPU to the engine. This path is not tested here: vLLM's CPU build
+lives in a separate venv without Ray.
 
 Shutdown: ``shutdown()`` kills the actors and, when this pool started the local Ray cluster,
 calls ``ray.shutdown()``, which ends the raylet, the GCS server and every worker process.
@@ -78,15 +80,18 @@ class RolloutWorker:
         from trainers.models import load_policy, load_tokenizer_for
         from trainers.trainer import make_backend, make_vector_env
 
-        cfg = from_dict({**cfg_dict, "rollout_workers": 0, "device": "cuda" if use_gpu else "cpu"})
+        # With vLLM the engine takes the worker's GPU; the HF copy only seeds the engine, on the CPU.
+        device = "cuda" if use_gpu and cfg_dict["backend"] == "hf" else "cpu"
+        cfg = from_dict({**cfg_dict, "rollout_workers": 0, "device": device})
         torch.set_num_threads(cfg.torch_threads or 1)
         self.cfg = cfg
         self.tokenizer = load_tokenizer_for(cfg)
-        self.policy = load_policy(cfg, self.tokenizer).eval()
-        vocab = self.policy.get_input_embeddings().num_embeddings
+        policy = load_policy(cfg, self.tokenizer).eval()
+        vocab = policy.get_input_embeddings().num_embeddings
         self.envs = make_vector_env(cfg.env_id, num_envs, {"tokenizer": self.tokenizer, "vocab_size": vocab,
                                                            **cfg.env_kwargs}, cfg.num_envs_threads)
-        self.backend = make_backend(cfg, self.policy, self.tokenizer, Path(cfg.run_dir) / f"rollout_worker_{worker_index}")
+        self.backend = make_backend(cfg, policy, self.tokenizer, Path(cfg.run_dir) / f"rollout_worker_{worker_index}")
+        self.policy = policy if cfg.backend == "hf" else None  # the HF backend samples from this module
         self.version = -1  # no weights from the learner yet
 
     def pid(self) -> int:
@@ -103,7 +108,6 @@ class RolloutWorker:
         (it was restarted and has not been sent them yet)."""
         if version != self.version:
             return None
-        self.policy.eval()
         return collect(self.envs, self.backend, task_indices, group_size, sampling, seed=seed, offset=offset)
 
     def close(self) -> None:

@@ -184,6 +184,9 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         new_pids = tr.workers.pids()
         retrieval_s = _check_shared_retriever(ray)
         cluster = _marked(token)
+        cpu_s = sum(sum(psutil.Process(p).cpu_times()[:2]) for p in _alive(cluster))
+        print(f"CPU seconds so far: this process {sum(psutil.Process().cpu_times()[:2]):.1f}, the Ray cluster's "
+              f"live processes {cpu_s:.1f} (the killed worker's not counted)")
 
         # A slice that outlives rollout_timeout_s: its worker is killed; with no retries left
         # the rollout stops naming the worker, instead of waiting forever.
