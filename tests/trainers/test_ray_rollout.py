@@ -84,6 +84,13 @@ def _alive(pids):
     return out
 
 
+def _cpu_s(pid):
+    try:
+        return sum(psutil.Process(pid).cpu_times()[:2])
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
 def _marked(token):
     """Live processes (not this one) whose environment carries ``token``: everything the Ray
     cluster started, since the GCS server and raylet inherit this process's environment and the
@@ -184,7 +191,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         new_pids = tr.workers.pids()
         retrieval_s = _check_shared_retriever(ray)
         cluster = _marked(token)
-        cpu_s = sum(sum(psutil.Process(p).cpu_times()[:2]) for p in _alive(cluster))
+        cpu_s = sum(_cpu_s(p) for p in cluster)
         print(f"CPU seconds so far: this process {sum(psutil.Process().cpu_times()[:2]):.1f}, the Ray cluster's "
               f"live processes {cpu_s:.1f} (the killed worker's not counted)")
 
