@@ -51,14 +51,20 @@ def trained(tmp_path_factory):
 
     class RecordingGRPOTrainer(GRPOTrainer):
         def _compute_loss(self, model, inputs):
-            seen.append({k: inputs[k].detach().clone() for k in
-                         ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages")})
+            rec = {k: inputs[k].detach().clone() for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                          "completion_mask", "tool_mask", "advantages",
+                                                          "sampling_per_token_logps")}
+            with torch.no_grad():  # TRL's own scoring of the batch, under the weights that sampled it
+                rec["trl_logps"] = self._get_per_token_logps_and_entropies(
+                    model, torch.cat([rec["prompt_ids"], rec["completion_ids"]], 1),
+                    torch.cat([rec["prompt_mask"], rec["completion_mask"]], 1), rec["completion_ids"].shape[1])[0]
+            seen.append(rec)
             return super()._compute_loss(model, inputs)
 
     args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
                       num_generations=G, max_steps=3, learning_rate=1e-3, beta=0.0, logging_steps=1,
                       report_to="none", save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
-                      disable_tqdm=True)
+                      disable_tqdm=True, bf16=False, gradient_checkpointing=False)
     trainer = RecordingGRPOTrainer(model=model, reward_funcs=[env_reward, shaping_reward], args=args,
                                    train_dataset=rollout.dataset(range(8)), processing_class=tok,
                                    rollout_func=recording_rollout)
@@ -87,6 +93,12 @@ def test_trl_trains_on_the_env_tokens_and_mask(trained):
     env_rows = [(tuple(ep.token_ids[:ep.prompt_len]), tuple(ep.token_ids[ep.prompt_len:]),
                  tuple(ep.loss_mask[ep.prompt_len:])) for ep in episodes]
     assert sorted(trained_rows) == sorted(env_rows)
+    # TRL scores the agent's tokens at the positions the sampler drew them from: with the weights
+    # unchanged between sampling and the loss (one step per generation), its log-probs are the
+    # sampler's up to float rounding.
+    for b in seen:
+        m = (b["completion_mask"] * b["tool_mask"]).bool()
+        assert float((b["trl_logps"] - b["sampling_per_token_logps"])[m].abs().max()) < 1e-5
     # The masks really hold env tokens in the middle of the completion (turn closers, the nudge).
     assert all(ep.turns == 2 for ep in episodes)
     for _, c, m in env_rows:
