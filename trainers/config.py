@@ -126,6 +126,23 @@ class TrainConfig:
     use_action_mask: bool = True
     """Ablation switch: False puts every non-prompt token (env tokens too) under the loss."""
 
+    # -- memory and precision (trainers/scale.py, docs/scaling.md) --------------------------------
+    max_tokens_per_microbatch: int | None = None
+    """Cut each minibatch into micro-batches of at most this many padded tokens (rows x longest
+    row) and accumulate their gradients, weighted so the step equals the full minibatch's."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """bf16: forwards under torch.autocast(bfloat16); weights, gradients and AdamW state stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (policy and critic)."""
+    lora_r: int = 0
+    """LoRA rank through peft (0: full fine-tuning). The KL reference is then the base with adapters off."""
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "gate_proj", "up_proj", "down_proj"])
+    fsdp: bool = False
+    """Shard the policy with torch FSDP2 under torchrun. Not run by the Trainer yet: true is refused."""
+
     # -- evaluation, logging, checkpoints ----------------------------------------------------------
     eval_every: int = 10
     eval_tasks: int = 64
@@ -176,6 +193,12 @@ class TrainConfig:
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("lr and critic_lr must be positive")
         check_rollout_workers(self)
+        from trainers.scale import ScaleConfigError, check_config
+
+        try:
+            check_config(self)
+        except ScaleConfigError as e:
+            raise ConfigError(str(e)) from None
 
 
 def check_rollout_workers(cfg: "TrainConfig") -> None:
@@ -250,6 +273,8 @@ def _matches(value: Any, tp: Any) -> bool:
         return value in typing.get_args(tp)
     if origin is dict:
         return isinstance(value, dict)
+    if origin is list:
+        return isinstance(value, list)
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:

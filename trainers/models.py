@@ -80,7 +80,8 @@ class Critic(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T) values, where values[:, t] = V(ids[:, :t]) and values[:, 0] = 0."""
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
-        v = self.head(h[:, :-1]).squeeze(-1).float()  # (B, T-1): hidden at t-1 scores token t
+        # (B, T-1): hidden at t-1 scores token t; a bf16 backbone's hidden goes to the float32 head
+        v = self.head(h[:, :-1].to(self.head.weight.dtype)).squeeze(-1).float()
         return torch.nn.functional.pad(v, (1, 0))  # (B, T)
 
 
@@ -129,16 +130,17 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     return lp, ent
 
 
-def save_policy(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
+def save_policy(model: Any, tokenizer: Any, path: str | os.PathLike, state_dict: dict[str, Any] | None = None) -> str:
     """Write any policy (the tiny model or a hub model) and its tokenizer as a HF directory that
     vLLM and transformers load: the SFT warm start's ``model/`` and the vLLM backend's weights.
 
     Writes config.json, model.safetensors, generation_config.json and the tokenizer files.
+    ``state_dict`` replaces the module's own weights (a LoRA policy's merged weights).
     Returns the directory as a string.
     """
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(path)
     # Greedy-free defaults: vLLM reads generation_config.json for default sampling params, and
     # a leftover top_k/temperature there would silently change what a backend asked for.

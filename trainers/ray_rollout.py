@@ -271,7 +271,9 @@ class RolloutWorkerPool:
 
 
 def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutWorkerPool:
-    return RolloutWorkerPool(cfg, policy.state_dict())
+    from trainers.scale import inference_state_dict  # plain HF names (merged under LoRA), as the workers load
+
+    return RolloutWorkerPool(cfg, inference_state_dict(policy))
 
 
 __all__ = ["RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers"]

@@ -26,12 +26,12 @@ import yaml
 import agent_gym  # noqa: F401  (registers the env ids)
 from agent_gym.episode import Episode
 from agent_gym.vector import ToolVectorEnv
-from trainers import algos
+from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainers.config import TrainConfig, from_dict, to_dict
 from trainers.logger import RunLogger
-from trainers.models import Critic, frozen_copy, load_policy, load_tokenizer_for, save_policy, token_logprobs
+from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.rollout import RolloutBatch, Trajectory, build_batch, collect, summarize
 
 
@@ -54,12 +54,18 @@ def make_backend(cfg: TrainConfig, policy: torch.nn.Module, tokenizer: Any, run_
         return HFBackend(policy, pad_token_id=pad, device=cfg.device)
     from trainers.backends.vllm_backend import VLLMBackend
 
-    path = save_policy(policy, tokenizer, run_dir / "vllm_init")
+    path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
     return VLLMBackend(path, seed=cfg.seed, **cfg.vllm_kwargs)
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
+        if cfg.fsdp:
+            raise NotImplementedError(
+                "fsdp: true is not run by the Trainer yet: trainers.scale.fsdp_wrap shards a model under torchrun "
+                "and is tested for equal gradients (tests/trainers/test_scale.py), but the rollout/update loop is "
+                "single-process. Use lora_r, mixed_precision, gradient_checkpointing and max_tokens_per_microbatch "
+                "to fit one GPU (docs/scaling.md), and set fsdp: false.")
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.resume = resume
@@ -78,9 +84,9 @@ class Trainer:
         self.tokenizer = load_tokenizer_for(cfg)
         self.policy = load_policy(cfg, self.tokenizer)
         self.critic = Critic(self.policy).to(cfg.device) if cfg.uses_critic else None
-        self.ref = frozen_copy(self.policy) if cfg.kl_coef > 0 else None
-        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+        self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
+        self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
                            if self.critic is not None else None)
         warm = lambda step: lr_multiplier(step, cfg.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
@@ -201,7 +207,7 @@ class Trainer:
             batch.old_logprobs = batch.sampler_logprobs.clone()
         if self.ref is not None:
             batch.ref_logprobs = self._chunked(
-                lambda ids, am, lm: token_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm)[0], batch)
+                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch)
             if cfg.kl_mode == "reward":
                 batch.token_rewards, self._kl_reward_metrics = algos.kl_in_reward(
                     batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, cfg.kl_coef, cfg.kl_kind)
@@ -230,35 +236,58 @@ class Trainer:
         count = 0
         for _ in range(cfg.ppo_epochs):
             for idx in torch.randperm(len(batch), generator=g).split(cfg.minibatch_size):
-                mb = _trim(batch.select(idx))
-                lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
-                                         temperature=cfg.temperature, loss_mask=mb.loss_mask)
-                loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
-                                            clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg)
-                m = dict(m)
-                if self.ref is not None and cfg.kl_mode == "loss":
-                    kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg)
-                    loss = loss + cfg.kl_coef * kl
-                    m.update(km)
-                if ent is not None:
-                    entropy = algos.aggregate(ent, mb.loss_mask, cfg.loss_agg)
-                    loss = loss - cfg.entropy_coef * entropy
-                    m["policy/entropy"] = entropy.detach()
-                self._step(self.opt, self.policy, loss, it, "policy", self.sched)
-                m["policy/total_loss"] = loss.detach()
+                micro = scale.microbatches(batch.select(idx), cfg.max_tokens_per_microbatch, cfg.loss_agg)
+                m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
+                self._step(self.opt, self.policy, self.sched)
                 if self.critic is not None:
-                    values = self.critic(mb.input_ids, mb.attention_mask)
-                    vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=cfg.value_clip,
-                                                 agg=cfg.loss_agg)
-                    self._step(self.critic_opt, self.critic, cfg.vf_coef * vloss, it, "value", self.critic_sched)
-                    m.update(vm)
+                    m.update(self.accumulate(self.critic_opt, micro, self.value_loss, it, "value"))
+                    self._step(self.critic_opt, self.critic, self.critic_sched)
+                m["perf/microbatches"] = len(micro)
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
         return {k: v / count for k, v in sums.items()}
 
-    def _step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, loss: torch.Tensor, it: int, name: str,
-              sched: Any) -> None:
+    def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus."""
+        cfg = self.cfg
+        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
+                                 temperature=cfg.temperature, loss_mask=mb.loss_mask)
+        loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
+                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg)
+        m = dict(m)
+        if self.ref is not None and cfg.kl_mode == "loss":
+            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg)
+            loss = loss + cfg.kl_coef * kl
+            m.update(km)
+        if ent is not None:
+            entropy = algos.aggregate(ent, mb.loss_mask, cfg.loss_agg)
+            loss = loss - cfg.entropy_coef * entropy
+            m["policy/entropy"] = entropy.detach()
+        m["policy/total_loss"] = loss.detach()
+        return loss, m
+
+    def value_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        values = self.critic(mb.input_ids, mb.attention_mask)
+        vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=self.cfg.value_clip,
+                                     agg=self.cfg.loss_agg)
+        return self.cfg.vf_coef * vloss, vm
+
+    def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
+                   name: str) -> dict[str, float]:
+        """Zero the gradients, then backward ``weight * loss`` of each micro-batch: the sum is the
+        minibatch's loss (``scale.microbatches``). Each loss is checked before its backward."""
+        opt.zero_grad(set_to_none=True)
+        parts = []
+        for mb, w in micro:
+            with scale.autocast(self.cfg):
+                loss, m = loss_fn(mb)
+            self._check_finite(loss, it, name)
+            (loss * w).backward()
+            parts.append((m, w))
+        return scale.combine_metrics(parts)
+
+    def _check_finite(self, loss: torch.Tensor, it: int, name: str) -> None:
         if not torch.isfinite(loss):
             path = save_checkpoint(self.run_dir, it - 1, self.state(it - 1) | {"nonfinite": name},
                                    keep=self.cfg.keep_checkpoints + 1) if it > 0 else None
@@ -266,8 +295,8 @@ class Trainer:
                 f"the {name} loss is {loss.item()} at iteration {it}; stopped before applying it. "
                 f"{'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
                 "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+
+    def _step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, sched: Any) -> None:
         torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.max_grad_norm)
         opt.step()
         sched.step()
@@ -276,9 +305,9 @@ class Trainer:
         """Push the updated policy to the backend (the HF backend shares the module already) and
         to the rollout workers."""
         if self.workers is not None:
-            self.workers.load_weights(self.policy.state_dict())
+            self.workers.load_weights(scale.inference_state_dict(self.policy))
         elif self.cfg.backend != "hf":
-            self.backend.load_weights(self.policy.state_dict())
+            self.backend.load_weights(scale.inference_state_dict(self.policy))
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -352,10 +381,13 @@ class Trainer:
         print(f"resumed from {path} at iteration {self.start_iteration}")
 
     def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
+        if self.cfg.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
+            size = max(1, self.cfg.max_tokens_per_microbatch // batch.input_ids.shape[1])
         out = []
         for s in range(0, len(batch), size):
             sl = slice(s, s + size)
-            out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
+            with scale.autocast(self.cfg):
+                out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
         return torch.cat(out)
 
 
@@ -394,13 +426,6 @@ def episode_record(ep: Episode, tokenizer: Any, **extra: Any) -> dict[str, Any]:
     return {**dataclasses.asdict(ep), **extra, "reward": ep.reward, "turns": ep.turns,
             "reward_components": ep.reward_components, "call_statuses": ep.call_statuses,
             "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False)}
-
-
-def _trim(mb: RolloutBatch) -> RolloutBatch:
-    """Cut a minibatch's right padding to its longest row."""
-    t = int(mb.attention_mask.sum(-1).max())
-    kw = {k: (v[:, :t] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mb.__dict__.items()}
-    return RolloutBatch(**kw)
 
 
 def derive_seed(*parts: int) -> int:

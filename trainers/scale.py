@@ -1,0 +1,300 @@
+"""Memory and precision for models that do not fit as written: each piece is a config key, off
+by default (docs/scaling.md has the memory budget and the multi-GPU commands).
+
+- ``max_tokens_per_microbatch``: a minibatch is cut into micro-batches whose padded size
+  (rows x longest row) stays within the budget; their gradients are accumulated with weights that
+  make the sum equal to the full minibatch's loss (``microbatches``), so one optimizer step sees
+  the same gradient as without micro-batching, up to float rounding.
+- ``mixed_precision: bf16``: forwards run under ``torch.autocast(dtype=bfloat16)`` while the
+  parameters, their gradients and AdamW's moments stay float32 (master weights). Pure-bf16 AdamW
+  loses small updates: bf16 has 8 mantissa bits, so an update of lr=1e-6 to a weight of ~1e-2
+  rounds away.
+- ``gradient_checkpointing``: transformers' ``gradient_checkpointing_enable`` on the policy and
+  the critic's backbone (non-reentrant ``torch.utils.checkpoint``): activations of each decoder
+  layer are recomputed in the backward pass instead of kept.
+- ``lora_r > 0``: LoRA adapters through ``peft`` on the policy (and on the critic's backbone);
+  the base weights are frozen. The KL reference is then the same module with its adapters
+  disabled (``AdapterOffReference``): no second copy of the model.
+- ``fsdp``: ``fsdp_wrap`` shards a causal LM with torch's FSDP2 (``fully_shard``), one unit per
+  decoder layer, the decoder and the head (untied embeddings) and the root; tested on 2 CPU processes (gloo), where the gathered gradients equal
+  the single-process ones. The Trainer does not run under FSDP yet and refuses ``fsdp: true``
+  (see ``check_config``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# How each aggregation's denominator is counted, so that micro-batch losses can be re-weighted to
+# the minibatch's: token-mean divides by the number of loss tokens, the seq-mean modes by the
+# number of rows that have at least one loss token.
+AGG_UNITS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "token-mean": lambda mask: (mask > 0).sum(),
+    "seq-mean-token-sum": lambda mask: (mask > 0).any(-1).sum(),
+    "seq-mean-token-mean": lambda mask: (mask > 0).any(-1).sum(),
+}
+
+
+class ScaleConfigError(ValueError):
+    pass
+
+
+def check_config(cfg: Any) -> None:
+    """Checks of the scale keys, called from ``TrainConfig.__post_init__``."""
+    if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch <= 0:
+        raise ScaleConfigError(f"max_tokens_per_microbatch must be positive or null, got {cfg.max_tokens_per_microbatch}")
+    if cfg.max_tokens_per_microbatch is not None and cfg.loss_agg not in AGG_UNITS:
+        raise ScaleConfigError(
+            f"max_tokens_per_microbatch needs to know how loss_agg={cfg.loss_agg!r} normalises to re-weight "
+            f"micro-batches; known: {', '.join(sorted(AGG_UNITS))}. Add yours to trainers.scale.AGG_UNITS "
+            "(a function of the (B, T) loss mask giving the denominator's count) or set max_tokens_per_microbatch: null.")
+    if cfg.lora_r < 0:
+        raise ScaleConfigError(f"lora_r must be >= 0 (0: no LoRA), got {cfg.lora_r}")
+    if cfg.lora_r > 0 and cfg.lora_alpha <= 0:
+        raise ScaleConfigError(f"lora_alpha must be positive, got {cfg.lora_alpha}")
+    if not 0.0 <= cfg.lora_dropout < 1.0:
+        raise ScaleConfigError(f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
+    if not isinstance(cfg.lora_target_modules, list) or not cfg.lora_target_modules or not all(
+            isinstance(m, str) and m for m in cfg.lora_target_modules):
+        raise ScaleConfigError("lora_target_modules must be a non-empty list of module names, e.g. "
+                               f"{DEFAULT_LORA_TARGETS}; got {cfg.lora_target_modules!r}")
+    if cfg.mixed_precision == "bf16" and cfg.dtype == "bfloat16" and cfg.lora_r == 0:
+        raise ScaleConfigError(
+            "mixed_precision: bf16 keeps float32 master weights and optimizer state: set dtype: float32 "
+            "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters are float32)")
+
+
+# ----------------------------------------------------------------------------- micro-batches
+
+
+def pack_by_tokens(lengths: list[int], max_tokens: int | None) -> list[list[int]]:
+    """Rows grouped into micro-batches whose padded size, rows x longest row, is at most
+    ``max_tokens``; longest rows first, so that rows of similar length share a micro-batch (less
+    padding). A row longer than the budget gets a micro-batch of its own (it cannot be split).
+    ``max_tokens=None``: one micro-batch with every row, in order."""
+    if max_tokens is None:
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
+            out[-1].append(i)  # the first row of a micro-batch is its longest
+        else:
+            out.append([i])
+    return out
+
+
+def microbatches(mb: Any, max_tokens: int | None, agg: str) -> list[tuple[Any, float]]:
+    """``(micro_batch, weight)`` pairs for a minibatch ``mb`` (a ``RolloutBatch``), each micro-batch
+    trimmed to its longest row. ``sum(weight * aggregate(loss, micro.loss_mask))`` equals
+    ``aggregate(loss, mb.loss_mask)`` for the aggregations in ``AGG_UNITS``: the weight is the
+    micro-batch's share of the denominator (loss tokens for token-mean, rows with a loss token for
+    the seq-mean modes). Without a budget: ``[(mb trimmed, 1.0)]``, the plain path."""
+    lengths = mb.attention_mask.sum(-1).tolist()
+    groups = pack_by_tokens([int(n) for n in lengths], max_tokens)
+    if len(groups) == 1:
+        return [(trim(mb), 1.0)]
+    units = AGG_UNITS[agg]
+    total = float(units(mb.loss_mask))
+    out = []
+    for g in groups:
+        part = trim(mb.select(torch.tensor(g)))
+        out.append((part, float(units(part.loss_mask)) / total if total > 0 else 1.0 / len(groups)))
+    return out
+
+
+def trim(mb: Any) -> Any:
+    """Cut a batch's right padding to its longest row."""
+    t = int(mb.attention_mask.sum(-1).max())
+    kw = {k: (v[:, :t] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mb.__dict__.items()}
+    return type(mb)(**kw)
+
+
+def combine_metrics(parts: list[tuple[dict[str, Any], float]]) -> dict[str, float]:
+    """A minibatch's metrics from its micro-batches': the weighted sum (a token or row mean under
+    the aggregation's weights), except ``*_max`` keys, which take the maximum."""
+    out: dict[str, float] = {}
+    for m, w in parts:
+        for k, v in m.items():
+            v = float(v)
+            if k.endswith("_max"):
+                out[k] = max(out.get(k, v), v)
+            else:
+                out[k] = out.get(k, 0.0) + w * v
+    return out
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def autocast(cfg: Any) -> contextlib.AbstractContextManager:
+    """``torch.autocast(bfloat16)`` on ``cfg.device``'s type with ``mixed_precision: bf16``, else nothing."""
+    if cfg.mixed_precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(cfg.device).type, dtype=torch.bfloat16)
+
+
+def trainable(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters the optimizer updates (all of them, or the adapters under LoRA)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def prepare_models(cfg: Any, policy: nn.Module, critic: nn.Module | None) -> tuple[nn.Module, nn.Module | None, Any]:
+    """Apply LoRA and gradient checkpointing as configured; return ``(policy, critic, reference)``
+    where the reference is None without ``kl_coef``, the policy with adapters off under LoRA, and a
+    frozen copy of the starting policy otherwise."""
+    from trainers.models import frozen_copy
+
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(policy)
+        if critic is not None:
+            enable_checkpointing(critic.backbone)
+    if cfg.lora_r > 0:
+        policy = add_lora(policy, cfg)
+        if critic is not None:
+            critic.backbone = add_lora(critic.backbone, cfg)
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = AdapterOffReference(policy) if cfg.lora_r > 0 else frozen_copy(policy)
+    return policy, critic, ref
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise ScaleConfigError(f"gradient_checkpointing: {type(model).__name__} is not a transformers model "
+                               "(it has no gradient_checkpointing_enable)")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "config"):
+        model.config.use_cache = False  # a KV cache is useless when training and warns under checkpointing
+
+
+def add_lora(model: nn.Module, cfg: Any) -> nn.Module:
+    """``peft.get_peft_model`` with ``LoraConfig(r, lora_alpha, lora_dropout, target_modules)``; the
+    base weights are frozen and the adapters are float32 (peft upcasts them from a bf16 base)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ScaleConfigError("lora_r > 0 needs peft: pip install -e '.[scale]'") from e
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in cfg.lora_target_modules if t not in names]
+    if missing:
+        raise ScaleConfigError(f"lora_target_modules {missing} are not module names of {type(model).__name__}; "
+                               f"its linear layers include {sorted(n for n in names if n.endswith('_proj'))}")
+    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_target_modules), bias="none")
+    return get_peft_model(model, lcfg)
+
+
+class AdapterOffReference:
+    """The KL reference under LoRA: the policy's own module with its adapters disabled (peft's
+    ``disable_adapter`` context), i.e. the frozen base model, without a copy."""
+
+    def __init__(self, policy: nn.Module):
+        self.policy = policy
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        with self.policy.disable_adapter():
+            yield self.policy
+
+
+def ref_logprobs(ref: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
+    """``token_logprobs`` under the reference (a frozen module or an ``AdapterOffReference``)."""
+    from trainers.models import token_logprobs
+
+    if isinstance(ref, AdapterOffReference):
+        with ref.active() as model:
+            return token_logprobs(model, input_ids, attention_mask, **kw)[0]
+    return token_logprobs(ref, input_ids, attention_mask, **kw)[0]
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+
+
+def inference_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under plain transformers names, for an inference engine (vLLM's
+    ``load_weights``, a saved HF directory). Under LoRA: every adapted weight merged,
+    ``W + scale * B @ A``, computed out of place (the trained module is not touched)."""
+    if not is_peft(policy):
+        return policy.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    lora_prefixes = []
+    for name, mod in base.named_modules():
+        if isinstance(mod, LoraLayer):
+            lora_prefixes.append(name + ".")
+            w = mod.get_base_layer().weight
+            delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters)
+            merged[name + ".weight"] = (w + delta.to(w.dtype)).detach()
+            if mod.get_base_layer().bias is not None:
+                merged[name + ".bias"] = mod.get_base_layer().bias.detach()
+    for k, v in base.state_dict().items():
+        if any(k.startswith(p) for p in lora_prefixes):
+            continue  # base_layer / lora_A / lora_B entries: replaced by the merged weight above
+        merged[k] = v
+    return merged
+
+
+def save_for_inference(policy: nn.Module, tokenizer: Any, path: Any) -> str:
+    """``models.save_policy`` for a plain or a LoRA policy (the latter saved merged)."""
+    from trainers.models import save_policy
+
+    if not is_peft(policy):
+        return save_policy(policy, tokenizer, path)
+    return save_policy(policy.get_base_model(), tokenizer, path, state_dict=inference_state_dict(policy))
+
+
+# ----------------------------------------------------------------------------- FSDP
+
+
+def fsdp_wrap(model: nn.Module, mesh: Any = None, mp_bf16: bool = False) -> nn.Module:
+    """Shard a transformers causal LM with FSDP2 (``torch.distributed.fsdp.fully_shard``): each
+    decoder layer is one unit (its parameters are gathered just before its forward and freed
+    after); with untied embeddings the decoder (embeddings, final norm) and the output head are
+    units of their own, so ``models.token_logprobs``'s masked path, which calls the decoder and the
+    head directly, works; the root holds what is left. With tied embeddings the head shares the
+    embedding's parameter, so both stay in the root unit and callers must go through the root's
+    forward (``token_logprobs`` without ``loss_mask``). Needs an initialised process group
+    (``torchrun``). ``mp_bf16``: bf16 compute with float32 sharded master weights and float32
+    gradient reduction (``MixedPrecisionPolicy``). FSDP averages gradients over ranks: a rank's
+    loss must be its share of the global loss times the world size for the sum to come out."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {"mesh": mesh} if mesh is not None else {}
+    if mp_bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ScaleConfigError(f"fsdp_wrap: {type(model).__name__} has no decoder .layers to shard")
+    for layer in layers:
+        fully_shard(layer, **kw)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and decoder is not model and head.weight is not model.get_input_embeddings().weight:
+        fully_shard(decoder, **kw)
+        fully_shard(head, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as a full (unsharded) tensor; FSDP2 keeps them as DTensors."""
+    out = {}
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad
+        out[n] = g.full_tensor() if hasattr(g, "full_tensor") else g
+    return out
