@@ -275,3 +275,54 @@ def test_fsdp_two_cpu_processes_give_the_single_process_gradients(tmp_path):
     want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert float(got["loss"]) == pytest.approx(float(loss), rel=1e-5)
     assert_grads_close(got["grads"], want, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- benchmarks/gpu_step.py
+
+
+def _gpu_step():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    gs = _gpu_step()
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**gs.QWEN25_3B))
+    lora = gs.memory_budget(gs.QWEN25_3B, 64, True, 8192, 0.35)
+    assert lora["_params"] == sum(p.numel() for p in model.parameters())  # 3.09B, tied embeddings once
+    full = gs.memory_budget(gs.QWEN25_3B, 0, True, 8192, 0.35)
+    assert lora["total"] < 79.6 < full["total"]
+    cfg = TrainConfig(lora_r=64, lora_alpha=128)
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        one_layer = Qwen2ForCausalLM(Qwen2Config(**{**gs.QWEN25_3B, "num_hidden_layers": 1, "vocab_size": 64}))
+        lora_model = scale.add_lora(one_layer, cfg)
+    assert lora["_lora_params"] == 36 * sum(p.numel() for p in scale.trainable(lora_model))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_gpu_step_without_cuda_exits_2_with_a_message(capsys):
+    assert _gpu_step().main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+DATA = ROOT.parent / "shared" / "data" / "hotpotqa"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not DATA.exists(), reason=f"needs the HotpotQA rows in {DATA}")
+def test_gpu_step_tiny_smoke_run(tmp_path):
+    import json
+
+    out = tmp_path / "r.json"
+    assert _gpu_step().main(["--tiny", "--algos", "grpo", "--tasks", "1", "--grpo-group", "2", "--iterations", "1",
+                             "--data", str(DATA), "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["algo"] == "grpo" and run["trajectory_tokens"] > 0 and run["train_tokens_per_s"] > 0
+    assert run["settings"]["lora_r"] == 64 and run["settings"]["gradient_checkpointing"]

@@ -1,0 +1,276 @@
+"""A few PPO and GRPO iterations of the paper's model size on one GPU: peak memory and speed.
+
+    python benchmarks/gpu_step.py                   # Qwen2.5-3B-Instruct's architecture, CUDA
+    python benchmarks/gpu_step.py --tiny            # the tiny model on the CPU: a smoke test
+    python benchmarks/gpu_step.py --full-finetune   # without LoRA (does not fit 80 GB on paper)
+
+No weights are needed (none can be downloaded on the GPU machines): the model is randomly
+initialised from a ``Qwen2Config`` written below with Qwen2.5-3B-Instruct's shapes (Qwen2.5
+technical report, arXiv 2412.15115, and the model's config.json: hidden 2048, 36 layers, 16 query
+heads and 2 KV heads of dim 128, intermediate 11008, vocabulary 151936, tied embeddings), saved
+to a temporary directory with the built-in tokenizer, and loaded by the trainer as any HF model.
+A random model's text is noise, so rewards are ~0; the point is memory and speed. Episodes are
+HotpotQA dev rows (``--data``, default ../shared/data/hotpotqa) with the search tool over their
+context paragraphs (bm25), the HF generation backend, and the memory settings of the paper
+configs (configs/qwen2.5-3b_hotpotqa_{ppo,grpo}.yaml: LoRA, bf16 autocast, gradient
+checkpointing, token micro-batches), with fewer tasks per iteration (``--tasks``).
+
+Reported per algorithm (the last iteration, after a warm-up one): peak GPU memory
+(``torch.cuda.max_memory_allocated``), generated tokens/s (agent tokens over generation time),
+training tokens/s (trajectory tokens of the batch over the scoring + update time) and MFU: model
+FLOPs over that time divided by the GPU's dense bf16 peak (``--peak-tflops``, default 989 for an
+H100 SXM). Model FLOPs per token: 2N for each forward (old log-probs, reference, values, policy,
+critic) and per backward 4N with full weight gradients or 2N under LoRA (input gradients only;
+the adapters' FLOPs are negligible); N excludes the embedding table; attention's T^2 term and
+the recomputation of gradient checkpointing are not counted (as in the PaLM paper's MFU).
+
+Exits with code 2 and a message when CUDA is absent (without ``--tiny``). Writes
+benchmarks/results/gpu_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                 num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
+TINY = dict(vocab_size=2112, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, hidden_act="silu")
+
+
+def build_random_model(shapes: dict, tokenizer, path: Path, device: str) -> tuple[str, int]:
+    """A randomly initialised Qwen2 with ``shapes``, saved (bf16 on CUDA) with ``tokenizer`` to
+    ``path``. Returns the directory and N, the parameter count without the embedding table."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainers.models import save_policy
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    cfg = Qwen2Config(**shapes, eos_token_id=eos, pad_token_id=pad, bos_token_id=eos)
+    if shapes["vocab_size"] < len(tokenizer):
+        raise ValueError(f"vocab_size {shapes['vocab_size']} < the tokenizer's {len(tokenizer)}")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg)
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
+    n_embed = model.get_input_embeddings().weight.numel()
+    n = sum(p.numel() for p in model.parameters()) - n_embed
+    save_policy(model, tokenizer, path)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return str(path), n
+
+
+def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dict:
+    from trainers.config import load_config
+    from trainers.trainer import Trainer
+
+    paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
+    over = {
+        "run_dir": str(Path(args.run_root) / algo), "model": model_dir, "backend": "hf", "device": device,
+        "iterations": args.iterations, "tasks_per_iter": args.tasks, "minibatch_size": args.tasks * args.group(algo),
+        "group_size": args.group(algo), "eval_every": 10**6, "eval_tasks": 1, "checkpoint_every": 10**6,
+        "tensorboard": False, "progress_bar": False, "max_turn_tokens": args.max_turn_tokens, "log_trajectories": 0,
+        "env_kwargs": {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
+                       "max_context_tokens": args.max_context_tokens},
+        "eval_env_kwargs": {"data_path": args.data, "split": "dev"},
+    }
+    if args.full_finetune:
+        over.update(lora_r=0, dtype="float32")
+    if args.tiny:
+        over.update(max_tokens_per_microbatch=512, torch_threads=1)
+    cfg = load_config(paper, [f"{k}={json.dumps(v)}" for k, v in over.items()])
+    tr = Trainer(cfg)
+    tr.setup()
+    # evaluate() runs at iteration 0 and at the last one; skip it: greedy eval is not what is measured.
+    tr.evaluate = lambda: {}
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        m = tr.train()  # the last iteration's metrics
+    finally:
+        tr.cleanup()
+    wall = time.perf_counter() - t0
+    train_tokens = m["rollout/length_mean"] * cfg.batch_size
+    passes = forward_backward_passes(cfg)
+    flops = train_tokens * n_params * passes
+    fb = m["time/forward_backward_s"]
+    out = {
+        "algo": algo, "iterations": cfg.iterations, "wall_s": wall, "batch": cfg.batch_size,
+        "trajectory_tokens": train_tokens, "agent_tokens": m["rollout/agent_tokens_mean"] * cfg.batch_size,
+        "generated_tokens_per_s": m["perf/generated_tokens_per_s"], "train_tokens_per_s": train_tokens * cfg.ppo_epochs / fb,
+        "forward_backward_s": fb, "generate_s": m["time/generate_s"], "env_s": m["time/env_s"],
+        "microbatches": m.get("perf/microbatches"), "flops_per_token_over_N": passes,
+        "settings": {k: getattr(cfg, k) for k in ("lora_r", "mixed_precision", "gradient_checkpointing",
+                                                  "max_tokens_per_microbatch", "dtype")},
+    }
+    if device == "cuda":
+        out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["mfu"] = flops / fb / (args.peak_tflops * 1e12)
+    return out
+
+
+def forward_backward_passes(cfg) -> float:
+    """Model FLOPs per trajectory token, in units of N (see the module docstring)."""
+    bwd = 2.0 if cfg.lora_r > 0 else 4.0
+    n = 2.0  # old log-probs (recomputed)
+    n += 2.0 if cfg.kl_coef > 0 else 0.0  # reference
+    n += cfg.ppo_epochs * (2.0 + bwd)  # policy update
+    if cfg.uses_critic:
+        n += 2.0 + cfg.ppo_epochs * (2.0 + bwd)  # values, critic update
+    return n
+
+
+LORA_SHAPES = {  # (in, out) of each adapted linear layer, per decoder layer
+    "q_proj": ("H", "H"), "k_proj": ("H", "KV"), "v_proj": ("H", "KV"), "o_proj": ("H", "H"),
+    "gate_proj": ("H", "I"), "up_proj": ("H", "I"), "down_proj": ("I", "H"),
+}
+
+
+def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, agent_fraction: float,
+                  gpu_gib: float = 79.6, vllm_fraction: float = 0.5, critic: bool = True,
+                  pure_bf16: bool = False) -> dict[str, float]:
+    """The GPU memory of one PPO training step on paper, per component, in GiB (2**30 bytes).
+
+    Parameters: P = all parameters (tied embeddings counted once). Full fine-tuning with
+    ``mixed_precision: bf16`` keeps float32 weights (4 B), gradients (4 B) and AdamW's two moments
+    (8 B); the reference is a frozen copy of the float32 policy (4 B). With ``lora_r`` the base is
+    frozen in bf16 (2 B) and only the adapters (L parameters) carry float32 weights, gradients and
+    moments (16 B); the reference costs nothing (adapters off). The critic is a second backbone of
+    the same size. Activations of one micro-batch of ``tokens`` tokens (the policy's; the critic's
+    backward comes after it and has no vocabulary logits): per decoder layer and token, the tensors
+    autograd keeps under bf16 autocast, ~(22 H + 6 KV + 8 I) bytes (RMSNorm inputs in float32, q/k/v
+    and their rotated copies, attention output, MLP gate/up/act/product); with checkpointing, one
+    2-byte (LoRA: bf16 residual) or 4-byte (float32 weights: float32 residual) hidden state per layer
+    plus one layer's tensors during recomputation. Logits of the agent tokens (``agent_fraction`` of
+    the micro-batch): bf16 output, a float32 copy, and float32 softmax and gradient in the backward,
+    ~14 bytes per vocabulary entry. vLLM reserves ``vllm_fraction`` of the GPU (weights and KV
+    cache). ``pure_bf16``: the configs before this change (``dtype: bfloat16`` without autocast):
+    weights, gradients, moments and the reference copy all bf16, residual stream bf16."""
+    H, I, V, Lyr = shapes["hidden_size"], shapes["intermediate_size"], shapes["vocab_size"], shapes["num_hidden_layers"]
+    KV = shapes["num_key_value_heads"] * shapes["head_dim"]
+    Hq = shapes["num_attention_heads"] * shapes["head_dim"]
+    per_layer = Hq * H + Hq + 2 * (H * KV + KV) + Hq * H + 3 * H * I + 2 * H
+    P = V * H + Lyr * per_layer + H + (0 if shapes["tie_word_embeddings"] else V * H)
+    dims = {"H": H, "KV": KV, "I": I}
+    L = Lyr * sum(lora_r * (dims[a] + dims[b]) for a, b in LORA_SHAPES.values()) if lora_r else 0
+    G = 2**30
+    out: dict[str, float] = {}
+    if lora_r:
+        out["policy weights (bf16 base + fp32 adapters)"] = (2 * P + 4 * L) / G
+        out["policy gradients (adapters, fp32)"] = 4 * L / G
+        out["policy AdamW moments (adapters, fp32)"] = 8 * L / G
+        out["reference (policy with adapters off)"] = 0.0
+    elif pure_bf16:
+        out["policy weights (bf16)"] = 2 * P / G
+        out["policy gradients (bf16)"] = 2 * P / G
+        out["policy AdamW moments (bf16)"] = 4 * P / G
+        out["reference (frozen bf16 copy)"] = 2 * P / G
+    else:
+        out["policy weights (fp32 master)"] = 4 * P / G
+        out["policy gradients (fp32)"] = 4 * P / G
+        out["policy AdamW moments (fp32)"] = 8 * P / G
+        out["reference (frozen fp32 copy)"] = 4 * P / G
+    if critic:
+        out["critic (same as the policy's weights, gradients, moments)"] = (
+            out[next(k for k in out if k.startswith("policy weights"))]
+            + out[next(k for k in out if k.startswith("policy gradients"))]
+            + out[next(k for k in out if k.startswith("policy AdamW"))])
+    layer_bytes = 22 * H + 6 * KV + 8 * I
+    if checkpointing:
+        act = tokens * (Lyr * (2 if lora_r or pure_bf16 else 4) * H + layer_bytes)
+    else:
+        act = tokens * Lyr * layer_bytes
+    out[f"activations, {tokens} tokens ({'with' if checkpointing else 'without'} checkpointing)"] = act / G
+    out[f"agent-token logits ({agent_fraction:.0%} of {tokens} tokens)"] = tokens * agent_fraction * 14 * V / G
+    out[f"vLLM (gpu_memory_utilization {vllm_fraction})"] = vllm_fraction * gpu_gib if vllm_fraction else 0.0
+    out["total"] = sum(out.values())
+    out["_params"] = P
+    out["_lora_params"] = L
+    return out
+
+
+def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35) -> None:
+    # name, lora_r, checkpointing, tokens per backward, pure bf16
+    cases = [("LoRA r=64 + bf16 autocast + checkpointing + 8192-token micro-batches (paper configs)", 64, True, tokens, False),
+             ("full fine-tuning + bf16 autocast + checkpointing + 8192-token micro-batches", 0, True, tokens, False),
+             ("LoRA r=64 + bf16 autocast + 8192-token micro-batches, no checkpointing", 64, False, tokens, False),
+             ("the configs before: pure bf16, no checkpointing, one backward per 32-row minibatch of ~2k tokens",
+              0, False, 32 * 2048, True)]
+    for name, r, ck, n_tok, pure in cases:
+        b = memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure)
+        print(f"\n{name}: P={b['_params'] / 1e9:.3f}B, LoRA params={b['_lora_params'] / 1e6:.1f}M")
+        for k, v in b.items():
+            if not k.startswith("_"):
+                print(f"  {k:<70} {v:7.1f} GiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (smoke test)")
+    p.add_argument("--full-finetune", action="store_true", help="lora_r=0 and float32 master weights")
+    p.add_argument("--algos", default="ppo,grpo")
+    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--tasks", type=int, default=8, help="tasks per iteration (GRPO: times --grpo-group)")
+    p.add_argument("--grpo-group", type=int, default=5)
+    p.add_argument("--max-turn-tokens", type=int, default=512)
+    p.add_argument("--max-context-tokens", type=int, default=8192)
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "hotpotqa"))
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")
+    p.add_argument("--run-root", default=None)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_step.json"))
+    p.add_argument("--budget", action="store_true", help="print the memory budget on paper and exit (no GPU needed)")
+    args = p.parse_args(argv)
+    if args.budget:
+        print_budgets()
+        return 0
+    args.group = lambda algo: args.grpo_group if algo == "grpo" else 1
+    if not args.tiny and not torch.cuda.is_available():
+        print("gpu_step.py needs a CUDA GPU (torch.cuda.is_available() is False). Run it on a GPU machine, "
+              "or pass --tiny for the CPU smoke test.", file=sys.stderr)
+        return 2
+    if not Path(args.data).exists():
+        print(f"--data {args.data} does not exist: pass a HotpotQA directory or file (see agent_gym.datasets).",
+              file=sys.stderr)
+        return 2
+    if args.tiny:
+        args.max_turn_tokens = min(args.max_turn_tokens, 24)
+        args.max_context_tokens = min(args.max_context_tokens, 2048)
+    device = "cpu" if args.tiny else "cuda"
+    from agent_gym.tokenizer import default_tokenizer
+
+    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+               "model": "tiny" if args.tiny else "Qwen2.5-3B-Instruct architecture, random weights", "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        args.run_root = args.run_root or str(Path(tmp) / "runs")
+        model_dir, n = build_random_model(TINY if args.tiny else QWEN25_3B, default_tokenizer(), Path(tmp) / "model",
+                                          device)
+        results["non_embedding_params"] = n
+        for algo in args.algos.split(","):
+            r = run_algo(algo, args, model_dir, n, device)
+            results["runs"].append(r)
+            print(json.dumps(r))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
