@@ -125,10 +125,12 @@ def test_microbatches_give_the_full_batch_loss_and_gradients(tmp_path, agg):
 def test_microbatching_an_unknown_aggregation_is_refused():
     from trainers.algos import AGGREGATIONS, register_agg
 
-    if "sum-only" not in AGGREGATIONS:
-        register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
-    with pytest.raises(ConfigError, match="AGG_UNITS"):
-        TrainConfig(loss_agg="sum-only", max_tokens_per_microbatch=128)
+    register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
+    try:
+        with pytest.raises(ConfigError, match="AGG_UNITS"):
+            TrainConfig(loss_agg="sum-only", max_tokens_per_microbatch=128)
+    finally:
+        del AGGREGATIONS["sum-only"]  # other tests list the registered names
     with pytest.raises(ConfigError, match="max_tokens_per_microbatch must be positive"):
         TrainConfig(max_tokens_per_microbatch=0)
 
