@@ -24,6 +24,12 @@ critic) and per backward 4N with full weight gradients or 2N under LoRA (input g
 the adapters' FLOPs are negligible); N excludes the embedding table; attention's T^2 term and
 the recomputation of gradient checkpointing are not counted (as in the PaLM paper's MFU).
 
+A random model's episodes are short (its text is noise: no tool call, one turn), so each run
+ends with a design-point update (``design_point``): ``--design-rows`` synthetic trajectories of
+``--max-context-tokens`` (8192) tokens, 35% of them agent tokens, scored and updated with the
+config's micro-batches; its peak memory is the figure to compare with the budget on paper
+(docs/scaling.md).
+
 Exits with code 2 and a message when CUDA is absent (without ``--tiny``). Writes
 benchmarks/results/gpu_step.json.
 """
@@ -104,8 +110,9 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     t0 = time.perf_counter()
     try:
         m = tr.train()  # the last iteration's metrics
-    finally:
+    except BaseException:
         tr.cleanup()
+        raise
     wall = time.perf_counter() - t0
     train_tokens = m["rollout/length_mean"] * cfg.batch_size
     passes = forward_backward_passes(cfg)
@@ -123,6 +130,58 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     if device == "cuda":
         out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["mfu"] = flops / fb / (args.peak_tflops * 1e12)
+    try:
+        if args.design_rows:
+            out["design_point"] = design_point(tr, args, n_params, device)
+    finally:
+        tr.cleanup()
+    return out
+
+
+def design_point(tr, args, n_params: int, device: str) -> dict:
+    """The update at the memory budget's design point, which a random model's rollouts do not
+    reach (its text is noise, so its episodes end early): ``--design-rows`` synthetic trajectories
+    of ``--max-context-tokens`` tokens each, ``--agent-fraction`` of them agent tokens (in 4 turns
+    after a prompt), random advantages; scoring (old/ref log-probs, values), advantages and one
+    update with the config's micro-batches. Peak memory, training tokens/s and MFU of that stage."""
+    from trainers.rollout import RolloutBatch
+
+    cfg = tr.cfg
+    rows, T = args.design_rows, args.max_context_tokens
+    g = torch.Generator().manual_seed(0)
+    vocab = tr.policy.get_input_embeddings().num_embeddings
+    ids = torch.randint(3, min(vocab, 2**31 - 1), (rows, T), generator=g)
+    mask = torch.zeros(rows, T)
+    turn, span = T // 4, int(T * args.agent_fraction / 4)
+    for k in range(4):  # each turn: tool output / prompt first, then the agent's tokens
+        mask[:, (k + 1) * turn - span:(k + 1) * turn] = 1.0
+    rewards = torch.zeros(rows, T)
+    rewards[:, -1] = torch.randn(rows, generator=g)
+    batch = RolloutBatch(input_ids=ids.to(device), attention_mask=torch.ones(rows, T, dtype=torch.long, device=device),
+                         loss_mask=mask.to(device), token_rewards=rewards.to(device),
+                         sampler_logprobs=torch.zeros(rows, T, device=device),
+                         group_ids=(torch.arange(rows) // max(1, cfg.group_size)).to(device))
+    old_mb = cfg.minibatch_size
+    tr.cfg.minibatch_size = rows  # one optimizer step over the synthetic rows
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        tr.score_batch(batch)
+        tr.compute_advantages(batch)
+        m = tr.update(batch, 0)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        tr.cfg.minibatch_size = old_mb
+    dt = time.perf_counter() - t0
+    tokens = rows * T
+    out = {"rows": rows, "tokens_per_row": T, "agent_fraction": args.agent_fraction, "seconds": dt,
+           "train_tokens_per_s": tokens / dt, "microbatches": m.get("perf/microbatches")}
+    if device == "cuda":
+        out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["mfu"] = tokens * n_params * forward_backward_passes(cfg) / dt / (args.peak_tflops * 1e12)
     return out
 
 
@@ -232,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turn-tokens", type=int, default=512)
     p.add_argument("--max-context-tokens", type=int, default=8192)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "hotpotqa"))
+    p.add_argument("--design-rows", type=int, default=8,
+                   help="synthetic rows of --max-context-tokens for the design-point update (0: skip)")
+    p.add_argument("--agent-fraction", type=float, default=0.35)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")
     p.add_argument("--run-root", default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_step.json"))
@@ -251,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.tiny:
         args.max_turn_tokens = min(args.max_turn_tokens, 24)
-        args.max_context_tokens = min(args.max_context_tokens, 2048)
+        args.max_context_tokens = min(args.max_context_tokens, 1024)
+        args.design_rows = min(args.design_rows, 2)
     device = "cpu" if args.tiny else "cuda"
     from agent_gym.tokenizer import default_tokenizer
 

@@ -198,6 +198,13 @@ class Trainer:
             pos = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
             prompt = torch.tensor([t.episode.prompt_len for t in trajs])[:, None]  # (B, 1)
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
+        return self.score_batch(batch)
+
+    @torch.no_grad()
+    def score_batch(self, batch: RolloutBatch) -> RolloutBatch:
+        """Old and reference log-probs and values of a built batch (``benchmarks/gpu_step.py`` feeds
+        it synthetic batches of the configured length)."""
+        cfg = self.cfg
         self.policy.eval()
         temp = cfg.temperature
         if cfg.recompute_logprobs:

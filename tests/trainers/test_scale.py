@@ -324,7 +324,8 @@ def test_gpu_step_tiny_smoke_run(tmp_path):
 
     out = tmp_path / "r.json"
     assert _gpu_step().main(["--tiny", "--algos", "grpo", "--tasks", "1", "--grpo-group", "2", "--iterations", "1",
-                             "--data", str(DATA), "--out", str(out)]) == 0
+                             "--design-rows", "1", "--data", str(DATA), "--out", str(out)]) == 0
     (run,) = json.loads(out.read_text())["runs"]
     assert run["algo"] == "grpo" and run["trajectory_tokens"] > 0 and run["train_tokens_per_s"] > 0
+    assert run["design_point"]["rows"] == 1 and run["design_point"]["train_tokens_per_s"] > 0
     assert run["settings"]["lora_r"] == 64 and run["settings"]["gradient_checkpointing"]
