@@ -250,6 +250,18 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
     for k in ("policy/loss", "value/loss", "kl/loss"):
         assert torch.isfinite(torch.tensor(last[k])), (k, last[k])
     assert last["train/logprob_mismatch_max"] < 0.5  # the HF backend samples in fp32, the trainer scores in bf16
+    # --resume restores the adapters, the critic and the optimizer state of the LoRA run.
+    again = Trainer(cfg, resume=True)
+    again.setup()
+    try:
+        assert again.start_iteration == 1
+        for (n, p), q in zip(again.policy.named_parameters(), tr.policy.parameters()):
+            assert torch.equal(p, q), n
+        for (n, p), q in zip(again.critic.named_parameters(), tr.critic.parameters()):
+            assert torch.equal(p, q), n
+        assert again.opt.state_dict()["state"].keys() == tr.opt.state_dict()["state"].keys()
+    finally:
+        again.cleanup()
 
 
 def test_fsdp_in_the_trainer_is_refused_clearly():
