@@ -141,6 +141,9 @@ class RolloutWorkerPool:
                 f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout_timeout_s} s; the "
                 f"cluster may lack {cfg.rollout_worker_cpus} CPU / {cfg.rollout_worker_gpus} GPU per worker "
                 f"(ray.cluster_resources(): {ray.cluster_resources()}). Lower rollout_worker_cpus/gpus or add nodes.") from e
+        except Exception:  # a constructor that failed (bad model path, env error): no cluster left behind
+            self.shutdown()
+            raise
         self.version = 0
         self.weights_ref = None
         self.restarts = 0
@@ -188,7 +191,8 @@ class RolloutWorkerPool:
         ray = _ray()
         self.version += 1
         self.weights_ref = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
-        ray.get([a.load_weights.remote(self.weights_ref, self.version) for a in self.actors],
+        # max_task_retries=-1: a worker that died since the last rollout gets them once restarted.
+        ray.get([a.load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version) for a in self.actors],
                 timeout=self.cfg.rollout_timeout_s)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
@@ -247,7 +251,9 @@ class RolloutWorkerPool:
         return self.actors[w].collect.remote(*args[w], self.version)
 
     def metrics(self) -> dict[str, float]:
-        """``rollout/worker_restarts``: worker restarts (deaths and timeouts) during the last collect."""
+        """``rollout/worker_restarts``: worker restarts (deaths and timeouts) noticed during the last
+        collect (a worker that died and came back between two rollouts got the weights on its
+        restart and is not counted)."""
         return {"rollout/worker_restarts": float(self.restarts)}
 
     def pids(self) -> list[int]:
