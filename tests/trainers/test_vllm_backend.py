@@ -273,7 +273,9 @@ if __name__ == "__main__":
     how = sys.argv[2]
     if how == "startup_sigkill":
         threading.Thread(target=kill_during_startup, args=(float(sys.argv[3]),), daemon=True).start()
-    backend = VLLMBackend(sys.argv[1], max_model_len=256)
+    # A 32 MiB KV cache (the default is 512 MiB): four engines start at once, and on a machine
+    # short of memory an engine that dies of it is a different failure from the one tested here.
+    backend = VLLMBackend(sys.argv[1], max_model_len=256, kv_cache_memory_bytes=32 << 20)
     backend.generate([[5, 6, 7]], SamplingConfig(max_new_tokens=4, temperature=0))
     print("READY", flush=True)
     if how != "normal_exit":  # wait for the signal
@@ -366,11 +368,14 @@ def test_no_orphan_processes_after_any_exit(tiny_dir, tmp_path):
     engine_pids: dict[str, set[int]] = {how: set() for how in procs}
     try:
         deadline = time.monotonic() + 720  # four engine starts took over 7 minutes at load ~30
-        while not all(r.ready.is_set() or r.eof.is_set() for r in readers.values()):
+        # Until each child printed READY or exited (one that died early is reported below with its
+        # output; waiting for its stdout to close instead would wait as long as a survivor holds it).
+        waiting = lambda: [how for how, r in readers.items() if not (r.ready.is_set() or procs[how].poll() is not None)]
+        while waiting():
             if time.monotonic() > deadline:
                 pytest.fail("no READY within 720 s from: " + ", ".join(
-                    f"{how} (exited: {procs[how].poll()}, stdout closed: {r.eof.is_set()})\n{r.text(1500)}"
-                    for how, r in readers.items() if not (r.ready.is_set() or r.eof.is_set())))
+                    f"{how} (exited: {procs[how].poll()}, stdout closed: {readers[how].eof.is_set()})\n"
+                    f"{readers[how].text(1500)}" for how in waiting()))
             for how, proc in procs.items():  # collect what each one starts as it runs
                 engine_pids[how] |= _descendants(proc.pid)
             time.sleep(0.2)

@@ -61,7 +61,7 @@ def marked_pids(token: str) -> set[int]:
     return found
 
 
-def end_marked(token: str, grace_s: float = 5.0, kill_s: float = 10.0) -> set[int]:
+def end_marked(token: str, grace_s: float = 5.0, kill_s: float = 30.0) -> set[int]:
     """End every process marked with ``token``; returns those still alive (empty on success).
 
     Waits up to ``grace_s`` for them to exit by themselves (a shutdown in progress), sends SIGTERM
