@@ -10,6 +10,11 @@ run's temperature. The sampling modes run once per seed; with the same seed, val
 random-of-k draw the same K candidates at the first turn (later turns differ once the kept
 actions differ). Prints a table and writes the figures, the checkpoint's provenance (iteration,
 RL minutes, its own logged greedy evals) and the machine's load average to ``--out``.
+
+A diagnostic of the critic itself: on the ``sample`` episodes (the policy's own, unselected), the
+AUC of the critic's value at the last token of each turn's action against the episode's success
+and against that turn's process reward (FactChain's ``hop``: the right lookup). 0.5 is a critic
+that cannot rank the candidates it is asked to choose between.
 """
 
 from __future__ import annotations
@@ -39,6 +44,39 @@ def provenance(ckpt: Path, iteration: int) -> dict:
                 "rollout/success_rate")
         out.update({k: row[k] for k in keep if k in row})
         out["iterations_logged"] = len(rows)
+    return out
+
+
+def auc(scores: list[float], labels: list[bool]) -> float | None:
+    """P(score of a positive > score of a negative), ties counted half (Mann-Whitney); None
+    without both classes."""
+    pos = [x for x, y in zip(scores, labels) if y]
+    neg = [x for x, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return float(wins / (len(pos) * len(neg)))
+
+
+def critic_ranking(critic, episodes, pad_id: int) -> dict:
+    """Does the critic rank the policy's own samples? The critic's value at the last token of each
+    turn's action (what value-guided decoding compares), against the episode's success and against
+    that turn's process reward (FactChain's ``hop``: the right lookup), as AUCs by turn."""
+    import torch
+
+    from trainers.rollout import pad_rows
+
+    ids = pad_rows([e.token_ids for e in episodes], pad_id, torch.long)  # (B, T)
+    mask = pad_rows([[1] * len(e.token_ids) for e in episodes], 0, torch.long)  # (B, T)
+    with torch.no_grad():
+        values = critic(ids, mask)  # (B, T)
+    out: dict = {}
+    for turn in range(max(e.turns for e in episodes)):
+        rows = [(i, e) for i, e in enumerate(episodes) if e.turns > turn and e.step_spans[turn][1] > e.step_spans[turn][0]]
+        v = [float(values[i, e.step_spans[turn][1] - 1]) for i, e in rows]
+        out[f"turn{turn}_value_mean"] = float(np.mean(v)) if v else None
+        out[f"turn{turn}_auc_success"] = auc(v, [e.success for _, e in rows])
+        out[f"turn{turn}_auc_step_reward"] = auc(v, [e.step_rewards[turn] > 0 for _, e in rows])
     return out
 
 
@@ -79,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         m = summarize(eps)
         runs.append({"decode": mode, "k": k, "seed": seed, "success_rate": m["rollout/success_rate"],
                      "turns_mean": m["rollout/turns_mean"], **cost, "wall_s_total": time.perf_counter() - t0})
+        if mode == "sample":  # the policy's own samples, unselected: how well does the critic rank them?
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            runs[-1]["critic_ranking"] = critic_ranking(critic, eps, pad)
         load.append(os.getloadavg()[0])
         print(f"{mode:>12} k={k} seed={seed}: success {m['rollout/success_rate']:.3f}  "
               f"({cost['decode/wall_s']:.1f} s)", flush=True)
@@ -100,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             / greedy["decode/generated_tokens_per_episode"],
             "wall_vs_greedy": per("decode/wall_s") / greedy["decode/wall_s"],
         })
+    ranking = [r["critic_ranking"] for r in runs if "critic_ranking" in r]
+    ranking_mean = {key: float(np.mean([r[key] for r in ranking if r.get(key) is not None]))
+                    for key in ranking[0] if any(r.get(key) is not None for r in ranking)} if ranking else {}
     state = load_checkpoint(ckpt)
     result = {
         "checkpoint": str(ckpt), "provenance": provenance(ckpt, int(state["iteration"])),
         "env_id": cfg.env_id, "eval_set": args.eval_set, "env_kwargs": env_kwargs, "tasks": args.tasks,
         "k": args.k, "temperature": temperature, "seeds": args.seeds, "load_average_1min": load,
-        "table": rows, "runs": runs,
+        "table": rows, "critic_ranking_on_samples": ranking_mean, "runs": runs,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(f'{x:.3f}' for x in r['success_per_seed'])} | {r['generated_tokens_per_episode']:.1f} | "
               f"{r['critic_tokens_per_episode']:.0f} | {r['wall_s']:.1f} | {r['generated_vs_greedy']:.2f} | "
               f"{r['wall_vs_greedy']:.2f} |")
+    print("critic on the sample-mode episodes (AUC of the value at each turn's last action token; mean over seeds):")
+    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in ranking_mean.items()))
     print(f"wrote {out}")
     return 0
 
