@@ -21,15 +21,17 @@ STAMP_CONTENT="torch==$TORCH_VERSION ray[rllib]==$RAY_VERSION v1"
 STAMP="$VENV/.agent_gym_rllib_stamp"
 
 install_project() {
-    # Cheap, so it is checked on every run: the stamp may predate the pyproject.
-    if [[ -f "$ROOT/pyproject.toml" ]] \
-        && ! (cd / && "$VENV/bin/python" -c "import agent_gym, envs, trainers" >/dev/null 2>&1); then
+    # Cheap (finds the packages without importing them), so it is checked on every run: the
+    # stamp may predate the pyproject.
+    if [[ -f "$ROOT/pyproject.toml" ]] && ! (cd / && "$VENV/bin/python" -c \
+        "import importlib.util as u, sys; sys.exit(not all(u.find_spec(p) for p in ('agent_gym', 'envs', 'trainers')))" \
+        >/dev/null 2>&1); then
         "$VENV/bin/python" -m pip install -q -e "$ROOT" --no-deps
     fi
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
-    && "$VENV/bin/python" -c "import ray.rllib" >/dev/null 2>&1; then
+    && "$VENV/bin/python" -c "import importlib.metadata as m; m.version('ray'); m.version('dm-tree')" >/dev/null 2>&1; then
     install_project
     echo "rllib env already set up at $VENV ($(cat "$STAMP"))"
     exit 0
