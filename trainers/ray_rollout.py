@@ -159,17 +159,24 @@ class RolloutWorkerPool:
         # A local cluster started for these workers: enough logical CPUs for all of them (they
         # are scheduling tokens, not cores), no dashboard, and the workers import the same
         # trainers/agent_gym as this process (a worktree or checkout, not another install).
+        # With GPU workers and a learner on a GPU, the cluster sees every GPU but the learner's, so
+        # Ray never hands a worker the learner's device (Ray assigns GPUs from the
+        # CUDA_VISIBLE_DEVICES it started with).
         root = str(Path(__file__).resolve().parent.parent)
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+        env = {"PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+        if cfg.rollout_worker_gpus > 0 and cfg.device.startswith("cuda"):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.device, _visible_gpus()))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout_worker_cpus // 1))),
                      include_dashboard=False)
         finally:
-            if old is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = old
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.started_ray = True
 
     def _check_resources(self, ray: Any) -> None:
@@ -178,8 +185,10 @@ class RolloutWorkerPool:
         for key, per in (("CPU", cfg.rollout_worker_cpus), ("GPU", cfg.rollout_worker_gpus)):
             if per > 0 and have.get(key, 0.0) < per * self.n:
                 msg = (f"rollout_workers={self.n} x rollout_worker_{key.lower()}s={per} needs {per * self.n:g} {key}, "
-                       f"the Ray cluster has {have.get(key, 0.0):g}. Lower rollout_worker_{key.lower()}s or "
-                       "rollout_workers, or join a larger cluster (ray_address).")
+                       f"the Ray cluster has {have.get(key, 0.0):g}"
+                       + (" (a local cluster leaves out the learner's GPU)" if key == "GPU" and self.started_ray
+                          and cfg.device.startswith("cuda") else "")
+                       + f". Lower rollout_worker_{key.lower()}s or rollout_workers, or join a larger cluster (ray_address).")
                 if self.started_ray:
                     ray.shutdown()
                 raise RolloutWorkerError(msg)
@@ -276,10 +285,27 @@ class RolloutWorkerPool:
             self.started_ray = False
 
 
+def worker_gpus(learner_device: str, visible: list[str]) -> list[str]:
+    """The GPUs a local cluster may give to rollout workers: the visible ones (``visible``: the
+    CUDA_VISIBLE_DEVICES entries, or ``0..n-1``) but the learner's (``cuda`` = ``cuda:0``, the
+    first visible one)."""
+    idx = int(learner_device.split(":", 1)[1]) if ":" in learner_device else 0
+    if not 0 <= idx < len(visible):
+        raise RolloutWorkerError(f"device={learner_device!r}: this process sees {len(visible)} GPU(s) ({visible})")
+    return visible[:idx] + visible[idx + 1:]
+
+
+def _visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
 def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutWorkerPool:
     from trainers.scale import inference_state_dict  # plain HF names (merged under LoRA), as the workers load
 
     return RolloutWorkerPool(cfg, inference_state_dict(policy))
 
 
-__all__ = ["RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers"]
+__all__ = ["RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers", "worker_gpus"]

@@ -55,6 +55,16 @@ def test_rollout_worker_keys_are_checked(tmp_path):
         _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0)
 
 
+def test_a_local_cluster_gives_workers_every_gpu_but_the_learners():
+    from trainers.ray_rollout import RolloutWorkerError, worker_gpus
+
+    assert worker_gpus("cuda", ["0", "1", "2", "3"]) == ["1", "2", "3"]
+    assert worker_gpus("cuda:2", ["4", "5", "6"]) == ["4", "5"]  # cuda:2 is the third visible device
+    assert worker_gpus("cuda:0", ["0"]) == []
+    with pytest.raises(RolloutWorkerError, match=r"device='cuda:3': this process sees 2 GPU\(s\)"):
+        worker_gpus("cuda:3", ["0", "1"])
+
+
 def _check_slices(tr):
     """The seam the workers use, without Ray: two half-size vector envs, each collecting its
     slice with its offset, give the one full-size collect's trajectories."""
