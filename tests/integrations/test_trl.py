@@ -133,3 +133,19 @@ def test_unknown_prompt_is_a_clear_error(trained):
         rollout(["not a task prompt"], trained["trainer"])
     with pytest.raises(ValueError, match="unknown env id"):
         EnvRollout("AgentR1/NoSuchEnv-v0")
+
+
+@pytest.mark.timeout(120)
+def test_dataset_prompts_key_their_tasks():
+    from agent_gym.integrations.trl import EnvRollout
+
+    # 4 entities, 1 relation, 1 hop: 4 distinct questions, so 10 tasks repeat some; a repeat is the
+    # same task (one KB), and is kept.
+    small = {"num_entities": 4, "num_relations": 1, "num_hops": 1, "tools_in_prompt": False}
+    ds = EnvRollout("AgentR1/FactChain-v0", env_kwargs=small).dataset(range(10))
+    assert ds["task_index"] == list(range(10)) and len(set(ds["prompt"])) < 10
+    # Two KBs that share almost every name: the same question over each KB has different answers,
+    # which the policy could not tell apart.
+    two_kbs = {"num_entities": 990, "num_relations": 1, "num_hops": 1, "num_kbs": 2, "tools_in_prompt": False}
+    with pytest.raises(ValueError, match="render the same prompt but are different tasks"):
+        EnvRollout("AgentR1/FactChain-v0", env_kwargs=two_kbs).dataset(range(200))
