@@ -5,7 +5,7 @@ imported only where PettingZoo is installed (the ``pettingzoo`` and ``dev`` extr
 
 import importlib.util
 
-from envs import factchain, hotpotqa, musique, naiverag, twowiki  # noqa: F401  (each registers its ids)
+from envs import code, factchain, hotpotqa, math, musique, naiverag, twowiki  # noqa: F401  (each registers its ids)
 
 if importlib.util.find_spec("pettingzoo") is not None:
     from envs import factchain_team  # noqa: F401  (registers AgentR1/FactChainTeam-v0 with register_multiagent)
