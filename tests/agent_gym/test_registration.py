@@ -12,7 +12,7 @@ from agent_gym.registration import ENV_IDS, register_env
 
 
 def test_each_env_module_registers_its_own_ids():
-    assert len(ENV_IDS) == 7
+    assert len(ENV_IDS) == 10  # FactChain, 3 QA, 3 NaiveRAG, Math, HumanEval, MBPP
     for env_id, (entry_point, _) in ENV_IDS.items():
         module, cls = entry_point.split(":")
         mod = importlib.import_module(module)
