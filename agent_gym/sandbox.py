@@ -24,6 +24,7 @@ does not protect against is in ``docs/sandbox.md``. In short, each call:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -48,6 +49,13 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewr
 # per-call uid keeps RLIMIT_NPROC (counted per real uid) from mixing concurrent calls.
 UID_RANGE = (1_500_000, 2_500_000)
 STATUSES = ("ok", "error", "timeout", "output_limit")
+_ISSUED_UIDS: "collections.deque[int]" = collections.deque(maxlen=4096)
+
+
+def issued_uids() -> set[int]:
+    """The uids this process ran its latest (up to 4,096) sandboxes as (root only): a process left
+    running as one of them would be a leak of this process's sandboxes (the tests check)."""
+    return set(_ISSUED_UIDS)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -172,6 +180,7 @@ def _identity(limits: SandboxLimits) -> tuple[dict[str, Any], int]:
     """Popen user arguments and the RLIMIT_NPROC value for one call."""
     if os.geteuid() == 0:
         uid = random.SystemRandom().randrange(*UID_RANGE)
+        _ISSUED_UIDS.append(uid)
         return {"user": uid, "group": uid, "extra_groups": []}, int(limits.max_procs)
     # Not root: the sandbox runs as the caller's uid, whose processes all count against
     # RLIMIT_NPROC, so the limit is the caller's current count plus max_procs.

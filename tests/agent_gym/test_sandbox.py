@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from agent_gym import ToolEnv
-from agent_gym.sandbox import (UID_RANGE, PythonTool, SandboxLimits, SandboxUnavailable, check_available,
-                               format_result, run_python, sandbox_available)
+from agent_gym.sandbox import (PythonTool, SandboxLimits, SandboxUnavailable, check_available,
+                               format_result, issued_uids, run_python, sandbox_available)
 from agent_gym.tools import run_tool
 
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, memory_mb=128, max_procs=16, max_output_bytes=65_536)
@@ -52,7 +52,9 @@ def call(code: str) -> str:
 
 
 def sandbox_pids() -> list[int]:
-    """Processes running as a sandbox uid (the per-call uids used as root)."""
+    """Processes running as a uid of one of this process's sandboxes (the per-call uids used as root;
+    other processes' sandboxes, e.g. a benchmark running beside the tests, have other uids)."""
+    mine = issued_uids()
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -60,7 +62,7 @@ def sandbox_pids() -> list[int]:
                 uid = os.stat(f"/proc/{name}").st_uid
             except OSError:
                 continue
-            if UID_RANGE[0] <= uid < UID_RANGE[1]:
+            if uid in mine:
                 pids.append(int(name))
     return pids
 
@@ -103,6 +105,7 @@ def step_code(env, code: str) -> tuple[str, str]:
     return c["status"], env.transcript[-1][1]
 
 
+SPIN = "import threading\ndef spin():\n    while True:\n        pass\n"
 # name -> (program, expected status, a check of the tool response)
 BATTERY = {
     "infinite_loop": ("while True:\n    pass", "tool_error", "limit"),
@@ -132,8 +135,7 @@ BATTERY = {
                   "tool_error", "SIGSEGV"),
     "os_exit": ("import os\nprint('before')\nos._exit(3)", "tool_error", "exit code 3"),
     "ctypes_segfault": ("import ctypes\nctypes.string_at(0)", "tool_error", "SIGSEGV"),
-    "thread_left_running": ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()",
-                            "tool_error", "limit"),
+    "thread_left_running": (SPIN + "threading.Thread(target=spin).start()", "tool_error", "limit"),
 }
 
 
@@ -183,8 +185,7 @@ def test_os_kill_of_the_parent_cannot_reach_it(env):
 @pytest.mark.timeout(60)
 def test_daemon_thread_and_background_process_do_not_outlive_the_call(env):
     # The program itself ends normally (status ok); what it left running must die with it.
-    for code in ("import threading\n"
-                 "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\nprint('bye')",
+    for code in (SPIN + "threading.Thread(target=spin, daemon=True).start()\nprint('bye')",
                  "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\nprint('bye')"):
         t0 = time.monotonic()
         status, text = step_code(env, code)
@@ -255,7 +256,6 @@ def test_thousand_calls_leak_no_process_file_or_descriptor():
     """1,000 calls in a row through the tool, each minimal (an empty program): nothing leaks."""
     t = PythonTool(SandboxLimits(wall_s=30))  # a loaded machine must not turn a call into a timeout
     tmp = os.environ.get("TMPDIR", "/tmp")
-    tmp_before = set(os.listdir(tmp))
     fds_before = len(os.listdir("/proc/self/fd"))
     t0 = time.monotonic()
     statuses = [run_tool(t, {"code": ""})[0] for _ in range(1000)]
@@ -264,7 +264,17 @@ def test_thousand_calls_leak_no_process_file_or_descriptor():
     assert statuses == ["ok"] * 1000
     assert wait_clean() == ([], [])
     assert len(os.listdir("/proc/self/fd")) == fds_before
-    assert set(os.listdir(tmp)) == tmp_before
+    # The host's temporary directory is shared with other jobs: check that no entry there belongs to a
+    # uid of these sandboxes (they cannot see it at all: their /tmp is their own tmpfs).
+    mine = issued_uids()
+    assert len(mine) >= 990  # a fresh uid per call (collisions in a range of a million are rare)
+    owned = []
+    for name in os.listdir(tmp):
+        try:
+            owned += [name] if os.lstat(os.path.join(tmp, name)).st_uid in mine else []
+        except OSError:
+            pass
+    assert owned == []
     status, text = run_tool(t, {"code": "print(sum(range(10)))"})
     assert (status, text.content) == ("ok", "45\n")
 
