@@ -12,7 +12,8 @@ does not protect against is in ``docs/sandbox.md``. In short, each call:
   private size-capped tmpfs ``/tmp`` as its working directory; the root and ``/dev`` are
   remounted read-only. The project's files, ``/etc``, ``/home`` and ``/root`` are not there;
 - starts with an empty environment (``--clearenv``, plus ``PATH``, ``HOME``, ``LANG``), so no
-  secret of the parent's environment is inherited, and runs Python in isolated mode (``-I``);
+  secret of the parent's environment is inherited, and runs Python in isolated mode without
+  site-packages (``-I -S``: the standard library only);
 - runs as an unprivileged user: as root, a fresh uid drawn per call from a range no account
   uses (so process counts of concurrent calls never mix); otherwise the caller's own uid;
 - has hard resource limits set in the child before ``bwrap`` starts (``prlimit``): CPU seconds,
@@ -172,7 +173,9 @@ def _bwrap_command(python: str, limits: SandboxLimits, nproc: int) -> list[str]:
         "--chdir", "/tmp", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
-        "--", python, "-I", "-u", "-",
+        # -I: isolated (no PYTHON* variables, no user site, no cwd on sys.path); -S: no site-packages
+        # (the standard library only, whatever the system has installed; and a 20% faster start).
+        "--", python, "-I", "-S", "-u", "-",
     ]
 
 
