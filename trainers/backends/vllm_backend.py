@@ -72,6 +72,8 @@ except ImportError as e:  # pragma: no cover - exercised only where vllm is miss
 from trainers.backends import process_guard
 from trainers.backends.base import Generation, SamplingConfig
 
+_STEP_TIMEOUT_VAR = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+_CPU_STEP_TIMEOUT_S = 1800
 _DEFAULT_KV_CACHE_BYTES = 512 * 2**20
 
 
@@ -139,8 +141,15 @@ class VLLMBackend:
         self._closed = True  # until the engine is up: close() has nothing to do before
         self._token = uuid.uuid4().hex
         self._watchdog = process_guard.start_watchdog(self._token)
-        previous = os.environ.get(process_guard.ENV_VAR)
-        os.environ[process_guard.ENV_VAR] = self._token  # inherited by every engine process
+        # Inherited by every engine process: the token that marks them, and on the CPU a longer
+        # deadline for one model step (vLLM's default, 300 s, killed the engine with "RPC call to
+        # sample_tokens timed out" on its first step when four engines started at once on a busy
+        # 2-core machine). A value the user set is kept.
+        env = {process_guard.ENV_VAR: self._token}
+        if on_cpu:
+            env[_STEP_TIMEOUT_VAR] = os.environ.get(_STEP_TIMEOUT_VAR, str(_CPU_STEP_TIMEOUT_S))
+        previous = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             self.llm = LLM(**kwargs)
         except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
@@ -148,10 +157,11 @@ class VLLMBackend:
             self._watchdog.release()
             raise
         finally:
-            if previous is None:
-                os.environ.pop(process_guard.ENV_VAR, None)
-            else:
-                os.environ[process_guard.ENV_VAR] = previous
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self._tmpdir = tempfile.mkdtemp(prefix="vllm_weights_")
         self._closed = False
         # A weak reference, so atexit does not keep a closed-over backend alive forever.
