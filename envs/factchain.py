@@ -36,7 +36,9 @@ Parameters
     ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``num_kbs`` (default 1: with N > 1, task
     ``k`` is asked over KB ``k % N``, the KBs of seeds ``kb_seed`` .. ``kb_seed + N - 1``, and the
     lookup tool answers from that task's KB; training over several KBs teaches the lookup skill
-    rather than one KB's names), ``split``, ``system_prompt``,
+    rather than one KB's names; KBs are built when a task first uses one, about 0.6 ms each, and
+    an env keeps the last 64 it used, so ``num_kbs=100000`` costs no more than 1), ``split``,
+    ``system_prompt``,
     ``question_style``, ``exclude_train_tasks`` (default 0; with ``split="test"``, N > 0 redraws
     every test question that is one of the first N train questions, so that the test split is
     held out from a training pool of ``num_tasks=N``: the trainer's ``eval_sets`` use it), and every
@@ -50,6 +52,7 @@ Versions
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -65,6 +68,8 @@ _SYLLABLES = ("ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ve
               "bel tis gor ven ash lin ro mal dun sha vel tor").split()
 _SPLITS = {"train": 0, "test": 1}
 _QUESTION_STYLES = ("nested", "possessive")
+KB_CACHE_SIZE = 64
+"""How many KBs one env keeps built (``FactChainEnv.kb_at``); the others are rebuilt when asked for."""
 
 
 def make_kb(num_entities: int, num_relations: int, seed: int) -> tuple[list[str], dict[tuple[str, str], str]]:
@@ -153,8 +158,10 @@ class FactChainEnv(ToolEnv):
         self.question_style = question_style
         self._num_tasks = num_tasks
         self.exclude_train_tasks = exclude_train_tasks
-        self.kbs = [make_kb(num_entities, num_relations, kb_seed + i) for i in range(num_kbs)]
-        self.entities, self.kb = self.kbs[0]
+        self.num_entities = num_entities
+        self.num_kbs = num_kbs
+        self._kb_cache: OrderedDict[int, tuple[list[str], dict[tuple[str, str], str]]] = OrderedDict()
+        self.entities, self.kb = self.kb_at(0)
         self._excluded = {self._draw("train", k, 0) for k in range(exclude_train_tasks)}
         if len(self._excluded) >= num_kbs * num_entities * num_relations ** num_hops:
             raise ValueError(f"exclude_train_tasks={exclude_train_tasks} covers every one of the "
@@ -173,14 +180,29 @@ class FactChainEnv(ToolEnv):
     def num_tasks(self) -> int:
         return self._num_tasks
 
+    def kb_at(self, i: int) -> tuple[list[str], dict[tuple[str, str], str]]:
+        """KB ``i`` of this env (seed ``kb_seed + i``): its names and facts. Built when first asked for
+        (about 0.6 ms) and kept in a small per-env cache (the last ``KB_CACHE_SIZE`` used), so an env
+        over 100,000 KBs costs no more to build or hold than an env over one."""
+        if not 0 <= i < self.num_kbs:
+            raise IndexError(f"KB index {i} out of range: this env has num_kbs={self.num_kbs}")
+        kb = self._kb_cache.get(i)
+        if kb is None:
+            kb = self._kb_cache[i] = make_kb(self.num_entities, len(self.relations), self.kb_seed + i)
+            if len(self._kb_cache) > KB_CACHE_SIZE:
+                self._kb_cache.popitem(last=False)
+        else:
+            self._kb_cache.move_to_end(i)
+        return kb
+
     def _draw(self, split: str, index: int, attempt: int) -> tuple[int, str, tuple[str, ...]]:
         """The (KB, start entity, relation chain) of task ``index`` of ``split``: KB ``index % num_kbs``,
         the rest a pure function of ``(that KB's seed, split, index)`` (``attempt`` > 0 only when a
         held-out draw is redrawn)."""
-        kb = int(index) % len(self.kbs)
+        kb = int(index) % self.num_kbs
         key = [self.kb_seed + kb, _SPLITS[split], int(index)] + ([attempt] if attempt else [])
         rng = np.random.default_rng(key)
-        entities = self.kbs[kb][0]
+        entities = self.kb_at(kb)[0]
         start = entities[int(rng.integers(len(entities)))]
         return kb, start, tuple(self.relations[int(i)] for i in rng.integers(len(self.relations), size=self.num_hops))
 
@@ -192,7 +214,7 @@ class FactChainEnv(ToolEnv):
             kb, start, chain = self._draw(self.split, index, attempt)
         chain = list(chain)
         path = [start]
-        facts = self.kbs[kb][1]
+        facts = self.kb_at(kb)[1]
         for r in chain:
             path.append(facts[(path[-1], r)])
         if self.question_style == "nested":
@@ -204,7 +226,7 @@ class FactChainEnv(ToolEnv):
 
     def facts(self, task: dict[str, Any]) -> dict[tuple[str, str], str]:
         """The KB that ``task`` is asked over (KB 0 for a task given without one)."""
-        return self.kbs[task.get("kb", 0)][1]
+        return self.kb_at(task.get("kb", 0))[1]
 
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
         return {"em": exact_match(answer, [task["answer"]])}

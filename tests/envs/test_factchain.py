@@ -173,8 +173,8 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
     one = _env()
     assert [one.get_task(k) for k in range(0, 30, 3)] == [
         {**env.get_task(k), "kb": 0} for k in range(0, 30, 3)]  # KB 0's tasks are the single-KB env's
-    names = [set(e) for e, _ in env.kbs]
-    assert env.kbs[0][1] != env.kbs[1][1] and len(names[0] & names[1]) < 8
+    names = [set(env.kb_at(i)[0]) for i in range(3)]
+    assert env.kb_at(0)[1] != env.kb_at(1)[1] and len(names[0] & names[1]) < 8
     for k in range(30):
         t = env.get_task(k)
         assert t["kb"] == k % 3 and t["path"][0] in names[k % 3]
@@ -187,3 +187,29 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
     assert info["tool_calls"][0]["status"] == "tool_error"  # KB 0's entity is unknown in KB 1
     with pytest.raises(ValueError, match="num_kbs must be a positive integer"):
         _env(num_kbs=0)
+    with pytest.raises(IndexError, match="num_kbs=3"):
+        env.kb_at(3)
+
+
+@pytest.mark.timeout(60)
+def test_many_kbs_are_built_lazily_and_agree_with_make_kb():
+    """An env over 100,000 KBs builds only the KBs its tasks use, keeps at most KB_CACHE_SIZE of them,
+    and each is make_kb of its seed (the same as an env built with that kb_seed alone)."""
+    import pickle
+    import time
+
+    from envs.factchain import KB_CACHE_SIZE, make_kb
+
+    t0 = time.perf_counter()
+    env = _env(num_kbs=100_000, num_tasks=1_000_000, kb_seed=5)
+    assert time.perf_counter() - t0 < 5.0  # eager construction took ~60 s at 0.6 ms per KB
+    assert len(env._kb_cache) == 1
+    for k in (0, 1, 99_999, 123_457, 999_999):
+        t = env.get_task(k)
+        names, facts = make_kb(32, 4, 5 + k % 100_000)
+        assert t["kb"] == k % 100_000 and env.facts(t) == facts and t["path"][0] in names
+        assert t == {**_env(kb_seed=5 + k % 100_000, num_tasks=1_000_000).get_task(k), "kb": k % 100_000}
+    for k in range(200):
+        env.get_task(k)
+    assert len(env._kb_cache) == KB_CACHE_SIZE
+    assert env.get_task(3) == pickle.loads(pickle.dumps(env)).get_task(3)
