@@ -36,7 +36,7 @@ def main(algo: str, argv: list[str] | None = None) -> int:
         return 2
     try:
         last = run(cfg, resume=bool(args.resume))
-    except (ModelLoadError, FileNotFoundError) as e:
+    except (ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:

@@ -141,7 +141,8 @@ class TrainConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                      "gate_proj", "up_proj", "down_proj"])
     fsdp: bool = False
-    """Shard the policy with torch FSDP2 under torchrun. Not run by the Trainer yet: true is refused."""
+    """Run as torchrun processes, each with an FSDP2 shard of the models (trainers/distributed.py,
+    docs/scaling.md): ``torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true``."""
 
     # -- evaluation, logging, checkpoints ----------------------------------------------------------
     eval_every: int = 10

@@ -15,6 +15,22 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
+class NullLogger:
+    """The logger of a process that does not log: the ranks other than 0 of a torchrun run."""
+
+    def truncate_after(self, iteration: int) -> None:
+        pass
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_trajectories(self, iteration: int, records: Sequence[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class RunLogger:
     def __init__(self, run_dir: str | Path, total_iterations: int, tensorboard: bool = True, wandb: bool = False,
                  progress_bar: bool = True, config: dict[str, Any] | None = None):

@@ -17,8 +17,8 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
   disabled (``AdapterOffReference``): no second copy of the model.
 - ``fsdp``: ``fsdp_wrap`` shards a causal LM with torch's FSDP2 (``fully_shard``), one unit per
   decoder layer, the decoder and the head (untied embeddings) and the root; tested on 2 CPU processes (gloo), where the gathered gradients equal
-  the single-process ones. The Trainer does not run under FSDP yet and refuses ``fsdp: true``
-  (see ``check_config``).
+  the single-process ones. The Trainer runs it under torchrun: ``trainers.distributed.FSDPTrainer``
+  (``check_fsdp_config`` lists the keys it does not combine with).
 """
 
 from __future__ import annotations
@@ -64,10 +64,30 @@ def check_config(cfg: Any) -> None:
             isinstance(m, str) and m for m in cfg.lora_target_modules):
         raise ScaleConfigError("lora_target_modules must be a non-empty list of module names, e.g. "
                                f"{DEFAULT_LORA_TARGETS}; got {cfg.lora_target_modules!r}")
+    if cfg.fsdp:
+        check_fsdp_config(cfg)
     if cfg.mixed_precision == "bf16" and cfg.dtype == "bfloat16" and cfg.lora_r == 0:
         raise ScaleConfigError(
             "mixed_precision: bf16 keeps float32 master weights and optimizer state: set dtype: float32 "
             "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters are float32)")
+
+
+def check_fsdp_config(cfg: Any) -> None:
+    """The keys ``fsdp: true`` (``trainers.distributed.FSDPTrainer``) does not combine with."""
+    refused = {
+        "backend": (cfg.backend != "hf", f"backend: {cfg.backend!r}; the sharded trainer generates with backend: hf "
+                    "(each rank gathers the full policy for its share of the rollout)"),
+        "rollout_workers": (cfg.rollout_workers > 0, f"rollout_workers: {cfg.rollout_workers}; set rollout_workers: 0 "
+                            "(each torchrun rank collects its own share of the rollout)"),
+        "lora_r": (cfg.lora_r > 0, f"lora_r: {cfg.lora_r}; LoRA under FSDP is not implemented, set lora_r: 0 "
+                   "(or fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)"),
+        "loss_agg": (cfg.loss_agg not in AGG_UNITS, f"loss_agg: {cfg.loss_agg!r}; each rank's loss is re-weighted by "
+                     f"its share of the aggregation's denominator, known for {', '.join(sorted(AGG_UNITS))} "
+                     "(trainers.scale.AGG_UNITS)"),
+    }
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise ScaleConfigError(f"fsdp: true does not combine with {why}")
 
 
 # ----------------------------------------------------------------------------- micro-batches

@@ -29,8 +29,8 @@ from agent_gym.vector import ToolVectorEnv
 from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
-from trainers.config import TrainConfig, from_dict, to_dict
-from trainers.logger import RunLogger
+from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
+from trainers.logger import NullLogger, RunLogger
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.rollout import RolloutBatch, Trajectory, build_batch, collect, summarize
 
@@ -60,13 +60,12 @@ def make_backend(cfg: TrainConfig, policy: torch.nn.Module, tokenizer: Any, run_
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
-        if cfg.fsdp:
-            raise NotImplementedError(
-                "fsdp: true is not run by the Trainer yet: trainers.scale.fsdp_wrap shards a model under torchrun "
-                "and is tested for equal gradients (tests/trainers/test_scale.py), but the rollout/update loop is "
-                "single-process. Use lora_r, mixed_precision, gradient_checkpointing and max_tokens_per_microbatch "
-                "to fit one GPU (docs/scaling.md), and set fsdp: false.")
+        if cfg.fsdp and not getattr(self, "distributed", False):
+            raise ConfigError(f"fsdp: true is run by trainers.distributed.FSDPTrainer, not {type(self).__name__}: build "
+                              "the trainer with trainers.trainer.trainer_class(cfg), or launch trainers/train_ppo.py or "
+                              "train_grpo.py under torchrun (docs/scaling.md)")
         self.cfg = cfg
+        self.rank, self.world = 0, 1  # this process's share of the rollout and update (FSDPTrainer: torchrun's)
         self.run_dir = Path(cfg.run_dir)
         self.resume = resume
         self.start_iteration = 0
@@ -80,11 +79,13 @@ class Trainer:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        if self.rank == 0:
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.tokenizer = load_tokenizer_for(cfg)
         self.policy = load_policy(cfg, self.tokenizer)
         self.critic = Critic(self.policy).to(cfg.device) if cfg.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
+        self.shard_models()
         self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
                            if self.critic is not None else None)
@@ -104,16 +105,20 @@ class Trainer:
         self.backend = make_backend(dataclasses.replace(cfg, backend="hf") if self.workers else cfg, self.policy,
                                     self.tokenizer, self.run_dir)
         self.sampling = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-        self.logger = RunLogger(self.run_dir, cfg.iterations, cfg.tensorboard, cfg.wandb, cfg.progress_bar, to_dict(cfg))
+        self.logger = (RunLogger(self.run_dir, cfg.iterations, cfg.tensorboard, cfg.wandb, cfg.progress_bar, to_dict(cfg))
+                       if self.rank == 0 else NullLogger())
         if self.resume:
             self._restore()
         self.t_start = time.perf_counter()
         signal.signal(signal.SIGINT, self._on_sigint)
 
+    def shard_models(self) -> None:
+        """Shard the models across processes (``FSDPTrainer``); one process keeps them whole."""
+
     def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
         """The rollout, evaluation and eval-set envs (trainers.multiagent overrides it)."""
         cfg = self.cfg
-        envs = make_vector_env(cfg.env_id, cfg.batch_size, env_kwargs, cfg.num_envs_threads)
+        envs = make_vector_env(cfg.env_id, cfg.batch_size // self.world, env_kwargs, cfg.num_envs_threads)
         eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs}, cfg.num_envs_threads)
         eval_sets = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}, cfg.num_envs_threads)
                      for name, kw in cfg.eval_sets.items()}
@@ -186,8 +191,10 @@ class Trainer:
         self.policy.eval()
         if self.workers is not None:
             return self.workers.collect(self.task_indices(it), self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it))
-        return collect(self.envs, self.backend, self.task_indices(it), self.cfg.group_size, self.sampling,
-                       seed=derive_seed(self.cfg.seed, it))
+        per = self.cfg.tasks_per_iter // self.world  # this process's slice of the tasks (all of them with one)
+        tasks = self.task_indices(it)[self.rank * per: (self.rank + 1) * per]
+        return collect(self.envs, self.backend, tasks, self.cfg.group_size, self.sampling,
+                       seed=derive_seed(self.cfg.seed, it), offset=self.rank * per * self.cfg.group_size)
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
@@ -209,18 +216,20 @@ class Trainer:
         temp = cfg.temperature
         if cfg.recompute_logprobs:
             batch.old_logprobs = self._chunked(
-                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch)
+                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch,
+                self.policy)
         else:
             batch.old_logprobs = batch.sampler_logprobs.clone()
         if self.ref is not None:
             batch.ref_logprobs = self._chunked(
-                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch)
+                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch,
+                self.ref)
             if cfg.kl_mode == "reward":
                 batch.token_rewards, self._kl_reward_metrics = algos.kl_in_reward(
                     batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, cfg.kl_coef, cfg.kl_kind)
         if self.critic is not None:
             self.critic.eval()
-            batch.values = self._chunked(lambda ids, am, lm: self.critic(ids, am), batch)
+            batch.values = self._chunked(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
@@ -243,7 +252,7 @@ class Trainer:
         count = 0
         for _ in range(cfg.ppo_epochs):
             for idx in torch.randperm(len(batch), generator=g).split(cfg.minibatch_size):
-                micro = scale.microbatches(batch.select(idx), cfg.max_tokens_per_microbatch, cfg.loss_agg)
+                micro = self.microbatches(batch, idx)
                 m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
                 self._step(self.opt, self.policy, self.sched)
                 if self.critic is not None:
@@ -254,6 +263,10 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
         return {k: v / count for k, v in sums.items()}
+
+    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
+        """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` (``FSDPTrainer``: this rank's share)."""
+        return scale.microbatches(batch.select(idx), self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus."""
@@ -374,6 +387,15 @@ class Trainer:
         if path is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; start a new run instead.")
         st = load_checkpoint(path)
+        self.load_state(st)
+        set_rng_state(st["rng"])
+        self.sync_weights()
+        self.start_iteration = st["iteration"] + 1
+        self.logger.truncate_after(st["iteration"])
+        print(f"resumed from {path} at iteration {self.start_iteration}")
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        """Models, optimizers and schedulers from a checkpoint's ``state.pt``."""
         self.policy.load_state_dict(st["policy"])
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
@@ -381,13 +403,9 @@ class Trainer:
             self.critic.load_state_dict(st["critic"])
             self.critic_opt.load_state_dict(st["critic_opt"])
             self.critic_sched.load_state_dict(st["critic_sched"])
-        set_rng_state(st["rng"])
-        self.sync_weights()
-        self.start_iteration = st["iteration"] + 1
-        self.logger.truncate_after(st["iteration"])
-        print(f"resumed from {path} at iteration {self.start_iteration}")
 
-    def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
+    def _chunked(self, fn: Any, batch: RolloutBatch, model: Any = None, size: int = 16) -> torch.Tensor:
+        """``fn`` on the batch's rows in chunks (``model``: the module ``fn`` runs, for ``FSDPTrainer``)."""
         if self.cfg.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
             size = max(1, self.cfg.max_tokens_per_microbatch // batch.input_ids.shape[1])
         out = []
@@ -452,6 +470,13 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
 def trainer_class(cfg: TrainConfig) -> type[Trainer]:
     """``Trainer``, or ``trainers.multiagent.MultiAgentTrainer`` when ``env_id`` is a multi-agent id
     (``agent_gym.MULTIAGENT_IDS``, docs/multiagent.md)."""
+    if cfg.fsdp:
+        if cfg.env_id in agent_gym.MULTIAGENT_IDS:
+            raise ConfigError(f"fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs in "
+                              "one process; set fsdp: false")
+        from trainers.distributed import FSDPTrainer
+
+        return FSDPTrainer
     if cfg.env_id in agent_gym.MULTIAGENT_IDS:
         from trainers.multiagent import MultiAgentTrainer
 

@@ -264,11 +264,6 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
         again.cleanup()
 
 
-def test_fsdp_in_the_trainer_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="fsdp: true is not run by the Trainer"):
-        Trainer(TrainConfig(fsdp=True))
-
-
 # ----------------------------------------------------------------------------- FSDP2
 
 

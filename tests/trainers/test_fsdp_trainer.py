@@ -1,0 +1,147 @@
+"""``fsdp: true`` (trainers/distributed.py): two torchrun processes on the CPU (gloo) run the same
+iterations as one process with the same seed, for GRPO and for PPO with a critic: the same batch
+statistics (rewards, tokens, turns) per iteration, the same advantage and loss metrics, and after
+the updates the same policy, critic and AdamW state (within float rounding) in rank 0's checkpoint,
+which is in the single-process layout. Plus the errors of a wrong launch or combination.
+
+The tiny model is random, so every episode gets the same reward: GRPO's advantages are 0 and its
+update comes from the entropy bonus and the KL loss (both aggregated over the batch, so the
+ranks' re-weighting is exercised); PPO's rewards (a penalty per turn without an action) give the
+critic targets and whitened GAE advantages over the whole batch. PPO also runs micro-batches
+(uneven per rank: zero-weight fillers), seq-mean-token-mean aggregation, KL in the reward and
+clipping at a gradient norm the update exceeds."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainers.config import ConfigError, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COMMON = dict(iterations=2, tasks_per_iter=4, group_size=2, minibatch_size=4, max_turn_tokens=12, eval_every=100,
+              eval_tasks=1, tensorboard=False, progress_bar=False, torch_threads=1, lr=1e-3, kl_coef=0.05,
+              env_kwargs={"num_tasks": 16, "tools_in_prompt": False,
+                          "rewards": {"no_action": -0.1, "call_invalid": -0.2}})
+RUNS = {
+    "grpo": dict(algo="grpo", entropy_coef=0.01, kl_mode="loss"),
+    "ppo": dict(algo="ppo", kl_mode="reward", loss_agg="seq-mean-token-mean", max_tokens_per_microbatch=400,
+                max_grad_norm=0.1),
+}
+PARAM_ATOL = 2e-5  # float32; measured max |difference| 6.0e-6 (GRPO policy), 1.9e-6 (PPO policy) after 2 iterations at lr 1e-3
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_state(run_dir: Path) -> dict:
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint
+
+    return load_checkpoint(latest_checkpoint(run_dir))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both algorithms, each as one process and as two torchrun processes (launched first, so the
+    single-process runs go on while they start)."""
+    from trainers.trainer import run
+
+    tmp = tmp_path_factory.mktemp("fsdp")
+    pairs = []
+    for algo, kw in RUNS.items():
+        path = tmp / f"{algo}.yaml"
+        path.write_text(yaml.safe_dump({**COMMON, **kw, "run_dir": str(tmp / f"{algo}_fsdp")}))
+        pairs.append(f"{algo}:{path}")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "tests/trainers/fsdp_trainer_worker.py", *pairs],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for algo, kw in RUNS.items():
+            run(TrainConfig(**{**COMMON, **kw, "run_dir": str(tmp / f"{algo}_single")}))
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, out[-4000:]
+    return tmp, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", list(RUNS))
+def test_two_fsdp_processes_match_one_process(runs, algo):
+    tmp, out = runs
+    single, fsdp = tmp / f"{algo}_single", tmp / f"{algo}_fsdp"
+    a, b = metrics(single), metrics(fsdp)
+    assert [m["iteration"] for m in b] == [0, 1]
+    for ma, mb in zip(a, b):
+        for k, v in ma.items():
+            if k.startswith(("rollout/", "tools/", "reward/")):  # the batch: rewards, tokens, turns
+                assert mb[k] == v, (k, v, mb[k])
+            elif k.startswith(("adv/", "policy/", "value/", "kl", "eval/")):
+                assert mb[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (k, v, mb[k])
+    assert a[-1]["rollout/agent_tokens_mean"] > 0 and a[-1]["policy/total_loss"] != 0
+
+    sa, sb = final_state(single), final_state(fsdp)
+    assert sa["iteration"] == sb["iteration"] == 1
+    from trainers.models import load_policy, load_tokenizer_for
+
+    cfg = TrainConfig(**{**COMMON, **RUNS[algo]})
+    start = load_policy(cfg, load_tokenizer_for(cfg)).state_dict()  # the seed's initial weights
+    for key in ("policy", "critic") if algo == "ppo" else ("policy",):
+        assert sb[key].keys() == sa[key].keys()
+        diff = max(float((sb[key][k] - sa[key][k]).abs().max()) for k in sa[key])
+        assert diff <= PARAM_ATOL, (key, diff)
+        print(f"{algo} {key}: max |fsdp - single| = {diff:.3g}")
+    moved = max(float((sa["policy"][k] - start[k]).abs().max()) for k in start)
+    assert moved > 50 * PARAM_ATOL  # the updates are far larger than the tolerance
+    # the gathered optimizer state is in the single-process layout: it loads into a plain AdamW
+    policy = load_policy(cfg, load_tokenizer_for(cfg))
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+    opt.load_state_dict(sb["opt"])
+    for i, st in sa["opt"]["state"].items():
+        torch.testing.assert_close(opt.state_dict()["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3, atol=1e-12)
+    assert "fsdp" in yaml.safe_load((fsdp / "config.yaml").read_text()) and not (fsdp / "tb").exists()
+
+
+def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
+    from trainers.cli import main
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert main("grpo", [f"run_dir={tmp_path}", "fsdp=true"]) == 2
+    err = capsys.readouterr().err
+    assert "torchrun --nproc_per_node" in err and "WORLD_SIZE" in err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("kw,key", [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout_workers"),
+                                    (dict(lora_r=8), "lora_r")])
+def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
+    with pytest.raises(ConfigError, match=f"fsdp: true does not combine with {key}"):
+        TrainConfig(fsdp=True, **kw)
+
+
+def test_fsdp_shares_must_divide_evenly(monkeypatch):
+    from trainers.trainer import Trainer, trainer_class
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    cfg = TrainConfig(fsdp=True, tasks_per_iter=4, group_size=2, minibatch_size=8)
+    with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
+        trainer_class(cfg)(cfg)
+    with pytest.raises(ConfigError, match="trainer_class"):
+        Trainer(cfg)  # the single-process class refuses to run fsdp
+    with pytest.raises(ConfigError, match="multi-agent"):
+        trainer_class(TrainConfig(fsdp=True, env_id="AgentR1/FactChainTeam-v0"))

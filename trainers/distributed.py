@@ -1,0 +1,292 @@
+"""The Trainer on several processes with FSDP2: ``fsdp: true`` under ``torchrun``.
+
+    torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true
+
+Each process (rank) holds a shard of every model (``trainers.scale.fsdp_wrap``: one FSDP unit
+per decoder layer; the critic's backbone likewise; the KL reference too, frozen) and runs the
+single-process loop on its share, so that one iteration of N ranks is the single-process
+iteration on the same seed, up to float rounding:
+
+- rollout: rank r collects tasks ``[r*k, (r+1)*k)`` of the iteration's ``tasks_per_iter``
+  (k = tasks_per_iter / N) with sub-envs ``offset = r*k*group_size`` onwards, so seeds and group
+  ids are those of the same sub-envs in one process, and a GRPO group never spans two ranks.
+  Generation needs the whole policy: all ranks all-gather it (``full_params``: FSDP2's
+  ``unshard`` with resharding after forward off) and generate from the gathered copy without
+  further communication, however many turns and tokens each rank's episodes take. Then every
+  rank receives every rank's trajectories (``all_gather_object``), in rank order: the
+  single-process batch.
+- scoring: the batch is built from all trajectories on every rank (same padding as one process);
+  each rank scores its own rows (old and reference log-probs, values) under ``full_params`` and
+  the rows are all-gathered. Advantages are then computed on the whole batch on every rank, so
+  any statistic over the batch (GAE/REINFORCE++ whitening, GRPO groups) is the single-process
+  one, with no change to the estimators.
+- update: every rank draws the same minibatch order; rank r trains on rows ``idx[r::N]`` of each
+  minibatch, its loss weighted by its share of the aggregation's denominator (loss tokens for
+  token-mean, rows with a loss token for the seq-mean modes: ``scale.AGG_UNITS``) times N, since
+  FSDP averages gradients over ranks: the summed gradient is the minibatch's. Micro-batches
+  (``max_tokens_per_microbatch``) are cut within a rank's share; ranks that get fewer add
+  zero-weight micro-batches so that every rank runs the same number of forward/backward passes
+  (each all-gathers and reduce-scatters). Gradient clipping uses the global norm (DTensor).
+  Logged update metrics are the share-weighted sums over ranks (``*_max``: the maximum).
+- rank 0 alone writes config.yaml, metrics, trajectories and checkpoints, and evaluates (the other
+  ranks wait at the next collective). A checkpoint holds full state dicts gathered from the shards
+  (``torch.distributed.checkpoint.state_dict``) in the single-process layout: ``--resume`` works
+  with or without fsdp, and ``state["policy"]`` loads into the plain model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainers import scale
+from trainers.checkpoint import save_checkpoint
+from trainers.config import ConfigError, TrainConfig
+from trainers.rollout import RolloutBatch, RolloutTimes, Trajectory
+from trainers.trainer import NonFiniteLossError, Trainer
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """``(rank, world_size, local_rank)`` from the variables torchrun sets; a clear error without them."""
+    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"fsdp: true needs torchrun's process environment ({', '.join(missing)} not set). Launch one process per "
+            "GPU (or CPU share) with: torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true "
+            "(train_ppo.py likewise; docs/scaling.md has the multi-machine command), or set fsdp: false.")
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+def fsdp_modules(*modules: nn.Module | None) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for mod in modules if mod is not None for m in mod.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def full_params(*modules: nn.Module | None) -> Iterator[None]:
+    """Every FSDP unit of ``modules`` all-gathered (a collective: all ranks enter together) and kept
+    whole until the exit, so forwards inside (generation, scoring, evaluation on one rank) run
+    locally without further collectives. FSDP2's ``unshard`` plus ``set_reshard_after_forward(False)``,
+    the documented way to run evaluation; on exit each unit is resharded (the full copies freed)
+    and resharding after forward is restored (true; the root's default false is an optimisation
+    only)."""
+    units = fsdp_modules(*modules)
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+    for m in units:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in units:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def shard_critic(critic: nn.Module, mesh: Any) -> nn.Module:
+    """``Critic``: one FSDP unit per decoder layer of its backbone, the backbone, then the root (head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in critic.backbone.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(critic.backbone, mesh=mesh)
+    fully_shard(critic, mesh=mesh)
+    return critic
+
+
+class FSDPTrainer(Trainer):
+    """``Trainer`` with ``fsdp: true``, one instance per torchrun process (the module docstring)."""
+
+    distributed = True
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False):
+        super().__init__(cfg, resume)
+        self.rank, self.world, self.local_rank = torchrun_env()
+        for key in ("tasks_per_iter", "minibatch_size"):
+            if getattr(cfg, key) % self.world:
+                raise ConfigError(f"fsdp: true with {self.world} processes: {key}={getattr(cfg, key)} must be a "
+                                  f"multiple of the number of processes (torchrun --nproc_per_node x --nnodes) so "
+                                  "that every rank gets an equal share")
+        self._own_group = False
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cuda = torch.device(self.cfg.device).type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.local_rank)
+        if not dist.is_initialized():
+            # gloo's collectives time out; rank 0 evaluates alone while the others wait at the next one
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
+            self._own_group = True
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh("cuda" if cuda else "cpu", (self.world,))
+        super().setup()
+
+    def shard_models(self) -> None:
+        scale.fsdp_wrap(self.policy, self.mesh, mp_bf16=False)
+        if self.critic is not None:
+            shard_critic(self.critic, self.mesh)
+        if self.ref is not None:
+            scale.fsdp_wrap(self.ref, self.mesh)
+
+    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        envs, eval_envs, eval_sets = super().make_envs(env_kwargs)
+        if self.rank != 0:  # only rank 0 evaluates
+            for e in [eval_envs, *eval_sets.values()]:
+                e.close()
+            eval_envs, eval_sets = None, {}
+        return envs, eval_envs, eval_sets
+
+    def cleanup(self) -> None:
+        self.logger.close()
+        self.backend.close()
+        for e in [self.envs, self.eval_envs, *self.eval_set_envs.values()]:
+            if e is not None:
+                e.close()
+        if self._own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
+        with full_params(self.policy):
+            trajs, rt = super().rollout(it)
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, (trajs, rt))
+        merged = RolloutTimes(generate_s=max(p[1].generate_s for p in parts), env_s=max(p[1].env_s for p in parts),
+                              generated_tokens=sum(p[1].generated_tokens for p in parts))
+        return [t for p in parts for t in p[0]], merged
+
+    def _chunked(self, fn: Any, batch: RolloutBatch, model: Any = None, size: int = 16) -> torch.Tensor:
+        """This rank's rows of ``batch`` scored under ``model``'s full parameters, then every rank's rows."""
+        per = len(batch) // self.world
+        mine = batch.select(torch.arange(self.rank * per, (self.rank + 1) * per))
+        with full_params(model):
+            out = super()._chunked(fn, mine, size=size)
+        parts = [torch.empty_like(out) for _ in range(self.world)]
+        dist.all_gather(parts, out.contiguous())
+        return torch.cat(parts)
+
+    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
+        units = scale.AGG_UNITS[self.cfg.loss_agg]
+        total = float(units(batch.loss_mask[idx]))
+        mine = idx[self.rank:: self.world]
+        share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world
+        micro = [(mb, w * share * self.world)
+                 for mb, w in scale.microbatches(batch.select(mine), self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)]
+        n = torch.tensor([len(micro)])
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        # zero-weight repeats keep every rank's number of forward/backward passes (collectives) equal
+        return micro + [(micro[0][0], 0.0)] * (int(n) - len(micro))
+
+    def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
+                   name: str) -> dict[str, float]:
+        """The rank's metrics carry weights ``share * world``: their sum over ranks / world is the minibatch's."""
+        return reduce_metrics(super().accumulate(opt, micro, loss_fn, it, name), self.world)
+
+    def _check_finite(self, loss: torch.Tensor, it: int, name: str) -> None:
+        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0])
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank stops together, with rank 0's checkpoint
+        if bad.item() == 0.0:
+            return
+        path = self.checkpoint(it - 1, self.cfg.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
+        raise NonFiniteLossError(
+            f"the {name} loss is not finite on some rank at iteration {it} (this rank's: {loss.item()}); stopped before "
+            f"applying it. {'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
+            "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
+
+    def sync_weights(self) -> None:
+        """The HF backend generates from the policy module itself (gathered by ``full_params``)."""
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        with full_params(self.policy):
+            return super().evaluate() if self.rank == 0 else {}
+
+    def should_stop(self, metrics: dict[str, float]) -> bool:
+        """Any rank's reason (rank 0's eval target or time limit, a Ctrl-C) stops every rank."""
+        stop = torch.tensor([1.0 if super().should_stop(metrics) else 0.0])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        return bool(stop.item())
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state(self, it: int) -> dict[str, Any]:
+        """The single-process checkpoint layout, with full (gathered) state dicts; complete on rank 0 only."""
+        st = super().state(it)
+        st["policy"], st["opt"] = full_state(self.policy, self.opt)
+        if self.critic is not None:
+            st["critic"], st["critic_opt"] = full_state(self.critic, self.critic_opt)
+        return st
+
+    def checkpoint(self, it: int, keep: int | None = None, **extra: Any):
+        st = self.state(it)  # a collective: every rank gathers
+        if self.rank != 0:
+            return None
+        return save_checkpoint(self.run_dir, it, st | extra, keep=keep or self.cfg.keep_checkpoints)
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        """Every rank reads the checkpoint (a shared run_dir across machines) and keeps its shards."""
+        load_full_state(self.policy, self.opt, st["policy"], st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        if self.critic is not None:
+            load_full_state(self.critic, self.critic_opt, st["critic"], st["critic_opt"])
+            self.critic_sched.load_state_dict(st["critic_sched"])
+
+
+def reduce_metrics(m: dict[str, float], world: int) -> dict[str, float]:
+    """Sum over ranks / world (``*_max``: maximum over ranks); every rank passes the same keys."""
+    keys = sorted(m)
+    sums = torch.tensor([0.0 if k.endswith("_max") else float(m[k]) for k in keys], dtype=torch.float64)
+    maxes = torch.tensor([float(m[k]) if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64)
+    dist.all_reduce(sums)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    return {k: float(maxes[i]) if k.endswith("_max") else float(sums[i]) / world for i, k in enumerate(keys)}
+
+
+def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters by name, in the order of its (single-process) state-dict indices."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in opt.param_groups for p in g["params"]]
+
+
+def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and optimizer's full state dicts on rank 0 (empty elsewhere), the optimizer's keyed
+    by parameter index as ``Optimizer.state_dict`` is in one process. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=options)
+    osd = get_optimizer_state_dict(model, opt, options=options)
+    if not msd:
+        return {}, {}
+    index = {n: i for i, n in enumerate(_param_names(model, opt))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return msd, {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
+
+
+def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any], osd: dict[str, Any]) -> None:
+    """``full_state``'s inverse on every rank: each keeps its shards of the full state dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, msd, options=options)
+    names = _param_names(model, opt)
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
+    set_optimizer_state_dict(model, opt, {"state": {names[i]: s for i, s in osd["state"].items()},
+                                          "param_groups": groups}, options=options)
+
+
+__all__ = ["FSDPTrainer", "full_params", "full_state", "load_full_state", "reduce_metrics", "shard_critic",
+           "torchrun_env"]
