@@ -1,21 +1,31 @@
 """One rank of tests/trainers/test_fsdp_trainer.py, launched by ``torchrun --nproc_per_node 2`` on the
-CPU: runs ``trainers/train_<algo>.py``'s command line (``trainers.cli.main``) with ``fsdp=true`` for
-each ``ALGO:CONFIG`` argument in turn, in one gloo process group (the trainer uses it instead of
-starting its own). Exits non-zero if a run does."""
+CPU. Each argument is a JSON list, one step, run in turn in one gloo process group (the trainer uses
+it instead of starting its own):
 
+- ``["grpo" | "ppo", *argv]``: ``trainers/train_<algo>.py``'s command line (``trainers.cli.main``);
+- ``["copy", SRC, DST]``: rank 0 copies a run directory (the others wait).
+
+Exits with the first non-zero exit status of a run."""
+
+import json
+import shutil
 import sys
 
 import torch.distributed as dist
 
 
-def main(pairs: list[str]) -> int:
+def main(steps: list[str]) -> int:
     from trainers.cli import main as cli_main
 
     dist.init_process_group("gloo")
     try:
-        for pair in pairs:
-            algo, path = pair.split(":", 1)
-            rc = cli_main(algo, ["--config", path, "fsdp=true"])
+        for step in map(json.loads, steps):
+            if step[0] == "copy":
+                if dist.get_rank() == 0:
+                    shutil.copytree(step[1], step[2])
+                dist.barrier()
+                continue
+            rc = cli_main(step[0], step[1:])
             if rc:
                 return rc
     finally:
