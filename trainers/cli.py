@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from trainers.config import ConfigError, load_config, parse_overrides
@@ -43,5 +44,6 @@ def main(algo: str, argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 3
     keys = [k for k in ("rollout/success_rate", "eval/success_rate", "rollout/reward_mean") if k in last]
-    print(json.dumps({k: round(last[k], 4) for k in keys}))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun (fsdp) rank 0 alone reports
+        print(json.dumps({k: round(last[k], 4) for k in keys}))
     return 0
