@@ -65,6 +65,18 @@ def torchrun_env() -> tuple[int, int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 
 
+def comm_device() -> torch.device:
+    """Where collectives' tensors live: the rank's GPU under nccl, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce(values: list[float], op: Any = None) -> torch.Tensor:
+    """``values`` reduced over ranks (sum, or ``op``), as a float64 CPU tensor."""
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t.cpu()
+
+
 def fsdp_modules(*modules: nn.Module | None) -> list[nn.Module]:
     from torch.distributed.fsdp import FSDPModule
 
@@ -174,9 +186,10 @@ class FSDPTrainer(Trainer):
         mine = batch.select(torch.arange(self.rank * per, (self.rank + 1) * per))
         with full_params(model):
             out = super()._chunked(fn, mine, size=size)
-        parts = [torch.empty_like(out) for _ in range(self.world)]
-        dist.all_gather(parts, out.contiguous())
-        return torch.cat(parts)
+        dev = comm_device()
+        parts = [torch.empty_like(out, device=dev) for _ in range(self.world)]
+        dist.all_gather(parts, out.contiguous().to(dev))
+        return torch.cat(parts).to(out.device)
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         units = scale.AGG_UNITS[self.cfg.loss_agg]
@@ -185,8 +198,7 @@ class FSDPTrainer(Trainer):
         share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world
         micro = [(mb, w * share * self.world)
                  for mb, w in scale.microbatches(batch.select(mine), self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)]
-        n = torch.tensor([len(micro)])
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        n = all_reduce([len(micro)], dist.ReduceOp.MAX)[0]
         # zero-weight repeats keep every rank's number of forward/backward passes (collectives) equal
         return micro + [(micro[0][0], 0.0)] * (int(n) - len(micro))
 
@@ -196,9 +208,8 @@ class FSDPTrainer(Trainer):
         return reduce_metrics(super().accumulate(opt, micro, loss_fn, it, name), self.world)
 
     def _check_finite(self, loss: torch.Tensor, it: int, name: str) -> None:
-        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0])
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank stops together, with rank 0's checkpoint
-        if bad.item() == 0.0:
+        # every rank stops together, with rank 0's checkpoint
+        if all_reduce([0.0 if torch.isfinite(loss) else 1.0], dist.ReduceOp.MAX)[0] == 0.0:
             return
         path = self.checkpoint(it - 1, self.cfg.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
         raise NonFiniteLossError(
@@ -216,9 +227,7 @@ class FSDPTrainer(Trainer):
 
     def should_stop(self, metrics: dict[str, float]) -> bool:
         """Any rank's reason (rank 0's eval target or time limit, a Ctrl-C) stops every rank."""
-        stop = torch.tensor([1.0 if super().should_stop(metrics) else 0.0])
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        return bool(stop.item())
+        return bool(all_reduce([1.0 if super().should_stop(metrics) else 0.0], dist.ReduceOp.MAX)[0])
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -248,10 +257,8 @@ class FSDPTrainer(Trainer):
 def reduce_metrics(m: dict[str, float], world: int) -> dict[str, float]:
     """Sum over ranks / world (``*_max``: maximum over ranks); every rank passes the same keys."""
     keys = sorted(m)
-    sums = torch.tensor([0.0 if k.endswith("_max") else float(m[k]) for k in keys], dtype=torch.float64)
-    maxes = torch.tensor([float(m[k]) if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64)
-    dist.all_reduce(sums)
-    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    sums = all_reduce([0.0 if k.endswith("_max") else float(m[k]) for k in keys])
+    maxes = all_reduce([float(m[k]) if k.endswith("_max") else 0.0 for k in keys], dist.ReduceOp.MAX)
     return {k: float(maxes[i]) if k.endswith("_max") else float(sums[i]) / world for i, k in enumerate(keys)}
 
 
