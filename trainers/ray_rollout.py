@@ -136,11 +136,13 @@ class RolloutWorkerPool:
         try:
             ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
+            resources = ray.cluster_resources()  # before shutdown: afterwards Ray cannot be asked
             self.shutdown()
             raise RolloutWorkerError(
                 f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout_timeout_s} s; the "
                 f"cluster may lack {cfg.rollout_worker_cpus} CPU / {cfg.rollout_worker_gpus} GPU per worker "
-                f"(ray.cluster_resources(): {ray.cluster_resources()}). Lower rollout_worker_cpus/gpus or add nodes.") from e
+                f"(ray.cluster_resources(): {resources}), or the machine is too busy for them to start in time. "
+                "Lower rollout_worker_cpus/gpus, add nodes or raise rollout_timeout_s.") from e
         except Exception:  # a constructor that failed (bad model path, env error): no cluster left behind
             self.shutdown()
             raise

@@ -55,6 +55,24 @@ def test_rollout_worker_keys_are_checked(tmp_path):
         _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0)
 
 
+@pytest.mark.timeout(180)
+def test_workers_that_do_not_start_in_time_give_a_clear_error_and_stop_ray(tmp_path):
+    """The pool starts a local cluster, its workers cannot start within 1 ms: the error names the
+    timeout and the cluster's resources (it once raised Ray's "Ray has not been started yet"
+    instead, asked after the shutdown), and the cluster it started is stopped."""
+    import ray
+
+    from trainers.ray_rollout import RolloutWorkerError, RolloutWorkerPool
+
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster from elsewhere is running: this checks the pool's own cluster")
+    cfg = _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0.001)
+    with pytest.raises(RolloutWorkerError, match=r"did not start within rollout_timeout_s=0.001 s.*"
+                                                 r"ray.cluster_resources\(\): \{.*'CPU'"):
+        RolloutWorkerPool(cfg, {})  # no weights are pushed: the workers never start
+    assert not ray.is_initialized()
+
+
 def test_a_local_cluster_gives_workers_every_gpu_but_the_learners():
     from trainers.ray_rollout import RolloutWorkerError, worker_gpus
 
