@@ -119,18 +119,26 @@ class TokenStepEnv(gym.Wrapper):
         return self._obs(), float(reward), terminated, truncated, info
 
 
+_ANSWER_VOCAB_MAX_KBS = 1000
+"""``answer_vocab`` builds every KB to list its names (~0.6 ms each): beyond this it refuses."""
+
+
 def answer_vocab(tool_env: Any) -> list[int]:
     """The smallest vocabulary that can answer a FactChain question: the ids of ``<answer>``,
     ``</answer>``, every entity name of the env's knowledge bases, and the stop tokens. An untrained
     policy over the full vocabulary almost never writes ``<answer>...</answer>`` (docs/results.md)."""
     base = getattr(tool_env, "unwrapped", tool_env)
-    kbs = getattr(base, "kbs", None)
-    if kbs is None:
-        raise ValueError(f"vocab='answer' needs an env with entity names (FactChain's `kbs`); "
+    kb_at = getattr(base, "kb_at", None)
+    if kb_at is None:
+        raise ValueError(f"vocab='answer' needs an env with entity names (FactChain's `kb_at`); "
                          f"{type(base).__name__} has none: use vocab='full'")
+    if base.num_kbs > _ANSWER_VOCAB_MAX_KBS:
+        raise ValueError(f"vocab='answer' lists the names of every KB of the env: num_kbs={base.num_kbs} is more than "
+                         f"{_ANSWER_VOCAB_MAX_KBS}; lower num_kbs or use vocab='full'")
+    names = sorted({e for i in range(base.num_kbs) for e in kb_at(i)[0]})
     tok = base.tokenizer
     ids: set[int] = set(base.stop_token_ids)
-    for text in ["<answer>", "</answer>"] + sorted({e for names, _ in kbs for e in names}):
+    for text in ["<answer>", "</answer>"] + names:
         ids.update(tok.encode(text, add_special_tokens=False))
     return sorted(ids)
 

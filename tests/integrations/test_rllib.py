@@ -109,6 +109,11 @@ def test_answer_vocab_and_bad_inputs():
     _, (_, r, term, _, info) = _play(env, [ids])
     assert term and info["trajectory"].success and r == pytest.approx(1.1)
     assert set(answer_vocab(env)) == set(env.action_ids.tolist())
+    two = make_token_step_env({"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 2}, "vocab": "answer"})
+    second_kb_ids = {i for name in two.unwrapped.kb_at(1)[0] for i in tok.encode(name, add_special_tokens=False)}
+    assert second_kb_ids <= set(two.action_ids.tolist()) and not second_kb_ids <= set(env.action_ids.tolist())
+    with pytest.raises(ValueError, match="num_kbs=5000 is more than 1000"):
+        make_token_step_env({"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 5000}, "vocab": "answer"})
     with pytest.raises(ValueError, match="one integer"):
         env.step(len(env.action_ids))
     with pytest.raises(ValueError, match="one integer"):
