@@ -69,6 +69,11 @@ class RolloutBatch:
         kw = {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return RolloutBatch(**kw)
 
+    def to(self, device: str | torch.device) -> "RolloutBatch":
+        """Every tensor field on ``device`` (the trainer's, where its models are)."""
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return RolloutBatch(**kw)
+
 
 def pad_rows(rows: Sequence[Sequence[float]], pad_value: float, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) the rows right-padded with ``pad_value`` to the longest (T); RL batches and SFT both use it."""

@@ -205,7 +205,8 @@ class Trainer:
             pos = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
             prompt = torch.tensor([t.episode.prompt_len for t in trajs])[:, None]  # (B, 1)
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
-        return self.score_batch(batch)
+        # Built on the CPU from the episodes; scored and trained where the models are.
+        return self.score_batch(batch.to(cfg.device))
 
     @torch.no_grad()
     def score_batch(self, batch: RolloutBatch) -> RolloutBatch:
