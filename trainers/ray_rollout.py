@@ -37,11 +37,13 @@ off only when env steps, not generation, dominate and one GPU is all there is; t
 ``rollout_workers: 0`` with ``num_envs_threads`` instead. With workers, the learner's own backend
 serves only the greedy evaluation and is always the HF backend on the learner's policy (no second
 engine on the learner's device). A vLLM worker keeps its HF copy of the policy on the CPU (it only
-seeds the engine) and leaves its GPU to the engine. This path is not tested here: vLLM's CPU build
-lives in a separate venv without Ray.
+seeds the engine) and leaves its GPU to the engine. Tested on vLLM's CPU build (which has Ray core
+in its venv): tests/trainers/test_vllm_trainer.py.
 
-Shutdown: ``shutdown()`` kills the actors and, when this pool started the local Ray cluster,
-calls ``ray.shutdown()``, which ends the raylet, the GCS server and every worker process.
+Shutdown: ``shutdown()`` asks every worker to close its backend (a vLLM engine ends its processes
+and waits for them; at most ``_CLOSE_TIMEOUT_S``), kills the actors and, when this pool started
+the local Ray cluster, calls ``ray.shutdown()``, which ends the raylet, the GCS server and every
+worker process.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ class RolloutWorker:
         self.envs.close()
 
 
+_CLOSE_TIMEOUT_S = 60.0
+"""How long ``RolloutWorkerPool.shutdown`` waits for the workers to close their backends before killing them."""
+
+
 class RolloutWorkerPool:
     """N ``RolloutWorker`` actors and the learner's side of the protocol (see the module docstring)."""
 
@@ -137,14 +143,14 @@ class RolloutWorkerPool:
             ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             resources = ray.cluster_resources()  # before shutdown: afterwards Ray cannot be asked
-            self.shutdown()
+            self.shutdown(graceful=False)  # workers still starting (or never): nothing to close
             raise RolloutWorkerError(
                 f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout_timeout_s} s; the "
                 f"cluster may lack {cfg.rollout_worker_cpus} CPU / {cfg.rollout_worker_gpus} GPU per worker "
                 f"(ray.cluster_resources(): {resources}), or the machine is too busy for them to start in time. "
                 "Lower rollout_worker_cpus/gpus, add nodes or raise rollout_timeout_s.") from e
         except Exception:  # a constructor that failed (bad model path, env error): no cluster left behind
-            self.shutdown()
+            self.shutdown(graceful=False)
             raise
         self.version = 0
         self.weights_ref = None
@@ -271,12 +277,19 @@ class RolloutWorkerPool:
         ray = _ray()
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
 
-    def shutdown(self) -> None:
-        """Kill the actors; stop Ray when this pool started it. Idempotent."""
+    def shutdown(self, graceful: bool = True) -> None:
+        """Kill the actors (``graceful``: after each closed its backend); stop Ray when this pool
+        started it. Idempotent."""
         ray = _ray()
         if not ray.is_initialized():
             return
-        for a in getattr(self, "actors", []):
+        actors = getattr(self, "actors", [])
+        # Each worker closes its backend first (a vLLM engine shuts down its processes and waits
+        # for them); a kill alone leaves that to the engine's watchdog, seconds later.
+        closing = [a.close.remote() for a in actors] if graceful else []
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
+        for a in actors:
             try:
                 ray.kill(a, no_restart=True)
             except Exception:  # already dead

