@@ -1,12 +1,12 @@
 """Peak memory and env-time share of the demo's RL run.
 
-Runs the demo's RL config (``configs/factchain_ppo.yaml`` by default) for a few iterations in a
+Runs the demo's RL config (``configs/factchain_ppo_stream.yaml`` by default) for a few iterations in a
 child process and reports:
 - peak resident memory of that process (``ru_maxrss`` of the child), target <= 4 GB;
 - env time as a share of iteration time (``time/env_s / time/iteration_s``, median over the
   iterations), target <= 5%.
 
-    python benchmarks/demo_resources.py [--config configs/factchain_ppo.yaml] [--iterations 8]
+    python benchmarks/demo_resources.py [--config configs/factchain_ppo_stream.yaml] [--iterations 8]
 
 It needs the SFT model the config starts from (``make demo`` writes it); without it the run
 starts from the untrained tiny model, which has the same shapes and so the same memory.
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default="configs/factchain_ppo.yaml")
+    ap.add_argument("--config", default="configs/factchain_ppo_stream.yaml")
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default="benchmarks/results/demo_resources.json")
     ap.add_argument("overrides", nargs="*")

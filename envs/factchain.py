@@ -36,8 +36,9 @@ Parameters
     ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``num_kbs`` (default 1: with N > 1, task
     ``k`` is asked over KB ``k % N``, the KBs of seeds ``kb_seed`` .. ``kb_seed + N - 1``, and the
     lookup tool answers from that task's KB; training over several KBs teaches the lookup skill
-    rather than one KB's names; KBs are built when a task first uses one, about 0.6 ms each, and
-    an env keeps the last 64 it used, so ``num_kbs=100000`` costs no more than 1), ``split``,
+    rather than one KB's names; KBs are built when a task first uses one, about 0.5 ms each, and
+    a process keeps the last 1,024 used, shared by its envs, so ``num_kbs=100000`` costs no more
+    than 1), ``split``,
     ``system_prompt``,
     ``question_style``, ``exclude_train_tasks`` (default 0; with ``split="test"``, N > 0 redraws
     every test question that is one of the first N train questions, so that the test split is
@@ -52,7 +53,7 @@ Versions
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 from typing import Any
 
 import numpy as np
@@ -68,23 +69,32 @@ _SYLLABLES = ("ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ve
               "bel tis gor ven ash lin ro mal dun sha vel tor").split()
 _SPLITS = {"train": 0, "test": 1}
 _QUESTION_STYLES = ("nested", "possessive")
-KB_CACHE_SIZE = 64
-"""How many KBs one env keeps built (``FactChainEnv.kb_at``); the others are rebuilt when asked for."""
+_NAMES = tuple((a + b).capitalize() for a in _SYLLABLES for b in _SYLLABLES if a != b)
+KB_CACHE_SIZE = 1024
+"""How many built KBs a process keeps (``FactChainEnv.kb_at``, shared by all its envs: about 14 KB
+each); the others are rebuilt when asked for."""
 
 
 def make_kb(num_entities: int, num_relations: int, seed: int) -> tuple[list[str], dict[tuple[str, str], str]]:
     """Invent ``num_entities`` names and a random relation graph (no self loops)."""
     rng = np.random.default_rng([seed, 7919])
-    pool = [(a + b).capitalize() for a in _SYLLABLES for b in _SYLLABLES if a != b]
-    if num_entities > len(pool):
-        raise ValueError(f"num_entities must be at most {len(pool)}, got {num_entities}")
-    names = [pool[i] for i in rng.choice(len(pool), size=num_entities, replace=False)]
+    if num_entities > len(_NAMES):
+        raise ValueError(f"num_entities must be at most {len(_NAMES)}, got {num_entities}")
+    names = [_NAMES[i] for i in rng.choice(len(_NAMES), size=num_entities, replace=False)]
     kb: dict[tuple[str, str], str] = {}
     for i, e in enumerate(names):
         for r in RELATIONS[:num_relations]:
             j = int(rng.integers(num_entities - 1))
             kb[(e, r)] = names[j if j < i else j + 1]
     return names, kb
+
+
+@functools.lru_cache(maxsize=KB_CACHE_SIZE)
+def shared_kb(num_entities: int, num_relations: int, seed: int) -> tuple[list[str], dict[tuple[str, str], str]]:
+    """``make_kb``, built once per process and shared by every env that asks (read-only: nothing
+    mutates a KB). A GRPO group's envs and an RL run's rollout and eval envs ask for the same KBs;
+    with a cache per env each of them rebuilt each KB (about half the env time of the demo's RL)."""
+    return make_kb(num_entities, num_relations, seed)
 
 
 class LookupTool(Tool):
@@ -160,7 +170,6 @@ class FactChainEnv(ToolEnv):
         self.exclude_train_tasks = exclude_train_tasks
         self.num_entities = num_entities
         self.num_kbs = num_kbs
-        self._kb_cache: OrderedDict[int, tuple[list[str], dict[tuple[str, str], str]]] = OrderedDict()
         self.entities, self.kb = self.kb_at(0)
         self._excluded = {self._draw("train", k, 0) for k in range(exclude_train_tasks)}
         if len(self._excluded) >= num_kbs * num_entities * num_relations ** num_hops:
@@ -182,18 +191,11 @@ class FactChainEnv(ToolEnv):
 
     def kb_at(self, i: int) -> tuple[list[str], dict[tuple[str, str], str]]:
         """KB ``i`` of this env (seed ``kb_seed + i``): its names and facts. Built when first asked for
-        (about 0.6 ms) and kept in a small per-env cache (the last ``KB_CACHE_SIZE`` used), so an env
-        over 100,000 KBs costs no more to build or hold than an env over one."""
+        (about 0.5 ms) and kept in a process-wide cache of the last ``KB_CACHE_SIZE`` used
+        (``shared_kb``), so an env over 100,000 KBs costs no more to build or hold than an env over one."""
         if not 0 <= i < self.num_kbs:
             raise IndexError(f"KB index {i} out of range: this env has num_kbs={self.num_kbs}")
-        kb = self._kb_cache.get(i)
-        if kb is None:
-            kb = self._kb_cache[i] = make_kb(self.num_entities, len(self.relations), self.kb_seed + i)
-            if len(self._kb_cache) > KB_CACHE_SIZE:
-                self._kb_cache.popitem(last=False)
-        else:
-            self._kb_cache.move_to_end(i)
-        return kb
+        return shared_kb(self.num_entities, len(self.relations), self.kb_seed + i)
 
     def _draw(self, split: str, index: int, attempt: int) -> tuple[int, str, tuple[str, ...]]:
         """The (KB, start entity, relation chain) of task ``index`` of ``split``: KB ``index % num_kbs``,

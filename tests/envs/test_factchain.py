@@ -193,23 +193,29 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
 
 @pytest.mark.timeout(60)
 def test_many_kbs_are_built_lazily_and_agree_with_make_kb():
-    """An env over 100,000 KBs builds only the KBs its tasks use, keeps at most KB_CACHE_SIZE of them,
-    and each is make_kb of its seed (the same as an env built with that kb_seed alone)."""
+    """An env over 100,000 KBs builds only the KBs its tasks use, a process keeps at most KB_CACHE_SIZE
+    of them (shared by its envs), and each is make_kb of its seed (the same as an env built with that
+    kb_seed alone)."""
     import pickle
     import time
 
-    from envs.factchain import KB_CACHE_SIZE, make_kb
+    from envs.factchain import KB_CACHE_SIZE, make_kb, shared_kb
 
+    shared_kb.cache_clear()
     t0 = time.perf_counter()
     env = _env(num_kbs=100_000, num_tasks=1_000_000, kb_seed=5)
     assert time.perf_counter() - t0 < 5.0  # eager construction took ~60 s at 0.6 ms per KB
-    assert len(env._kb_cache) == 1
+    assert shared_kb.cache_info().misses == 1
     for k in (0, 1, 99_999, 123_457, 999_999):
         t = env.get_task(k)
         names, facts = make_kb(32, 4, 5 + k % 100_000)
         assert t["kb"] == k % 100_000 and env.facts(t) == facts and t["path"][0] in names
         assert t == {**_env(kb_seed=5 + k % 100_000, num_tasks=1_000_000).get_task(k), "kb": k % 100_000}
-    for k in range(200):
+    other = _env(num_kbs=100_000, num_tasks=1_000_000, kb_seed=5)
+    misses = shared_kb.cache_info().misses
+    assert other.get_task(1) == env.get_task(1) and shared_kb.cache_info().misses == misses  # shared, not rebuilt
+    assert other.kb_at(1) is env.kb_at(1)
+    for k in range(KB_CACHE_SIZE + 100):
         env.get_task(k)
-    assert len(env._kb_cache) == KB_CACHE_SIZE
+    assert shared_kb.cache_info().currsize == KB_CACHE_SIZE
     assert env.get_task(3) == pickle.loads(pickle.dumps(env)).get_task(3)
