@@ -29,7 +29,7 @@ def load_tokenizer_for(cfg: TrainConfig):
 
     if cfg.init_from and not os.path.isdir(os.path.expanduser(cfg.init_from)):
         raise ModelLoadError(f"init_from path {cfg.init_from!r} does not exist. Pass an existing HF model "
-                             "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft/model).")
+                             "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft_stream/model).")
     if cfg.tokenizer is not None:
         return load_tokenizer(cfg.tokenizer)
     if cfg.model == "tiny":
