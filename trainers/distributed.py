@@ -22,7 +22,7 @@ iteration on the same seed, up to float rounding:
   one, with no change to the estimators.
 - update: every rank draws the same minibatch order; rank r trains on rows ``idx[r::N]`` of each
   minibatch, its loss weighted by its share of the aggregation's denominator (loss tokens for
-  token-mean, rows with a loss token for the seq-mean modes: ``scale.AGG_UNITS``) times N, since
+  token-mean, rows with a loss token for the seq-mean modes: ``scale.agg_units``) times N, since
   FSDP averages gradients over ranks: the summed gradient is the minibatch's. Micro-batches
   (``max_tokens_per_microbatch``) are cut within a rank's share; ranks that get fewer add
   zero-weight micro-batches so that every rank runs the same number of forward/backward passes
@@ -192,7 +192,7 @@ class FSDPTrainer(Trainer):
         return torch.cat(parts).to(out.device)
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
-        units = scale.AGG_UNITS[self.cfg.loss_agg]
+        units = scale.agg_units(self.cfg.loss_agg)
         total = float(units(batch.loss_mask[idx]))
         mine = idx[self.rank:: self.world]
         share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world

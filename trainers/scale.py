@@ -4,7 +4,8 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
 - ``max_tokens_per_microbatch``: a minibatch is cut into micro-batches whose padded size
   (rows x longest row) stays within the budget; their gradients are accumulated with weights that
   make the sum equal to the full minibatch's loss (``microbatches``), so one optimizer step sees
-  the same gradient as without micro-batching, up to float rounding.
+  the same gradient as without micro-batching, up to float rounding. The weights come from the
+  ``units`` the aggregation was registered with (``register_agg(name, units=...)``, ``agg_units``).
 - ``mixed_precision: bf16``: forwards run under ``torch.autocast(dtype=bfloat16)`` while the
   parameters, their gradients and AdamW's moments stay float32 (master weights). Pure-bf16 AdamW
   loses small updates: bf16 has 8 mantissa bits, so an update of lr=1e-6 to a weight of ~1e-2
@@ -29,31 +30,36 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from trainers.algos import AGG_UNITS, AGGREGATIONS
 
-# How each aggregation's denominator is counted, so that micro-batch losses can be re-weighted to
-# the minibatch's: token-mean divides by the number of loss tokens, the seq-mean modes by the
-# number of rows that have at least one loss token.
-AGG_UNITS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "token-mean": lambda mask: (mask > 0).sum(),
-    "seq-mean-token-sum": lambda mask: (mask > 0).any(-1).sum(),
-    "seq-mean-token-mean": lambda mask: (mask > 0).any(-1).sum(),
-}
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 class ScaleConfigError(ValueError):
     pass
 
 
+def agg_units(agg: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The ``units`` an aggregation was registered with (``register_agg(name, units=...)``): a
+    function of the (B, T) loss mask counting its denominator, by which micro-batches and FSDP
+    ranks re-weight their losses to the minibatch's. Raises ``ScaleConfigError`` when ``agg`` has none."""
+    if agg in AGG_UNITS:
+        return AGG_UNITS[agg]
+    what = "was registered without units=" if agg in AGGREGATIONS else "is not a registered aggregation"
+    raise ScaleConfigError(
+        f"loss_agg={agg!r} {what}, so its micro-batch or rank losses cannot be re-weighted to the minibatch's "
+        f"(aggregations with units: {', '.join(sorted(AGG_UNITS))}). Register it with "
+        f"trainers.algos.register_agg({agg!r}, units=fn), fn(mask (B, T)) -> the count its loss divides by "
+        "(loss tokens for a token mean, rows with a loss token for a row mean), or set max_tokens_per_microbatch: null "
+        "and fsdp: false.")
+
+
 def check_config(cfg: Any) -> None:
     """Checks of the scale keys, called from ``TrainConfig.__post_init__``."""
     if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch <= 0:
         raise ScaleConfigError(f"max_tokens_per_microbatch must be positive or null, got {cfg.max_tokens_per_microbatch}")
-    if cfg.max_tokens_per_microbatch is not None and cfg.loss_agg not in AGG_UNITS:
-        raise ScaleConfigError(
-            f"max_tokens_per_microbatch needs to know how loss_agg={cfg.loss_agg!r} normalises to re-weight "
-            f"micro-batches; known: {', '.join(sorted(AGG_UNITS))}. Add yours to trainers.scale.AGG_UNITS "
-            "(a function of the (B, T) loss mask giving the denominator's count) or set max_tokens_per_microbatch: null.")
+    if cfg.max_tokens_per_microbatch is not None:
+        agg_units(cfg.loss_agg)
     if cfg.lora_r < 0:
         raise ScaleConfigError(f"lora_r must be >= 0 (0: no LoRA), got {cfg.lora_r}")
     if cfg.lora_r > 0 and cfg.lora_alpha <= 0:
@@ -81,13 +87,14 @@ def check_fsdp_config(cfg: Any) -> None:
                             "(each torchrun rank collects its own share of the rollout)"),
         "lora_r": (cfg.lora_r > 0, f"lora_r: {cfg.lora_r}; LoRA under FSDP is not implemented, set lora_r: 0 "
                    "(or fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)"),
-        "loss_agg": (cfg.loss_agg not in AGG_UNITS, f"loss_agg: {cfg.loss_agg!r}; each rank's loss is re-weighted by "
-                     f"its share of the aggregation's denominator, known for {', '.join(sorted(AGG_UNITS))} "
-                     "(trainers.scale.AGG_UNITS)"),
     }
     for key, (bad, why) in refused.items():
         if bad:
             raise ScaleConfigError(f"fsdp: true does not combine with {why}")
+    try:  # each rank's loss is re-weighted by its share of the aggregation's denominator
+        agg_units(cfg.loss_agg)
+    except ScaleConfigError as e:
+        raise ScaleConfigError(f"fsdp: true: {e}") from None
 
 
 # ----------------------------------------------------------------------------- micro-batches
@@ -113,14 +120,14 @@ def pack_by_tokens(lengths: list[int], max_tokens: int | None) -> list[list[int]
 def microbatches(mb: Any, max_tokens: int | None, agg: str) -> list[tuple[Any, float]]:
     """``(micro_batch, weight)`` pairs for a minibatch ``mb`` (a ``RolloutBatch``), each micro-batch
     trimmed to its longest row. ``sum(weight * aggregate(loss, micro.loss_mask))`` equals
-    ``aggregate(loss, mb.loss_mask)`` for the aggregations in ``AGG_UNITS``: the weight is the
-    micro-batch's share of the denominator (loss tokens for token-mean, rows with a loss token for
-    the seq-mean modes). Without a budget: ``[(mb trimmed, 1.0)]``, the plain path."""
+    ``aggregate(loss, mb.loss_mask)`` for an aggregation registered with ``units`` (``agg_units``):
+    the weight is the micro-batch's share of the denominator (loss tokens for token-mean, rows with
+    a loss token for the seq-mean modes). Without a budget: ``[(mb trimmed, 1.0)]``, the plain path."""
     lengths = mb.attention_mask.sum(-1).tolist()
     groups = pack_by_tokens([int(n) for n in lengths], max_tokens)
     if len(groups) == 1:
         return [(trim(mb), 1.0)]
-    units = AGG_UNITS[agg]
+    units = agg_units(agg)
     total = float(units(mb.loss_mask))
     out = []
     for g in groups:

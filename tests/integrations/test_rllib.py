@@ -105,7 +105,7 @@ def test_answer_vocab_and_bad_inputs():
     assert env.action_space.n == len(env.action_ids) < 30
     env.reset(seed=1)
     answer = env.unwrapped.task["answer"]
-    ids = tok.encode(f"<answer>{answer}</answer>", add_special_tokens=False) + [env.unwrapped.eot_id]
+    ids = env.unwrapped.encode_turn(f"<answer>{answer}</answer>")
     _, (_, r, term, _, info) = _play(env, [ids])
     assert term and info["trajectory"].success and r == pytest.approx(1.1)
     assert set(answer_vocab(env)) == set(env.action_ids.tolist())

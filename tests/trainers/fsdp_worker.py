@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 def main(out: str) -> None:
     from tests.trainers.test_scale import policy_loss_on, synthetic_batch, tiny_policy
-    from trainers.scale import AGG_UNITS, fsdp_wrap, full_grads
+    from trainers.scale import agg_units, fsdp_wrap, full_grads
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -23,7 +23,8 @@ def main(out: str) -> None:
     fsdp_wrap(model, init_device_mesh("cpu", (world,)))
     rows = torch.arange(len(batch))[rank::world]
     mine = batch.select(rows)
-    share = float(AGG_UNITS["token-mean"](mine.loss_mask)) / float(AGG_UNITS["token-mean"](batch.loss_mask))
+    units = agg_units("token-mean")
+    share = float(units(mine.loss_mask)) / float(units(batch.loss_mask))
     loss = policy_loss_on(model, mine) * share
     (loss * world).backward()
     total = loss.detach().clone()

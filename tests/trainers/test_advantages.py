@@ -402,7 +402,9 @@ def test_registry_names_and_errors():
         assert name in str(e.value)
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est("grpo")(rloo)
-    assert register_adv_est("grpo")(grpo) is grpo  # the same function again is fine
+    assert register_adv_est("grpo", needs_groups=True)(grpo) is grpo  # the same entry again is fine
+    with pytest.raises(ValueError, match="'grpo' is already registered with needs_groups=True"):
+        register_adv_est("grpo")(grpo)
     assert ADV_ESTIMATORS["grpo"] is grpo
 
 

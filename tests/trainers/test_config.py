@@ -91,7 +91,8 @@ def test_env_kwargs_are_arguments_of_the_env(path):
 def scratch_registrations():
     from trainers import algos
 
-    regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.AGGREGATIONS, algos.KL_KINDS)
+    regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.NEEDS_GROUPS, algos.AGGREGATIONS, algos.AGG_UNITS,
+            algos.KL_KINDS)
     before = [dict(r) for r in regs]
     yield algos
     for r, b in zip(regs, before):
@@ -120,6 +121,26 @@ def test_registered_names_are_selectable_from_yaml(tmp_path, scratch_registratio
     assert (cfg.adv_estimator, cfg.loss_agg, cfg.kl_kind) == ("mine", "my-sum", "abs")
     assert cfg.uses_critic  # from the registration, not from the name
     assert not load_config(None, ["algo=grpo"]).uses_critic
+
+
+def test_group_size_check_comes_from_the_registration(scratch_registrations):
+    algos = scratch_registrations
+
+    @algos.register_adv_est("my-baseline", needs_groups=True)
+    def mine(**kw):
+        return algos.get_adv_est("rloo")(**kw)
+
+    algos.register_adv_est("my-solo")(mine)
+    one = ["group_size=1", "tasks_per_iter=16", "minibatch_size=16"]
+    with pytest.raises(ConfigError, match="group_size must be at least 2 for adv_estimator='my-baseline', got 1 "
+                                          r"\(.*needs_groups=True\)"):
+        load_config(None, ["algo=grpo", "adv_estimator=my-baseline", *one])
+    assert load_config(None, ["algo=grpo", "adv_estimator=my-baseline", "group_size=2", "minibatch_size=16"]).needs_groups
+    assert not load_config(None, ["algo=grpo", "adv_estimator=my-solo", *one]).needs_groups  # the same fn, no groups
+    for name, groups in (("grpo", True), ("rloo", True), ("reinforce_pp", False), ("gae", False)):
+        assert algos.NEEDS_GROUPS[name] is groups, name
+    with pytest.raises(ValueError, match="'my-baseline' is already registered with needs_groups=True"):
+        algos.register_adv_est("my-baseline")(mine)
 
 
 @pytest.mark.parametrize("key,value,valid", [

@@ -15,14 +15,18 @@ match the uninterrupted single-process run's third iteration."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from tests.helpers import kill_all
+from trainers.backends import process_guard
 from trainers.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,10 +68,16 @@ def runs(tmp_path_factory):
         steps.append([algo, "--config", str(path), "fsdp=true"])
     steps += [["copy", str(tmp / "grpo_fsdp"), str(tmp / "grpo_resumed_single")],
               ["grpo", "--resume", str(tmp / "grpo_fsdp"), "iterations=3"]]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    # torchrun starts each rank in a session of its own, so killing torchrun's process group
+    # misses them: every process it starts carries a token in its environment (process_guard's
+    # mark, which a rank keeps when re-parented), and on a failure or timeout all of them are killed.
+    token = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           process_guard.ENV_VAR: token}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              "tests/trainers/fsdp_trainer_worker.py", *map(json.dumps, steps)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         for algo, kw in RUNS.items():
             run(TrainConfig(**{**COMMON, **kw, "run_dir": str(tmp / f"{algo}_single"),
@@ -75,8 +85,10 @@ def runs(tmp_path_factory):
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_all(process_guard.marked_pids(token))  # the ranks (none left after a clean exit)
+        if proc.returncode is None:
+            proc.communicate(timeout=30)  # the pipe closes now that no rank holds it
     assert proc.returncode == 0, out[-4000:]
     copy = tmp / "grpo_resumed_single"
     run(resume_config(copy, {"iterations": 3, "fsdp": False, "run_dir": str(copy)}), resume=True)

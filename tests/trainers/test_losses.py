@@ -120,9 +120,14 @@ def test_agg_registry_errors():
         assert name in str(e.value)
     with pytest.raises(ValueError, match="already registered"):
         register_agg("token-mean")(lambda loss, mask: loss.sum())
-    # Registering the very same function again is harmless.
-    fn = AGGREGATIONS["token-mean"]
-    assert register_agg("token-mean")(fn) is fn
+    # Registering the very same function (and units) again is harmless; other units raise.
+    fn, units = AGGREGATIONS["token-mean"], L.AGG_UNITS["token-mean"]
+    assert register_agg("token-mean", units=units)(fn) is fn
+    with pytest.raises(ValueError, match="'token-mean' is already registered with units="):
+        register_agg("token-mean")(fn)
+    with pytest.raises(ValueError, match="'token-mean' is already registered with units="):
+        register_agg("token-mean", units=lambda mask: mask.sum())(fn)
+    assert L.AGG_UNITS["token-mean"] is units
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(torch.zeros(1, 2), torch.ones(1, 2), "mean")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import LineReader, kill_all
 from trainers.backends import process_guard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +61,9 @@ def test_marked_processes_end_on_close_and_on_parent_death(tmp_path, how):
     token = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     parent = subprocess.Popen([sys.executable, str(script), token, how], stdout=subprocess.PIPE, text=True, env=env)
+    out = LineReader(parent.stdout)  # every read below has its own deadline
     try:
-        line = parent.stdout.readline()  # written before any wait: bounded by the test timeout
+        line = out.next_line(timeout=90)  # the parent imports torch first: seconds, more on busy cores
         child, grandchild = map(int, line.split())
         assert _alive(child) and _alive(grandchild)
         deadline = time.monotonic() + 10  # a process just started may still be exec'ing
@@ -69,7 +71,7 @@ def test_marked_processes_end_on_close_and_on_parent_death(tmp_path, how):
             time.sleep(0.1)
         assert {child, grandchild} <= process_guard.marked_pids(token)
         if how == "close":
-            assert parent.stdout.readline().strip() == "LEFT []"
+            assert out.next_line(timeout=30).strip() == "LEFT []"
             parent.wait(timeout=30)
         else:
             parent.send_signal(signal.SIGKILL)  # no atexit, no handler: only the watchdog acts
@@ -83,5 +85,22 @@ def test_marked_processes_end_on_close_and_on_parent_death(tmp_path, how):
         if parent.poll() is None:
             parent.kill()
             parent.wait(timeout=30)
-        for pid in process_guard.marked_pids(token):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(process_guard.marked_pids(token))  # by the mark, which a reused pid does not carry
+
+
+@pytest.mark.timeout(60)
+def test_reads_from_a_child_have_a_deadline_of_their_own():
+    """``LineReader.next_line`` returns the lines in order, then raises instead of blocking while a
+    silent process holds the pipe open (as the survivor that hung `make test` did), then ``""``
+    once the pipe closed."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; print('one', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        out = LineReader(child.stdout)
+        assert out.next_line(timeout=30) == "one\n"
+        with pytest.raises(TimeoutError, match=r"no line from the child within 0.5 s; read so far:\none"):
+            out.next_line(timeout=0.5)  # a plain readline would block until the child's exit
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert out.next_line(timeout=30) == "" and out.eof.is_set()

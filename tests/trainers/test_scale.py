@@ -122,15 +122,51 @@ def test_microbatches_give_the_full_batch_loss_and_gradients(tmp_path, agg):
     assert_grads_close(vg, vg2, rtol=1e-4, atol=1e-6)
 
 
-def test_microbatching_an_unknown_aggregation_is_refused():
-    from trainers.algos import AGGREGATIONS, register_agg
+@pytest.fixture
+def scratch_aggs():
+    """Aggregations registered by a test are removed after it (other tests list the registered names)."""
+    from trainers import algos
 
-    register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
-    try:
-        with pytest.raises(ConfigError, match="AGG_UNITS"):
-            TrainConfig(loss_agg="sum-only", max_tokens_per_microbatch=128)
-    finally:
-        del AGGREGATIONS["sum-only"]  # other tests list the registered names
+    before = dict(algos.AGGREGATIONS), dict(algos.AGG_UNITS)
+    yield algos
+    for reg, old in zip((algos.AGGREGATIONS, algos.AGG_UNITS), before):
+        reg.clear()
+        reg.update(old)
+
+
+@pytest.mark.timeout(120)
+def test_a_registered_aggregation_with_units_is_micro_batched_exactly(tmp_path, scratch_aggs):
+    """An aggregation known only to the registry (the sum over loss tokens divided by all rows,
+    empty ones included, unlike the seq-mean modes) is re-weighted by the units it was registered with."""
+
+    @scratch_aggs.register_agg("all-rows-token-sum", units=lambda mask: torch.tensor(mask.shape[0]))
+    def all_rows(loss_mat, mask):
+        return torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat)).sum() / mask.shape[0]
+
+    kw = dict(algo="grpo", loss_agg="all-rows-token-sum", kl_coef=0.1, entropy_coef=0.01, torch_threads=1)
+    full = make_trainer(tmp_path / "a", **kw)
+    batch = synthetic_batch(full.policy)
+    micro = scale.microbatches(batch, 64, "all-rows-token-sum")
+    assert [w for _, w in micro] == pytest.approx([len(mb) / len(batch) for mb, _ in micro])  # rows, not tokens
+    pg, _, m = grads_of(full, batch)
+    pg2, _, m2 = grads_of(make_trainer(tmp_path / "b", max_tokens_per_microbatch=64, **kw), batch)
+    assert m["micro"] == 1 and m2["micro"] >= 3
+    for k in ("policy/total_loss", "policy/loss", "kl/loss", "policy/entropy"):
+        assert m2[k] == pytest.approx(m[k], rel=1e-5, abs=1e-7), k
+    assert_grads_close(pg, pg2, rtol=1e-4, atol=1e-6)
+
+
+def test_microbatching_or_fsdp_refuse_an_aggregation_registered_without_units(scratch_aggs):
+    scratch_aggs.register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
+    TrainConfig(loss_agg="sum-only")  # whole minibatches need no units
+    why = (r"loss_agg='sum-only' was registered without units=.*register_agg\('sum-only', units=fn\), "
+           r"fn\(mask \(B, T\)\) -> the count its loss divides by")
+    with pytest.raises(ConfigError, match=why):
+        TrainConfig(loss_agg="sum-only", max_tokens_per_microbatch=128)
+    with pytest.raises(ConfigError, match="fsdp: true: " + why):
+        TrainConfig(loss_agg="sum-only", fsdp=True)
+    with pytest.raises(scale.ScaleConfigError, match="'nope' is not a registered aggregation"):
+        scale.agg_units("nope")
     with pytest.raises(ConfigError, match="max_tokens_per_microbatch must be positive"):
         TrainConfig(max_tokens_per_microbatch=0)
 

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 import torch
 
 from agent_gym.tokenizer import default_tokenizer
+from tests.helpers import LineReader, kill_all
 from trainers.backends import GenerationBackend, HFBackend, SamplingConfig
 from trainers.backends.hf_backend import processed_logprobs
 from trainers.models import save_policy
@@ -319,31 +319,11 @@ def _alive(pids: set[int], session: int) -> set[int]:
     }
 
 
-class _LineReader:
-    """Reads a child's stdout on a thread, so that every wait on it has a deadline (a process
-    left behind holding the pipe must fail the test, not hang it)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self.eof = threading.Event()
-        threading.Thread(target=self._run, args=(proc.stdout,), daemon=True).start()
-
-    def _run(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line)
-            if line.startswith("READY"):
-                self.ready.set()
-        self.eof.set()
-
-    def text(self, tail: int = 4000) -> str:
-        return "".join(self.lines)[-tail:]
-
-
-def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> tuple[subprocess.Popen, _LineReader]:
+def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> tuple[subprocess.Popen, LineReader]:
     """Runs one child to its end (the signal sent once it printed READY) and checks that nothing
     it started is left behind and that its stdout closed (a survivor holding it was what hung
-    `make test`)."""
+    `make test`). Survivors are SIGKILLed before the test fails, so that a failure does not leave
+    engine processes spinning on the cores for the rest of the run."""
     proc = subprocess.Popen(
         [sys.executable, str(script), str(tiny_dir), how, *extra],
         stdout=subprocess.PIPE,
@@ -352,7 +332,7 @@ def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> 
         env=_subprocess_env(),
         start_new_session=True,  # its own session: everything it starts is findable by sid
     )
-    reader = _LineReader(proc)
+    reader = LineReader(proc.stdout, ready_prefix="READY")  # every wait on it has a deadline
     engine_pids: set[int] = set()
     try:
         # Until it printed READY or exited (one that died early is reported below with its output;
@@ -385,9 +365,10 @@ def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while (left := _alive(engine_pids, proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while (left := _alive(engine_pids, proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kill_all(left)  # on any failure above too: survivors would hog the cores for the rest of the run
     assert not left, f"processes left behind after {how}: {sorted(left)}\n" + reader.text()
     return proc, reader
 

@@ -5,6 +5,7 @@ See ``docs/algorithms.md`` for the formulas, the registry names and the metrics.
 
 from .advantages import (
     ADV_ESTIMATORS,
+    NEEDS_GROUPS,
     USES_CRITIC,
     AdvEstimator,
     gae,
@@ -17,6 +18,7 @@ from .advantages import (
     rloo,
 )
 from .losses import (
+    AGG_UNITS,
     AGGREGATIONS,
     KL_KINDS,
     KLKind,
@@ -36,7 +38,9 @@ from .losses import (
 __all__ = [
     "ADV_ESTIMATORS",
     "AGGREGATIONS",
+    "AGG_UNITS",
     "KL_KINDS",
+    "NEEDS_GROUPS",
     "USES_CRITIC",
     "AdvEstimator",
     "KLKind",

@@ -61,6 +61,7 @@ from .losses import (
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "NEEDS_GROUPS",
     "USES_CRITIC",
     "AdvEstimator",
     "get_adv_est",
@@ -92,14 +93,20 @@ class AdvEstimator(Protocol):
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
 USES_CRITIC: dict[str, bool] = {}
 """name -> whether the estimator needs a critic's values (the trainer builds one only then)."""
+NEEDS_GROUPS: dict[str, bool] = {}
+"""name -> whether the estimator compares the trajectories of a group (the config then asks for
+``group_size >= 2``)."""
 
 
-def register_adv_est(name: str, *, uses_critic: bool = False) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Register an advantage estimator under ``name``; ``uses_critic=True`` when it reads ``values``.
+def register_adv_est(name: str, *, uses_critic: bool = False,
+                     needs_groups: bool = False) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Register an advantage estimator under ``name``; ``uses_critic=True`` when it reads ``values``,
+    ``needs_groups=True`` when it compares each trajectory with the others of its group (grpo, rloo),
+    so that a config with ``group_size < 2`` is refused.
 
     Registering the same function twice is a no-op; a different function (or a different
-    ``uses_critic``) under a name already taken raises ``ValueError``. A registered name is
-    selectable from YAML (``adv_estimator: NAME``).
+    ``uses_critic`` or ``needs_groups``) under a name already taken raises ``ValueError``. A
+    registered name is selectable from YAML (``adv_estimator: NAME``).
     """
 
     def deco(fn: AdvEstimator) -> AdvEstimator:
@@ -108,8 +115,11 @@ def register_adv_est(name: str, *, uses_critic: bool = False) -> Callable[[AdvEs
             raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}")
         if old is not None and USES_CRITIC[name] != uses_critic:
             raise ValueError(f"advantage estimator {name!r} is already registered with uses_critic={USES_CRITIC[name]}")
+        if old is not None and NEEDS_GROUPS[name] != needs_groups:
+            raise ValueError(f"advantage estimator {name!r} is already registered with needs_groups={NEEDS_GROUPS[name]}")
         ADV_ESTIMATORS[name] = fn
         USES_CRITIC[name] = uses_critic
+        NEEDS_GROUPS[name] = needs_groups
         return fn
 
     return deco
@@ -432,7 +442,7 @@ def _per_trajectory(
     return adv, returns, metrics
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", needs_groups=True)
 @torch.no_grad()
 def grpo(
     *,
@@ -482,7 +492,7 @@ def grpo(
     return _per_trajectory(a, score, gstd, token_rewards, m)
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", needs_groups=True)
 @torch.no_grad()
 def rloo(
     *,

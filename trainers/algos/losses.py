@@ -39,6 +39,7 @@ from torch import Tensor
 
 __all__ = [
     "AGGREGATIONS",
+    "AGG_UNITS",
     "STD_RTOL",
     "KLKind",
     "aggregate",
@@ -181,20 +182,35 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float, scale: bool = True) -> Te
 # ----------------------------------------------------------------------------- aggregation
 
 AggFn = Callable[[Tensor, Tensor], Tensor]
+AggUnits = Callable[[Tensor], Tensor]
 AGGREGATIONS: dict[str, AggFn] = {}
+AGG_UNITS: dict[str, AggUnits] = {}
+"""name -> ``units(mask (B,T)) -> 0-d count`` of the aggregation's denominator, for the
+aggregations registered with ``units=`` (micro-batching and FSDP re-weight by it: a micro-batch's
+or a rank's share of the minibatch's loss is ``units(its mask) / units(minibatch mask)``)."""
 
 
-def register_agg(name: str) -> Callable[[AggFn], AggFn]:
+def register_agg(name: str, *, units: AggUnits | None = None) -> Callable[[AggFn], AggFn]:
     """Register a loss aggregation ``fn(loss_mat (B,T), mask (B,T)) -> 0-d`` under ``name``.
 
-    Registering a different function under a name already taken raises ``ValueError``.
+    ``units(mask) -> 0-d`` counts what ``fn`` divides by (token-mean: loss tokens; the seq-mean
+    modes: rows with a loss token), so that ``fn`` over a minibatch equals the sum over a split of
+    its rows of ``units(part) / units(whole) * fn(part)``. Without it the aggregation works on
+    whole minibatches but ``max_tokens_per_microbatch`` and ``fsdp`` refuse it.
+
+    Registering the same function (and units) again is a no-op; a different function or
+    different ``units`` under a name already taken raises ``ValueError``.
     """
 
     def deco(fn: AggFn) -> AggFn:
         old = AGGREGATIONS.get(name)
         if old is not None and old is not fn:
             raise ValueError(f"loss aggregation {name!r} is already registered to {old!r}")
+        if old is not None and AGG_UNITS.get(name) is not units:
+            raise ValueError(f"loss aggregation {name!r} is already registered with units={AGG_UNITS.get(name)!r}")
         AGGREGATIONS[name] = fn
+        if units is not None:
+            AGG_UNITS[name] = units
         return fn
 
     return deco
@@ -210,13 +226,21 @@ def get_agg(name: str) -> AggFn:
         ) from None
 
 
-@register_agg("token-mean")
+def _loss_tokens(mask: Tensor) -> Tensor:
+    return (mask > 0).sum()
+
+
+def _rows_with_loss_tokens(mask: Tensor) -> Tensor:
+    return (mask > 0).any(-1).sum()
+
+
+@register_agg("token-mean", units=_loss_tokens)
 def _token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
     # Every agent token in the batch weighs the same (DAPO); long trajectories weigh more.
     return masked_mean(loss_mat, mask)
 
 
-@register_agg("seq-mean-token-sum")
+@register_agg("seq-mean-token-sum", units=_rows_with_loss_tokens)
 def _seq_mean_token_sum(loss_mat: Tensor, mask: Tensor) -> Tensor:
     m = mask.bool()
     seq = torch.where(m, loss_mat, torch.zeros_like(loss_mat)).sum(-1)  # (B,)
@@ -224,7 +248,7 @@ def _seq_mean_token_sum(loss_mat: Tensor, mask: Tensor) -> Tensor:
     return seq.sum() / has_tokens.sum().clamp_min(1)
 
 
-@register_agg("seq-mean-token-mean")
+@register_agg("seq-mean-token-mean", units=_rows_with_loss_tokens)
 def _seq_mean_token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
     # Each trajectory weighs the same whatever its length (the GRPO paper's 1/|o_i|).
     m = mask.bool()
