@@ -50,8 +50,12 @@ class LineReader:
                 return self.lines[self._taken - 1]
             return ""
 
-    def text(self, tail: int = 4000) -> str:
-        return "".join(self.lines)[-tail:]
+    def text(self, tail: int | None = 4000) -> str:
+        """What was read so far: its last ``tail`` characters (for a failure message), or all of it
+        with ``tail=None`` (for an assertion on what the child printed: a line printed early can be
+        followed by many lines of its engines' shutdown logs)."""
+        text = "".join(self.lines)
+        return text if tail is None else text[-tail:]
 
 
 def kill_all(pids: Iterable[int]) -> None:

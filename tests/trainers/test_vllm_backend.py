@@ -393,10 +393,10 @@ def test_no_orphan_processes_after_any_exit(tiny_dir, tmp_path):
     proc, out = _run_lifecycle_case(script, tiny_dir, "startup_sigkill", f"{delay:.2f}")
     assert proc.returncode == -signal.SIGKILL
     # Killed during start-up (on a fast machine the kill may land after READY: the same path).
-    assert "SIGKILL during start-up" in out.text()
+    assert "SIGKILL during start-up" in out.text(None), out.text()
     proc, out = _run_lifecycle_case(script, tiny_dir, "normal_exit")
     assert proc.returncode == 0, out.text()
     proc, out = _run_lifecycle_case(script, tiny_dir, "sigint")
-    assert "KeyboardInterrupt" in out.text()
+    assert "KeyboardInterrupt" in out.text(None), out.text()
     proc, out = _run_lifecycle_case(script, tiny_dir, "sigkill")
     assert proc.returncode == -signal.SIGKILL
