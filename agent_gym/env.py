@@ -19,6 +19,7 @@ Subclasses supply tasks, tools and answer scoring; see ``docs/adding_tools_and_e
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -427,18 +428,44 @@ class ToolEnv(gym.Env):
                       "step_call_statuses", "transcript", "messages")
     _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done")
 
-    def _checkpoint(self) -> tuple[dict[str, int], dict[str, Any]]:
-        """The episode state a step may change. Steps only append to the lists, so their lengths
-        are enough to undo one."""
-        return ({k: len(getattr(self, k)) for k in self._EPISODE_LISTS},
-                {k: getattr(self, k) for k in self._EPISODE_SCALARS})
+    episode_state: tuple[str, ...] = ()
+    """Names of per-episode attributes a subclass keeps and changes during a step (in
+    ``process_components``, ``score_answer``, a tool, ...), e.g. FactChain's ``_hops_found``.
+    ``step()`` deep-copies each one before the step and puts the copy back if the step raises, so
+    a retried step sees (and pays) what it would have the first time. Declared per class; the
+    names of every class in the MRO count, so a subclass lists only its own."""
+    _episode_state_all: tuple[str, ...] = ()
 
-    def _rollback(self, saved: tuple[dict[str, int], dict[str, Any]]) -> None:
-        lengths, scalars = saved
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check a class's ``episode_state`` when it is defined and gather those of its MRO."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("episode_state", ())
+        names_ok = isinstance(declared, (tuple, list)) and all(isinstance(k, str) and k.isidentifier() for k in declared)
+        if not names_ok:
+            hint = f" (write ({declared!r},))" if isinstance(declared, str) else ""
+            raise TypeError(f"{cls.__name__}.episode_state must be a tuple of attribute names, got {declared!r}{hint}")
+        cls._episode_state_all = tuple(dict.fromkeys(
+            k for klass in reversed(cls.__mro__) for k in klass.__dict__.get("episode_state", ())))
+
+    def _checkpoint(self) -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
+        """The episode state a step may change. Steps only append to the lists, so their lengths
+        are enough to undo one; a subclass's ``episode_state`` is deep-copied."""
+        return ({k: len(getattr(self, k)) for k in self._EPISODE_LISTS},
+                {k: getattr(self, k) for k in self._EPISODE_SCALARS},
+                {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all})
+
+    def _rollback(self, saved: tuple[dict[str, int], dict[str, Any], dict[str, Any]]) -> None:
+        lengths, scalars, extra = saved
         for k, n in lengths.items():
             del getattr(self, k)[n:]
         for k, v in scalars.items():
             setattr(self, k, v)
+        for k, v in extra.items():
+            if v is _MISSING:
+                if hasattr(self, k):
+                    delattr(self, k)
+            else:
+                setattr(self, k, v)
 
     def episode(self, answer_scores: dict[str, float], truncation_reason: str | None) -> Episode:
         """The episode so far as the typed record the trainer reads: ``info["trajectory"]`` at its end
@@ -506,6 +533,10 @@ class _Turn:
     terminated: bool = False
     truncated: bool = False
     reason: str | None = None
+
+
+_MISSING = object()
+"""An ``episode_state`` attribute that did not exist at the checkpoint (deleted on rollback)."""
 
 
 def _as_id_list(action: Any, vocab_size: int) -> list[int]:

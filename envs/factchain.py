@@ -127,6 +127,8 @@ class LookupTool(Tool):
 
 class FactChainEnv(ToolEnv):
     required_task_keys = ("question", "answer", "path", "chain")
+    episode_state = ("_hops_found",)
+    """The hops already paid (``process_components``): restored when a step raises."""
 
     def __init__(
         self,
@@ -238,8 +240,8 @@ class FactChainEnv(ToolEnv):
         return answer_scores.get("em", 0.0) >= 1.0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = super().reset(seed=seed, options=options)  # a bad task raises here, nothing changed
         self._hops_found: set[int] = set()
-        obs, info = super().reset(seed=seed, options=options)
         self.tools["lookup"].use_kb(self.facts(self.task))
         return obs, info
 

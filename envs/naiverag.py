@@ -11,10 +11,14 @@ Task
 Tools
     None. ``max_turns`` is fixed at 1 and every episode *terminates* after its single turn:
     with an ``<answer>...</answer>`` it is scored; without one it ends with no outcome reward,
-    ``info["answer"]`` None and ``info["truncation_reason"]`` None. (Terminated, not
-    truncated: the task is one step long, so there is no later state to bootstrap a value
-    from; Gymnasium's checker also rejects an env that truncates after one random step.) A
-    tool call in the turn gets status ``unknown_tool`` or ``parse_error``.
+    ``info["answer"]`` None and ``info["truncation_reason"]`` ``"max_turns"``; an action longer
+    than the context left is cut to it, never parsed or scored, and ends with
+    ``"context"``. ``info["truncation_reason"]`` is always ``info["trajectory"].truncation_reason``
+    (None only when the agent answered): the reason the episode ended without an answer,
+    though it terminated. (Terminated, not truncated: the task is one step long, so there is no
+    later state to bootstrap a value from; Gymnasium's checker also rejects an env that
+    truncates after one random step.) A tool call in the turn gets status ``unknown_tool`` or
+    ``parse_error``.
 Observation
     The system prompt, then one user message: ``Passages:`` followed by the ``topk`` (default 3)
     passages that the retriever returns for the question, one per line as
@@ -103,7 +107,9 @@ class NaiveRAGEnv(MultiHopQAEnv):
         obs, reward, terminated, truncated, info = super().step(action)
         if truncated:  # the one turn held no answer: the (one-step) task is over, not cut short
             terminated, truncated = True, False
-            info["truncation_reason"] = None
+            # The reason stays as the Episode records it ("max_turns": no answer; "context": the
+            # action was cut at the budget and never scored), so info and the trainer agree.
+            info["truncation_reason"] = info["trajectory"].truncation_reason
             info["answer"], info["answer_scores"] = None, {}
         return obs, reward, terminated, truncated, info
 

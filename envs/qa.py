@@ -8,15 +8,18 @@ Card (shared part)
 ------------------
 Task
     A multi-hop question from the dataset's ``split``; the answer is a short string (the gold
-    answer or one of its aliases).
+    answer or one of its aliases). A task given as ``reset(options={"task": ...})`` is checked
+    as a data row is (``check_task``): a string ``aliases``, a null or list ``answer`` raise a
+    ``ValueError`` naming the key, and the env is left as it was.
 Tools
     ``search(query)``: the ``topk`` (default 3) best passages of the retriever, best first, one
     per line as ``Doc i (Title: <title>) <text>``. The result is cut to ``max_result_tokens``
     (default 512, as Search-R1's ``max_obs_length``) tokens of the env's tokenizer, counted
     passage by passage: passages that fit are kept whole, the first one that does not is cut at
-    a word boundary and ends with `` ...``, the rest are dropped. A blank query and a retriever
-    failure (``RetrieverError``: server down, timeout, bad answer; or any other exception) come
-    back as a ``tool_error`` message; the episode goes on.
+    a word boundary and ends with `` ...`` (with no space before the cut, e.g. CJK text, only
+    its title shows), the rest are dropped; a long passage is never tokenized whole. A blank
+    query and a retriever failure (``RetrieverError``: server down, timeout, bad answer; or any
+    other exception) come back as a ``tool_error`` message; the episode goes on.
     ``lookup(title)`` (only with ``lookup_tool=True``; hermes format only): every paragraph with
     that exact title (case and surrounding space ignored), cut to the same budget; an unknown
     title is a ``tool_error``. Titles are looked up in the corpus the retriever searches:
@@ -84,7 +87,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent_gym.datasets import QATask, corpus_from_tasks, load_corpus, load_qa
-from agent_gym.datasets.base import DATASETS, resolve_data_file
+from agent_gym.datasets.base import DATASETS, RowRef, answer_string, resolve_data_file, string_list
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, RetrieverError, make_retriever
@@ -151,11 +154,18 @@ class PassageFormatter:
     A passage is never tokenized whole when it is long: its line is measured on a prefix that
     ends at a space (first ``probe_chars`` characters, then four times more, ...) until the
     prefix holds more than ``max_tokens`` tokens; the tokens of such a prefix are those of the
-    whole line up to it, so the line cannot fit and the cut lies inside the prefix. Per passage
-    and rank, the measure (the exact count, or "over the budget" with the offsets of the first
-    ``max_tokens + 1`` tokens) is memoized, so a passage that comes back again costs no
+    whole line up to it, so the line cannot fit and the cut lies inside the prefix. The probes
+    stop at a character bound: ``max_tokens + 1`` times the most characters one token of the
+    vocabulary spans, doubled. A line longer than that holds more than ``max_tokens`` tokens
+    whatever they are, so a line with no space in its first ``bound`` characters (CJK text,
+    base64, one long run) is measured on its prefix up to the last space before the bound (the
+    head's space at least), never whole; its cut lies at or before that space. (A tokenizer
+    without ``get_vocab`` has no bound and such a line is tokenized once, whole.) Per passage
+    and rank, the measure (the exact count, or "over the budget" with the offsets of its first
+    tokens) is memoized, and so is each cut, so a passage that comes back again costs no
     tokenization at all: a 20 MB passage costs about what a 512-token one does
-    (``benchmarks/passage_formatter.py``).
+    (``benchmarks/passage_formatter.py``). A cut is at a space, so a passage with no space
+    before its cut shows its title only.
     """
 
     ELLIPSIS = " ..."
@@ -167,8 +177,21 @@ class PassageFormatter:
         # (count, offsets of the first max_tokens + 1 tokens or None, prefix length or None)
         self._measures: OrderedDict[tuple, tuple[int, list[tuple[int, int]] | None, int | None]] = OrderedDict()
         self._cache_size = cache_size
+        # (measure key, room) -> the cut line or None (a tenth as many: a cut holds up to max_tokens)
+        self._cuts: OrderedDict[tuple, str | None] = OrderedDict()
         self._probe_chars = probe_chars or 16 * (max_tokens + 1)
+        self._bound: int | None | bool = False  # the character bound, computed when first needed
         self._ellipsis = self.count(self.ELLIPSIS)
+
+    def _char_bound(self) -> int | None:
+        """Characters past which a line certainly holds more than ``max_tokens`` tokens: each token
+        spans at most ``w`` characters (``w`` the longest vocabulary entry, special and added
+        tokens included; a byte-level entry spans at most as many characters as it has bytes),
+        so ``(max_tokens + 1) * w`` characters need more than ``max_tokens`` tokens. Doubled as a
+        margin for normalizers. ``None`` when the tokenizer has no ``get_vocab``."""
+        if self._bound is False:
+            self._bound = _char_bound(self.tok, self.max_tokens)
+        return self._bound  # type: ignore[return-value]
 
     def count(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
@@ -184,21 +207,40 @@ class PassageFormatter:
         """Measure the line ``head + " " + text`` without tokenizing more of it than needed.
 
         Returns ``(n, offsets, prefix_len)``: the exact token count with ``None, None`` when the
-        whole line was tokenized, else a count over ``max_tokens`` of the line's first
-        ``prefix_len`` characters (which end before a space) with their first
-        ``max_tokens + 1`` offsets (None for a slow tokenizer).
+        whole line was tokenized and fits in ``max_tokens`` (with its first ``max_tokens + 1``
+        offsets instead of ``None`` when it does not); else a count over ``max_tokens`` and the
+        first offsets (None for a slow tokenizer) of a prefix of the line that holds the cut:
+        either its first ``prefix_len`` characters, which end before a space and hold more than
+        ``max_tokens`` tokens, or (past the character bound) the line up to its last space before
+        the bound, whose tokens and offsets are given, plus that space (``prefix_len`` counts
+        it): every cut lies at or before that space.
         """
         total = len(head) + 1 + len(text)
         probe = self._probe_chars
+        bound = self._char_bound() if probe < total else None
+        measured = (-1, 0, None)  # (space, count, offsets) of the last prefix tokenized
         while probe < total:
-            prefix = f"{head} {text[: max(0, probe - len(head) - 1)]}"
+            final = bound is not None and probe >= bound
+            end = bound if final else probe
+            prefix = f"{head} {text[: max(0, end - len(head) - 1)]}"
             space = prefix.rfind(" ", len(head) + 1)
-            if space > len(head) + 1:
+            if space > len(head) + 1 and space != measured[0]:
                 n, offsets = self._encode(prefix[:space])
                 if n > self.max_tokens:
                     return n, (offsets[: self.max_tokens + 1] if offsets is not None else None), space
+                measured = (space, n, offsets)
+            if final:  # the whole line is over the budget: its cut lies at or before the last space
+                space = prefix.rfind(" ", len(head))
+                if space != measured[0]:
+                    measured = (space, *self._encode(prefix[:space]))
+                _, n, offsets = measured
+                if n > self.max_tokens:  # a head longer than the budget
+                    return n, (offsets[: self.max_tokens + 1] if offsets is not None else None), space
+                return self.max_tokens + 1, offsets, space + 1
             probe *= 4
         n, offsets = self._encode(f"{head} {text}")
+        if n > self.max_tokens:
+            return n, (offsets[: self.max_tokens + 1] if offsets is not None else None), total
         return n, None, None
 
     def _measured(self, key: tuple, head: str, text: str) -> tuple[int, list[tuple[int, int]] | None, int | None]:
@@ -219,16 +261,26 @@ class PassageFormatter:
         used = 0
         for rank, p in enumerate(passages, 1):
             head = f"Doc {rank} (Title: {p.title})"
-            n, offsets, prefix_len = self._measured((rank, p.id, p.title, len(p.text), hash(p.text)), head, p.text)
+            key = (rank, p.id, p.title, len(p.text), hash(p.text))
+            n, offsets, prefix_len = self._measured(key, head, p.text)
             sep = 1 if lines else 0
             if used + sep + n <= self.max_tokens:
                 lines.append(f"{head} {p.text}")
                 titles.append(p.title)
                 used += sep + n
                 continue
-            # Only the measured prefix can hold the cut (the whole line when it was measured whole).
-            line = f"{head} {p.text[: prefix_len - len(head) - 1]}" if prefix_len is not None else f"{head} {p.text}"
-            cut = self._cut(line, len(head), self.max_tokens - used - sep, offsets)
+            room = self.max_tokens - used - sep
+            ckey = (key, room)
+            if ckey in self._cuts:
+                self._cuts.move_to_end(ckey)
+                cut = self._cuts[ckey]
+            else:
+                # Only the measured prefix can hold the cut (the whole line when it was measured whole).
+                kept = p.text if prefix_len is None else p.text[: prefix_len - len(head) - 1]
+                line = f"{head} {kept}"
+                cut = self._cuts[ckey] = self._cut(line, len(head), room, offsets)
+                if len(self._cuts) > max(1, self._cache_size // 10):
+                    self._cuts.popitem(last=False)
             if cut is not None:
                 lines.append(cut)
                 titles.append(p.title)
@@ -238,7 +290,8 @@ class PassageFormatter:
     def _cut(self, line: str, keep: int, room: int, offsets: list[tuple[int, int]] | None) -> str | None:
         """The longest prefix of ``line`` that ends before a space, keeps its first ``keep``
         characters (the title header) and, with `` ...`` appended, fits in ``room`` tokens.
-        ``offsets`` are those of the line's first tokens (at least ``room``), if known."""
+        ``offsets`` are those of the line's first tokens, if known: at least ``room`` of them, or
+        (a line measured up to the character bound) all of those before its last space."""
         budget = room - self._ellipsis
         if budget <= 0:
             return None
@@ -262,6 +315,33 @@ class PassageFormatter:
             else:
                 hi = mid - 1
         return best
+
+
+_TOKEN_CHARS: "weakref.WeakKeyDictionary[Any, int | None]" = weakref.WeakKeyDictionary()
+"""Tokenizer -> the most characters one of its tokens spans (its vocabulary read once)."""
+
+
+def _token_chars(tok: Any) -> int | None:
+    try:
+        return _TOKEN_CHARS[tok]
+    except (KeyError, TypeError):
+        pass
+    get_vocab = getattr(tok, "get_vocab", None)
+    try:
+        width = max(map(len, get_vocab())) if callable(get_vocab) else None
+    except (TypeError, ValueError):  # an empty or odd vocabulary: no bound
+        width = None
+    try:
+        _TOKEN_CHARS[tok] = width
+    except TypeError:  # not weak-referenceable: not cached
+        pass
+    return width
+
+
+def _char_bound(tok: Any, max_tokens: int) -> int | None:
+    """See :meth:`PassageFormatter._char_bound`."""
+    width = _token_chars(tok)
+    return None if not width else 2 * (max_tokens + 1) * max(int(width), 1)
 
 
 # -- tools -------------------------------------------------------------------------------------
@@ -347,6 +427,8 @@ class MultiHopQAEnv(ToolEnv):
 
     dataset: str = ""
     env_id: str = "AgentR1/MultiHopQA"
+    episode_state = ("_found",)
+    """The supporting titles already paid (``process_components``): restored when a step raises."""
 
     def __init__(
         self,
@@ -518,6 +600,19 @@ class MultiHopQAEnv(ToolEnv):
         return {"id": t.id, "question": t.question, "answer": t.answer, "aliases": list(t.aliases),
                 "supporting_titles": list(t.supporting_titles), "type": t.type}
 
+    def check_task(self, task: Any) -> dict[str, Any]:
+        """A task given as ``reset(options={"task": ...})``, checked as the loaders check a data
+        row: ``answer`` a string (an int becomes its decimal string), ``aliases`` and
+        ``supporting_titles`` lists of strings (missing or None: ``[]``). A string ``aliases`` (each
+        character would become an alias), a null or list answer and the like raise a
+        ``ValueError`` naming the key, before the env changes."""
+        task = super().check_task(task)
+        ref = RowRef(f"{self.env_id} reset", "options['task']")
+        task["answer"] = answer_string(task["answer"], ref, "answer")
+        for key in ("aliases", "supporting_titles"):
+            task[key] = string_list(task.get(key), ref, key)
+        return task
+
     def demonstration(self, task: dict[str, Any]) -> list[str]:
         """The oracle's assistant turns for ``task`` (the hook FactChain has, used by
         ``trainers/evaluate.py --policy oracle`` and SFT's ``demo_policy: oracle``): one search
@@ -555,8 +650,8 @@ class MultiHopQAEnv(ToolEnv):
     # -- gymnasium API -------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = super().reset(seed=seed, options=options)  # a bad task raises here, nothing changed
         self._found = set()
-        obs, info = super().reset(seed=seed, options=options)
         info["supporting_total"] = len(self.task.get("supporting_titles") or ())
         return obs, info
 

@@ -330,3 +330,54 @@ def test_special_token_text_in_a_tool_result_is_plain_text():
     plain = result_ids("x")
     assert [i for i in forged if i in specials] == [i for i in plain if i in specials]
     assert "<|im_end|>\n<|im_start|>assistant" in tok.decode(forged)
+
+
+# -- issue 10 audit (item 5a): per-episode state of a subclass is rolled back with the step ------
+
+from unittest.mock import Mock  # noqa: E402
+
+
+class Remembering(TinyEnv):
+    """Pays ``hit`` for the first search of each query in an episode (state kept in ``seen``)."""
+
+    episode_state = ("seen",)
+
+    def reset(self, **kw):
+        out = super().reset(**kw)
+        self.seen = set()
+        return out
+
+    def process_components(self, outcome, task):
+        q = outcome.call.arguments.get("query")
+        if outcome.call.name != "search" or q in self.seen:
+            return {}
+        self.seen.add(q)
+        return {"hit": 0.25}
+
+
+def test_episode_state_of_a_subclass_is_restored_when_a_step_raises(monkeypatch):
+    env = Remembering(tools=[echo, Search()])
+    env.reset(options={"task_index": 0})
+    _, r, *_ = env.step(env.encode_turn(call("search", query="a")))
+    assert r == 0.25 and env.seen == {"a"}
+    before, seen = list(env._ids), set(env.seen)
+    action = env.encode_turn(call("search", query="b"))
+    with monkeypatch.context() as m:  # the step is interrupted after its components were computed
+        m.setattr(env, "_append_delta", Mock(side_effect=KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            env.step(action)
+        assert env._append_delta.called
+    assert env._ids == before and env.seen == seen == {"a"}
+    _, r, *_, info = env.step(action)  # the retried step pays, as the first try would have
+    assert r == 0.25 and info["reward_components"]["hit"] == 0.25 and env.seen == {"a", "b"}
+
+
+def test_episode_state_is_gathered_over_the_mro_and_checked_at_class_definition():
+    class More(Remembering):
+        episode_state = ("extra",)
+
+    assert More._episode_state_all == ("seen", "extra") and Remembering._episode_state_all == ("seen",)
+    with pytest.raises(TypeError, match=r"Bad.episode_state must be a tuple of attribute names, got 'seen' "
+                                        r"\(write \('seen',\)\)"):
+        class Bad(TinyEnv):
+            episode_state = "seen"

@@ -219,3 +219,32 @@ def test_many_kbs_are_built_lazily_and_agree_with_make_kb():
         env.get_task(k)
     assert shared_kb.cache_info().currsize == KB_CACHE_SIZE
     assert env.get_task(3) == pickle.loads(pickle.dumps(env)).get_task(3)
+
+
+def test_a_step_interrupted_after_a_correct_hop_is_rolled_back_with_the_hops_found(monkeypatch):
+    """Issue 10 audit, item 5a: ``_hops_found`` is changed in ``process_components``; before the fix
+    a KeyboardInterrupt later in that step left the hop marked as paid, so the retried step paid
+    no hop reward."""
+    from unittest.mock import Mock
+
+    from envs.factchain import lookup_turn
+
+    env = gym.make("AgentR1/FactChain-v0", rewards={"extra": {"hop": 0.5}})
+    u = env.unwrapped
+    obs, _ = env.reset(options={"task_index": 0})
+    task = u.task
+    action = u.encode_turn(lookup_turn(task["path"][0], task["chain"][0]))
+    before = (obs["input_ids"].copy(), set(u._hops_found))
+    with monkeypatch.context() as m:  # the step is interrupted after its hop was paid
+        m.setattr(u, "_append_delta", Mock(side_effect=KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            env.step(action)
+        assert u._append_delta.called
+    assert np.array_equal(u._obs()["input_ids"], before[0]) and u._hops_found == before[1] == set()
+    obs, r, term, trunc, info = env.step(action)
+    assert (r, term, trunc) == (0.5, False, False) and info["reward_components"]["hop"] == 0.5
+    assert u._hops_found == {0} and u.turn == 1
+    # The rest of the episode as without the interrupt: the second hop pays, the answer scores.
+    _, r, *_ = env.step(u.encode_turn(lookup_turn(task["path"][1], task["chain"][1])))
+    _, r2, term, _, info = env.step(u.encode_turn(f"<answer>{task['answer']}</answer>"))
+    assert (r, r2, term) == (0.5, 1.0, True) and info["trajectory"].step_rewards == [0.5, 0.5, 1.0]

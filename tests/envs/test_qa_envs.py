@@ -170,6 +170,9 @@ class _SpyTokenizer:
         self.sizes.append(len(text))
         return self.tok.encode(text, add_special_tokens=add_special_tokens)
 
+    def get_vocab(self):
+        return self.tok.get_vocab()
+
 
 @pytest.mark.timeout(60)
 def test_formatter_never_tokenizes_a_huge_passage_whole():
@@ -191,6 +194,54 @@ def test_formatter_never_tokenizes_a_huge_passage_whole():
         tok.sizes.clear()
         assert fmt.format(group) == (text, titles)
         assert tok.sizes == []  # measured once per passage and rank, then cached
+
+
+def _spaceless(kind):
+    """About 5 MB of text with no space after its first few words."""
+    import base64
+
+    if kind == "cjk":
+        return "京都の灯台守" * 290_000  # 1.74 M characters, 5.2 MB in UTF-8
+    if kind == "base64":
+        return base64.b64encode(np.random.default_rng(0).bytes(3_750_000)).decode()  # 5 MB
+    return "the lighthouse keepers of quillhaven " * 12 + "x" * 5_000_000  # words, then one long run
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["cjk", "base64", "words_then_run"])
+def test_formatter_never_tokenizes_a_spaceless_huge_passage_whole(kind):
+    # Issue 10 audit, item 13: a passage with no space in the probe windows was tokenized whole
+    # (the probes only counted prefixes ending at a space), and its cut re-encoded the whole line
+    # every time the passage came back.
+    from agent_gym.retrievers import Passage
+    from agent_gym.tokenizer import load_tokenizer
+    from envs.qa import PassageFormatter
+
+    tok = _SpyTokenizer(load_tokenizer(None))
+    text = _spaceless(kind)
+    huge = Passage("Quillhaven", text, 1.0, "big")
+    small = Passage("Odile Brask", "Odile Brask was a painter from Harrowgate Vale.", 0.5, "s")
+    fmt = PassageFormatter(tok, 512)
+    # The reference tokenizes every line whole (no probes): on a prefix of the passage longer than
+    # the formatter's character bound, it must give the same text (nothing past the bound shows).
+    whole = PassageFormatter(tok.tok, 512, probe_chars=10**9)
+    head_only = Passage(huge.title, text[:200_000], 1.0, "big-prefix")
+    for group in ([huge, small], [small, huge]):
+        tok.sizes.clear()
+        got, titles = fmt.format(group)
+        assert max(tok.sizes) < len(text) // 50, max(tok.sizes)  # never the 5 MB line
+        assert max(tok.sizes) <= fmt._char_bound() < 200_000
+        tok.sizes.clear()
+        assert fmt.format(group) == (got, titles) and tok.sizes == []  # measure and cut cached
+        ref = [head_only if p is huge else p for p in group]
+        assert (got, titles) == whole.format(ref)
+        assert len(tok.tok.encode(got, add_special_tokens=False)) <= 512 and got.endswith(" ...")
+        assert huge.title in titles and titles == [p.title for p in group][: len(titles)]
+    if kind == "words_then_run":  # the words before the run are shown, the run is not
+        assert got.endswith("(Title: Quillhaven) " + "the lighthouse keepers of quillhaven " * 11
+                            + "the lighthouse keepers of quillhaven ...")
+    else:  # no space before the cut: only the title shows
+        assert got.endswith("Doc 2 (Title: Quillhaven) ...")
 
 
 @pytest.mark.parametrize("budget", [12, 30, 60, 400])
@@ -518,15 +569,22 @@ def _corpus_without(tmp_path, drop):
     return path
 
 
-def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path):
-    # The server's corpus lacks the gold paragraph "Marlow Vance". Before the fix lookup read
-    # the split's own context paragraphs and handed it over (a fullwiki leak).
+TOOL_QA_IDS = sorted(k for k in QA_IDS if "NaiveRAG" not in k)  # NaiveRAG has no lookup tool
+
+
+@pytest.mark.parametrize("env_id", TOOL_QA_IDS)
+def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path, env_id):
+    # The server's corpus lacks the gold paragraph "Marlow Vance" (in task 0's context in each
+    # fixture). Before the fix lookup read the split's own context paragraphs and handed it over
+    # (a fullwiki leak).
+    data = str(FIXTURES / QA_IDS[env_id])
+    assert "Marlow Vance" in make(env_id, data_path=data).unwrapped.get_task(0)["supporting_titles"]
     served = _corpus_without(tmp_path, {"Marlow Vance"})
     with RetrievalServer(make_retriever("bm25", corpus=str(served), cache=False)) as server:
         with pytest.raises(ValueError, match="lookup_tool=True needs the corpus the retriever searches"):
-            make(retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True)
-        env = make(retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True,
-                   corpus_path=str(served))
+            make(env_id, data_path=data, retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True)
+        env = make(env_id, data_path=data, retriever=server.url, retriever_kwargs={"timeout_s": 5.0},
+                   lookup_tool=True, corpus_path=str(served))
         env.reset(options={"task_index": 0})
         _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
         assert info["tool_calls"][0]["status"] == "tool_error"
@@ -535,9 +593,11 @@ def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path):
         assert info["tool_calls"][0]["status"] == "ok"
 
 
-def test_lookup_reads_the_corpus_the_retriever_was_given(tmp_path):
+@pytest.mark.parametrize("env_id", TOOL_QA_IDS)
+def test_lookup_reads_the_corpus_the_retriever_was_given(tmp_path, env_id):
     docs = load_corpus(_corpus_without(tmp_path, {"Marlow Vance"}))
-    env = make(lookup_tool=True, retriever_kwargs={"corpus": docs, "cache": False})
+    env = make(env_id, data_path=str(FIXTURES / QA_IDS[env_id]), lookup_tool=True,
+               retriever_kwargs={"corpus": docs, "cache": False})
     env.reset(options={"task_index": 0})
     _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
     assert info["tool_calls"][0]["status"] == "tool_error"  # in the split's context, not in the corpus
@@ -586,3 +646,99 @@ def test_sft_demonstrations_from_a_qa_env():
     env = make("AgentR1/2WikiMultiHopQA-v0", data_path=str(FIXTURES / "2wikimultihopqa")).unwrapped
     episodes = demonstrations(env, list(range(len(env.tasks))), "oracle")
     assert len(episodes) == len(env.tasks) and all(ep.answer_scores["em"] == 1.0 for ep in episodes)
+
+
+# -- a task given at reset is checked there (issue 10 audit, item 3) ----------------------------
+
+
+@pytest.mark.parametrize("env_id", ["AgentR1/HotpotQA-v0", "AgentR1/MuSiQue-NaiveRAG-v0"])
+@pytest.mark.parametrize("bad,key,needle", [
+    ({"aliases": "P"}, "aliases", r"is the string 'P', expected a list of strings; write \['P'\]"),
+    ({"answer": None}, "answer", "is null"),
+    ({"answer": ["Paris", "Lutetia"]}, "answer", "is a list"),
+    ({"answer": 1.5}, "answer", "must be a string, got float"),
+    ({"aliases": ["Lutetia", None]}, "aliases[1]", "is null"),
+    ({"supporting_titles": "Paris"}, "supporting_titles", "is the string 'Paris'"),
+])
+def test_a_bad_task_given_at_reset_is_refused_and_the_env_is_unchanged(env_id, bad, key, needle):
+    # Before: aliases "P" was split into characters (answer "P" scored EM 1 for gold Paris), and a
+    # None answer raised TypeError at every step instead of at reset.
+    import re
+
+    sub = QA_IDS[env_id]
+    env = make(env_id, data_path=str(FIXTURES / sub))
+    u = env.unwrapped
+    env.reset(options={"task_index": 0})
+    if u.tools:  # mid-episode, with a supporting paragraph found
+        env.step(act(env, call("search", query="Marlow Vance film director")))
+        assert u._found
+    state = lambda: (list(u._ids), dict(u.task), set(u._found), u.turn, u._done, list(u.messages))  # noqa: E731
+    before = state()
+    task = {"id": "paris", "question": "Which city is the capital of France?", "answer": "Paris", **bad}
+    with pytest.raises(ValueError, match=rf"options\['task'\], key '{re.escape(key)}': {needle}"):
+        env.reset(options={"task": task})
+    assert state() == before
+    # The forms the check accepts: one alias in a list, an int answer as its decimal string.
+    env.reset(options={"task": {"question": "Capital of France?", "answer": "Paris", "aliases": ["P"]}})
+    _, r, term, _, info = env.step(act(env, "<answer>P</answer>"))
+    assert term and r == 1.0
+    env.reset(options={"task": {"question": "Capital of France?", "answer": "Paris"}})
+    _, r, term, _, info = env.step(act(env, "<answer>P</answer>"))
+    assert term and r == 0.0 and u.task["aliases"] == [] and u.task["supporting_titles"] == []
+    env.reset(options={"task": {"question": "When was the lighthouse built?", "answer": 1884}})
+    _, r, term, _, info = env.step(act(env, "<answer>1884</answer>"))
+    assert term and r == 1.0 and u.task["answer"] == "1884"
+
+
+# -- NaiveRAG: the reason an episode ends is the same in info and the Episode (audit, item 8) ---
+
+
+def test_naive_rag_action_cut_at_the_budget_ends_with_context_in_info_and_episode():
+    # Before: info["truncation_reason"] None while info["trajectory"].truncation_reason said "context".
+    env = make("AgentR1/HotpotQA-NaiveRAG-v0", rewards={"format": 0.5})
+    u = env.unwrapped
+    obs, _ = env.reset(options={"task_index": 0})
+    room = u.max_context_tokens - len(obs["input_ids"])
+    action = u.encode_turn("Quillhaven " * room + "<answer>Quillhaven</answer>")
+    assert len(action) > room
+    obs, r, term, trunc, info = env.step(action)
+    assert (r, term, trunc) == (0.0, True, False)  # terminated: a one-step task (see the card)
+    assert info["truncation_reason"] == info["trajectory"].truncation_reason == "context"
+    assert info["answer"] is None and info["trajectory"].answer is None and info["reward_components"] == {}
+    assert info["action_tokens_dropped"] == len(action) - room and len(obs["input_ids"]) == u.max_context_tokens + 1
+    # A turn that fits but holds no answer: "max_turns" in both; an answer: None in both.
+    env.reset(options={"task_index": 0})
+    *_, term, trunc, info = env.step(act(env, "I think it is Quillhaven."))
+    assert (term, trunc) == (True, False)
+    assert info["truncation_reason"] == info["trajectory"].truncation_reason == "max_turns"
+    env.reset(options={"task_index": 0})
+    _, r, term, _, info = env.step(act(env, "<answer>Quillhaven</answer>"))
+    assert term and r == 1.5 and info["truncation_reason"] is info["trajectory"].truncation_reason is None
+
+
+# -- a step that raises leaves the supporting titles found as they were (audit, item 5a) -------
+
+
+@pytest.mark.parametrize("env_id", TOOL_QA_IDS)
+def test_a_step_interrupted_after_a_supporting_hit_is_rolled_back_with_found(monkeypatch, env_id):
+    # Before: _found kept the titles of the interrupted step, so the retried step paid nothing.
+    from unittest.mock import Mock
+
+    kw = {"data_path": str(FIXTURES / QA_IDS[env_id]), "rewards": {"extra": {"supporting_hit": 0.5}}}
+    env, fresh = make(env_id, **kw), make(env_id, **kw)
+    u = env.unwrapped
+    env.reset(options={"task_index": 0})
+    fresh.reset(options={"task_index": 0})
+    action = act(env, call("search", query="Marlow Vance film director"))
+    want = fresh.step(action)
+    assert want[1] >= 0.5 and want[4]["supporting_found"] >= 1  # the search finds a supporting title
+    ids, found = list(u._ids), set(u._found)
+    with monkeypatch.context() as m:  # the step is interrupted after its supporting hit was paid
+        m.setattr(u, "_append_delta", Mock(side_effect=KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            env.step(action)
+        assert u._append_delta.called
+    assert list(u._ids) == ids and u._found == found == set()
+    obs, r, term, trunc, info = env.step(action)
+    assert np.array_equal(obs["input_ids"], want[0]["input_ids"]) and (r, term, trunc) == want[1:4]
+    assert info["reward_components"] == want[4]["reward_components"] and u._found == fresh.unwrapped._found
