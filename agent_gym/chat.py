@@ -16,13 +16,20 @@ is a special (added) token, as in every chat template we know. The renderer chec
 probe at construction and falls back to ``tokens`` when it does not hold.
 
 Message contents are plain text. A tool result, an echoed argument or a question may contain the
-text of a special token (``<|im_end|>``); encoded with the template it would become the special
-token itself, and an agent could forge turn boundaries in env tokens. So special tokens are
-recognized only in the template's own text: where a content holds a special token's text, the
-render is cut at the template's special tokens and each piece is encoded with
-``split_special_tokens=True``, which is what the tokenizer does anyway (it splits at added tokens
-before BPE) except that the content's specials stay plain text. Contents without special-token
-text take the ordinary path, so their ids are unchanged.
+text of an added token: a special one (``<|im_end|>``) or a non-special one (Qwen2.5's
+``<tool_call>``, ``</tool_response>``; the default tokenizer's ``<answer>``, ``<information>``).
+Encoded with the template it would become that token, and an agent could forge turn or result
+boundaries in env tokens. So added tokens are recognized only in the template's own text: where a
+content holds an added token's text, the render is cut at the template's added tokens and each
+piece is encoded with the tokenizer's pre-tokenizer and model alone (its added vocabulary left
+out), which is what the tokenizer does anyway (it splits at added tokens before BPE) except that
+the contents' added tokens stay plain text. System messages are the env's own instructions: their
+non-special added tokens (the format's tags) stay tokens, as a model trained on the template saw
+them; their special tokens are plain text too. A format that frames results inside a content
+(``search_r1``'s ``<information>...</information>``) gets that frame as plain text, as with
+Qwen2.5, where these tags are not tokens; ``hermes`` results are framed by the template's own
+``<tool_response>`` tags. Contents without added-token text take the ordinary path, so their ids
+are unchanged (equal to ``apply_chat_template``'s).
 """
 
 from __future__ import annotations
@@ -64,10 +71,18 @@ class ChatRenderer:
             )
         self.tok = tokenizer
         self.tools = tools or None
-        specials = set(getattr(tokenizer, "all_special_tokens", [])) | {
-            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
-        specials = sorted((t for t in specials if t), key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        added = list(getattr(tokenizer, "added_tokens_decoder", {}).values())
+        specials = {t for t in getattr(tokenizer, "all_special_tokens", []) if t} | {
+            t.content for t in added if getattr(t, "special", False) and t.content}
+        tags = {t.content for t in added if not getattr(t, "special", False) and t.content} - specials
+        strip = {t.content: (bool(getattr(t, "lstrip", False)), bool(getattr(t, "rstrip", False))) for t in added}
+        # Every added token's text (``_added_re``), the special ones (``_special_re``) and the
+        # non-special ones (``_tag_re``), longest first; a token that strips white space takes it
+        # into its match, as the tokenizer does.
+        self._added_re = _token_regex(specials | tags, strip)
+        self._special_re = _token_regex(specials, strip)
+        self._tag_re = _token_regex(tags, strip)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cache: OrderedDict[tuple, list[int]] = OrderedDict()
         self._cache_size = cache_size
 
@@ -107,31 +122,59 @@ class ChatRenderer:
         return self.tok.encode(text, add_special_tokens=False)
 
     def encode_render(self, messages: list[Message], add_generation_prompt: bool) -> tuple[str, list[int]]:
-        """Render ``messages`` and encode the text, special tokens recognized only outside the
-        message contents (see the module docstring). Returns the text and its ids."""
+        """Render ``messages`` and encode the text, added tokens recognized only outside the
+        message contents (and a system message's non-special ones; see the module docstring).
+        Returns the text and its ids."""
         text = self.render_text(messages, add_generation_prompt=add_generation_prompt)
-        rx = self._special_re
-        if rx is None or not any(rx.search(m["content"]) for m in messages):
+        if self._added_re is None or not self._has_plain_tokens(messages):
             return text, self.encode(text)
-        spans = self._content_spans(messages, text, add_generation_prompt)
+        # The template's own tokens: every added token in the template text, and the non-special
+        # ones in system contents. Everything between them is encoded as plain text.
+        real: list[tuple[int, int]] = []
+        pos = 0
+        for a, b, k in self._content_spans(messages, text, add_generation_prompt):
+            real += [m.span() for m in self._added_re.finditer(text, pos, a)]
+            if messages[k]["role"] == "system" and self._tag_re is not None:
+                real += [m.span() for m in self._tag_re.finditer(text, a, b)]
+            pos = max(pos, b)
+        real += [m.span() for m in self._added_re.finditer(text, pos)]
         ids: list[int] = []
         pos = 0
-        for m in rx.finditer(text):
-            if any(a <= m.start() and m.end() <= b for a, b in spans):
-                continue  # a special token's text inside a content: plain text
-            ids += self._encode_plain(text[pos:m.start()])
-            ids += self.encode(m.group(0))
-            pos = m.end()
+        for a, b in real:
+            if a < pos:
+                continue  # overlaps the previous token (only with a template the spans misread)
+            ids += self._encode_plain(text[pos:a]) + self.encode(text[a:b])
+            pos = b
         return text, ids + self._encode_plain(text[pos:])
 
+    def _has_plain_tokens(self, messages: list[Message]) -> bool:
+        """Whether a content holds added-token text that must be encoded as plain text (in a
+        system message: special-token text only)."""
+        for m in messages:
+            rx = self._special_re if m["role"] == "system" else self._added_re
+            if rx is not None and rx.search(m["content"]):
+                return True
+        return False
+
     def _encode_plain(self, text: str) -> list[int]:
+        """``text``'s ids with no added token in them: the fast tokenizer's normalizer,
+        pre-tokenizer and model, its added vocabulary left out (for text without added-token text
+        this is exactly ``encode``; tested). A slow tokenizer skips every added token with
+        ``split_special_tokens=True``."""
         if not text:
             return []
-        return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+        bt = self._backend
+        if bt is None:
+            return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+        if bt.normalizer is not None:
+            text = bt.normalizer.normalize_str(text)
+        pieces = bt.pre_tokenizer.pre_tokenize_str(text) if bt.pre_tokenizer is not None else [(text, None)]
+        return [t.id for piece, _ in pieces for t in bt.model.tokenize(piece)]
 
-    def _content_spans(self, messages: list[Message], text: str, gen: bool) -> list[tuple[int, int]]:
-        """Where each content lies in ``text``: the template is rendered once more with a unique
-        placeholder per content, then the placeholders are matched against ``text``."""
+    def _content_spans(self, messages: list[Message], text: str, gen: bool) -> list[tuple[int, int, int]]:
+        """Where each content lies in ``text``, as ``(start, end, message index)`` in order: the
+        template is rendered once more with a unique placeholder per content, then the placeholders
+        are matched against ``text``."""
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
         skeleton = self.render_text([{**m, "content": k} for m, k in zip(messages, marks)], add_generation_prompt=gen)
         pieces = re.split("(\ue000\\d+\ue001)", skeleton)
@@ -139,8 +182,9 @@ class ChatRenderer:
             spans, pos, out = [], 0, []
             for i, piece in enumerate(pieces):
                 if i % 2:
-                    c = transform(messages[int(piece[1:-1])]["content"])
-                    spans.append((pos, pos + len(c)))
+                    k = int(piece[1:-1])
+                    c = transform(messages[k]["content"])
+                    spans.append((pos, pos + len(c), k))
                     out.append(c)
                     pos += len(c)
                 else:
@@ -154,7 +198,7 @@ class ChatRenderer:
             if i % 2 == 0:
                 nxt = text.find(piece, pos) if piece else pos
                 if i and nxt >= 0:
-                    spans.append((pos, nxt))
+                    spans.append((pos, nxt, int(pieces[i - 1][1:-1])))
                 pos = (nxt if nxt >= 0 else pos) + len(piece)
         return spans
 
@@ -190,9 +234,8 @@ class ChatRenderer:
                 "conversation is not a prefix), so token-exact incremental rendering is impossible "
                 "with it. Use a template that renders earlier turns unchanged."
             )
-        rx = self._special_re
-        if rx is not None and any(rx.search(m["content"]) for m in new_messages):
-            return self._delta_token_mode(new_messages)  # contents holding special-token text
+        if self._has_plain_tokens(new_messages):
+            return self._delta_token_mode(new_messages)  # contents holding added-token text
         return self.encode(full[len(self._base_prefix_text):])
 
     def _delta_token_mode(self, new_messages: list[Message]) -> list[int]:
@@ -213,3 +256,14 @@ class ChatRenderer:
         if last_a is None:
             raise ChatTemplateError("the chat template does not render the assistant's content; pass eot_token=...")
         return last_a + 1
+
+
+def _token_regex(tokens: set[str], strip: dict[str, tuple[bool, bool]]) -> re.Pattern | None:
+    """A regex matching any of ``tokens``, longest first, with the white space a token strips."""
+    if not tokens:
+        return None
+    parts = []
+    for t in sorted(tokens, key=len, reverse=True):
+        left, right = strip.get(t, (False, False))
+        parts.append(("\\s*" if left else "") + re.escape(t) + ("\\s*" if right else ""))
+    return re.compile("|".join(parts))

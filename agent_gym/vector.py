@@ -16,6 +16,16 @@ Reset options (all optional)::
 ``info_format="gymnasium"`` (default) returns infos as Gymnasium's dict of arrays with ``_key``
 masks; ``"list"`` returns one plain dict per env (``{}`` for an env that was not stepped), which
 is what the trainer uses.
+
+``step`` checks every slot's action before stepping any sub-env: a bad one raises (naming the
+slot) and no sub-env is stepped, so the vector env is usable after. A sub-env is checked in its own
+action space by :func:`agent_gym.wrappers.action_checker`: by a ``ToolEnv``'s or a view's
+(``PaddedTokens``, ``TextView``, ``ChatView``) ``check_action``, looking through wrappers that
+pass actions unchanged (those ``gym.make`` adds: ``OrderEnforcing``, ``PassiveEnvChecker``,
+``TimeLimit``). A sub-env under a wrapper that changes or transforms actions and has no
+``check_action`` is refused at construction (``TypeError``): its actions could only be checked by
+stepping it. Observations are batched per key for dict observations (a tuple of arrays each) and as
+a tuple otherwise (the text views).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
 from agent_gym.env import ToolEnv
+from agent_gym.wrappers import action_checker
 
 
 class ToolVectorEnv(gym.vector.VectorEnv):
@@ -40,13 +51,18 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"info_format must be 'gymnasium' or 'list', got {info_format!r}")
         self.envs: list[ToolEnv] = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
+        for i, env in enumerate(self.envs):
+            try:
+                action_checker(env)
+            except TypeError as e:
+                raise TypeError(f"sub-env {i} cannot be used in a ToolVectorEnv: {e}") from e
         self.autoreset = autoreset
         self.info_format = info_format
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP if autoreset else AutoresetMode.DISABLED,
                          "render_modes": ["ansi"]}
         first = self.envs[0].unwrapped
-        self.single_observation_space = first.observation_space
-        self.single_action_space = first.action_space
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.render_mode = first.render_mode
@@ -93,12 +109,11 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             if not self.active[i]:
                 raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action "
                                    "or reset it.")
-            if not isinstance(self.envs[i], ToolEnv):
-                continue  # a wrapper may change the action space: its own step checks the action
             try:
-                self.envs[i].check_action(actions[i])
-            except ValueError as e:
-                raise ValueError(f"action of sub-env {i}: {e} (no sub-env was stepped)") from e
+                action_checker(self.envs[i])(actions[i])
+            except (ValueError, RuntimeError) as e:
+                kind = ValueError if isinstance(e, ValueError) else RuntimeError
+                raise kind(f"action of sub-env {i}: {e} (no sub-env was stepped)") from e
         if self.autoreset:
             for i in np.flatnonzero(self._needs_reset):
                 self._last_obs[i], _ = self.envs[i].reset()
@@ -162,8 +177,10 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         return [{single: items[i // g]} for i in range(self.num_envs)]
 
     @staticmethod
-    def _batch_obs(obs: list[dict[str, np.ndarray]]) -> dict[str, tuple[np.ndarray, ...]]:
-        return {"input_ids": tuple(o["input_ids"] for o in obs)}
+    def _batch_obs(obs: list[Any]) -> dict[str, tuple[Any, ...]] | tuple[Any, ...]:
+        if obs and all(isinstance(o, dict) for o in obs):
+            return {k: tuple(o[k] for o in obs) for k in obs[0]}
+        return tuple(obs)
 
     def _infos(self, infos: list[dict[str, Any]], idx: Any) -> dict[str, Any] | list[dict[str, Any]]:
         if self.info_format == "list":

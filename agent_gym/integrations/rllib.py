@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agent_gym.wrappers import _tool_env
+from agent_gym.wrappers import tool_env_of
 
 RLLIB_ENV_NAME = "agent_gym_token_step"
 """The name :func:`build_ppo_config` registers :func:`make_token_step_env` under with Ray Tune."""
@@ -62,7 +62,7 @@ class TokenStepEnv(gym.Wrapper):
     def __init__(self, env: gym.Env, max_turn_tokens: int = 32, action_ids: list[int] | None = None,
                  pad_id: int | None = None):
         super().__init__(env)
-        self.tool_env = te = _tool_env(env)
+        self.tool_env = te = tool_env_of(env)
         if not isinstance(max_turn_tokens, (int, np.integer)) or isinstance(max_turn_tokens, bool) or max_turn_tokens <= 0:
             raise ValueError(f"max_turn_tokens must be a positive integer, got {max_turn_tokens!r}")
         self.max_turn_tokens = int(max_turn_tokens)

@@ -103,3 +103,57 @@ def test_one_bad_slot_steps_no_sub_env(bad):
     _, r, term, trunc, infos = envs.step([good, None, None])  # still usable
     assert infos[0]["turn"] == 1 and infos[1] == {}
     envs.close()
+
+
+def _padded(ids, n=64, no_token=None):
+    a = np.full(n, no_token, dtype=np.int64)
+    a[: len(ids)] = ids
+    return a
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["gym.make", "PaddedTokens", "TextView"])
+def test_one_bad_slot_steps_no_wrapped_sub_env(kind):
+    """Issue 10 item 6, for wrapped sub-envs: the up-front check was skipped for any sub-env that was
+    not a bare ToolEnv (``gym.make`` adds OrderEnforcing and PassiveEnvChecker; the views change the
+    action space), so one bad slot still stepped the others. Each slot is now checked in its own
+    action space before any is stepped."""
+    from agent_gym.wrappers import PaddedTokens, TextView
+
+    make = {"gym.make": lambda: gym.make("AgentR1/FactChain-v0"),
+            "PaddedTokens": lambda: PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=64),
+            "TextView": lambda: TextView(gym.make("AgentR1/FactChain-v0"))}[kind]
+    envs = ToolVectorEnv([make] * 3, info_format="list", num_threads=3)
+    envs.reset(seed=0, options={"task_indices": [3], "group_size": 3})
+    base = [e.unwrapped for e in envs.envs]
+    plan = scripted_turns(base[0], base[0].task)[0]
+    if kind == "gym.make":
+        good, bads = plan, [np.array([1.5, 2.0]), np.array([[1, 2]]), np.array([10**9])]
+    elif kind == "PaddedTokens":
+        nt = envs.envs[0].no_token
+        good = _padded(plan, no_token=nt)
+        bads = [good.astype(np.float64), _padded(plan, 65, nt), np.full(64, nt + 1), np.array([10**9])]
+    else:
+        good = base[0].tokenizer.decode(plan[:-1], skip_special_tokens=False)
+        bads = [plan, 5, b"<answer>x</answer>"]
+    before = [(list(e._ids), e.turn) for e in base]
+    for bad in bads:
+        with pytest.raises(ValueError, match=r"action of sub-env 2: .*no sub-env was stepped"):
+            envs.step([good, good, bad])
+        assert [(list(e._ids), e.turn) for e in base] == before, (kind, bad)
+    _, r, term, trunc, infos = envs.step([good, None, good])  # still usable
+    assert infos[0]["turn"] == 1 and infos[1] == {} and infos[2]["tool_calls"][0]["status"] == "ok"
+    assert [e.turn for e in base] == [1, 0, 1]
+    envs.close()
+
+
+def test_sub_env_whose_actions_cannot_be_checked_is_refused():
+    """A wrapper that transforms actions and has no ``check_action`` could only be checked by
+    stepping: the vector env refuses it when built, naming the sub-env, the wrapper and the fix."""
+
+    class Shift(gym.ActionWrapper):
+        def action(self, action):
+            return np.asarray(action) + 1
+
+    with pytest.raises(TypeError, match=r"sub-env 0 cannot be used in a ToolVectorEnv: wrapper Shift .*check_action"):
+        ToolVectorEnv([lambda: Shift(gym.make("AgentR1/FactChain-v0"))] * 2)

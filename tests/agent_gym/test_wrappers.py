@@ -55,3 +55,38 @@ def test_padded_tokens_rejects_float_and_out_of_range_actions():
     with pytest.raises(ValueError, match="outside"):
         env.step(np.full(8, env.no_token + 1))
     assert env.unwrapped.turn == 0 and len(env.unwrapped._ids) == int(obs["length"])
+
+
+def test_views_check_actions_in_their_own_space_without_stepping():
+    """Issue 10 item 6: each view validates an action in its own action space without stepping
+    (what ``ToolVectorEnv`` checks every slot with), and ``step`` runs the same check."""
+    import pytest
+
+    from agent_gym.wrappers import action_checker, tool_env_of
+
+    padded = PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=8)
+    obs, _ = padded.reset(seed=0)
+    u = tool_env_of(padded)
+    ids = u.encode_turn("<answer>x</answer>")[:8]
+    a = np.full(8, padded.no_token)
+    a[: len(ids)] = ids
+    assert np.array_equal(padded.check_action(a), ids) and action_checker(padded) == padded.check_action
+    with pytest.raises(ValueError, match="over max_action_len=8"):
+        padded.check_action(np.zeros(9, dtype=np.int64))
+    with pytest.raises(ValueError, match="over max_action_len=8"):
+        padded.step(np.zeros(9, dtype=np.int64))
+    assert u.turn == 0 and len(u._ids) == int(obs["length"])
+    for view in (TextView(gym.make("AgentR1/FactChain-v0")), ChatView(gym.make("AgentR1/FactChain-v0"))):
+        view.reset(seed=0)
+        assert list(view.check_action("<answer>x</answer>")) == list(view.unwrapped.encode_turn("<answer>x</answer>"))
+        with pytest.raises(ValueError, match=f"{type(view).__name__} actions are strings"):
+            view.check_action(np.array([1, 2]))
+        assert view.unwrapped.turn == 0
+        view.step("<answer>x</answer>")  # the episode ends: the env below refuses the next action
+        with pytest.raises(RuntimeError, match="finished episode"):
+            view.check_action("<answer>x</answer>")
+    # gym.make's wrappers pass actions through: the ToolEnv's own check applies.
+    made = gym.make("AgentR1/FactChain-v0")
+    assert action_checker(made) == made.unwrapped.check_action
+    with pytest.raises(TypeError, match="needs a ToolEnv underneath"):
+        tool_env_of(gym.make("CartPole-v1"))
