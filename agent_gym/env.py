@@ -32,7 +32,7 @@ from agent_gym.chat import ChatRenderer
 from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, get_format
 from agent_gym.tokenizer import load_tokenizer
-from agent_gym.tools import Tool, ToolResult, run_tool
+from agent_gym.tools import Tool, ToolResult, check_arguments, run_tool
 
 
 @dataclass
@@ -507,14 +507,14 @@ class ToolEnv(gym.Env):
         if t is None:
             return CallOutcome(call, "unknown_tool", ToolResult(
                 f"Error: unknown tool {call.name!r}. Available tools: {sorted(self.tools)}", ok=False))
-        err = t.validate(call.arguments)
-        if err is not None:  # invalid arguments do not spend the budget
-            return CallOutcome(call, "bad_arguments", ToolResult(f"Error: bad arguments for {t.name}: {err}", ok=False))
+        bad = check_arguments(t, call.arguments)  # never raises: a validation that fails is a tool_error
+        if bad is not None:  # invalid arguments do not spend the budget
+            return CallOutcome(call, *bad)
         if self.tool_calls_used >= self.max_tool_calls:
             return CallOutcome(call, "budget", ToolResult(
                 f"Error: tool budget of {self.max_tool_calls} calls is spent.", ok=False))
         self.tool_calls_used += 1
-        status, result = run_tool(t, call.arguments, validate=False)
+        status, result = run_tool(t, call.arguments, validate=False, scope=self)  # abandoned calls bounded per env
         return CallOutcome(call, status, result)
 
 

@@ -16,8 +16,8 @@ The shortest way to write one::
 
 from __future__ import annotations
 
+import re
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -60,6 +60,13 @@ class Tool:
         (``ToolEnv`` calls it at construction, so a bad schema never reaches a step)."""
         if not isinstance(self.parameters, dict):
             raise ValueError(f"tool {self.name!r}: parameters must be a JSON-schema dict, got {type(self.parameters).__name__}")
+        for where, regex in _schema_regexes(self.parameters, ()):
+            try:
+                re.compile(regex)
+            except re.error as e:  # jsonschema's check_schema accepts it, then every call would raise
+                raise ValueError(f"tool {self.name!r} has an invalid regular expression {regex!r} at "
+                                 f"{'/'.join(where)}: {e}; fix the pattern (JSON-schema patterns are run "
+                                 f"with Python's re) or remove it") from None
         try:
             import jsonschema
         except ImportError:  # pragma: no cover - jsonschema is a core dependency
@@ -106,6 +113,35 @@ def tool(description: str, parameters: dict[str, Any], name: str | None = None, 
 
 
 # -- argument validation ---------------------------------------------------------------------
+
+# Keywords whose values are data, not subschemas: a "pattern" key inside them is not a regex.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "description", "title", "$comment"})
+# Keywords whose values map names to subschemas (a property may be called "pattern" or "enum").
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _schema_regexes(node: Any, where: tuple[str, ...], names: bool = False):
+    """Yield ``(path, regex)`` for every ``pattern`` and every ``patternProperties`` key in a
+    schema, at any depth (subschemas under properties, items, anyOf, $defs, ...). ``names``: ``node``
+    maps names to subschemas."""
+    if isinstance(node, dict):
+        if names:
+            for k, v in node.items():
+                yield from _schema_regexes(v, where + (str(k),))
+            return
+        if isinstance(node.get("pattern"), str):
+            yield where + ("pattern",), node["pattern"]
+        if isinstance(node.get("patternProperties"), dict):
+            for k in node["patternProperties"]:
+                if isinstance(k, str):
+                    yield where + ("patternProperties", k), k
+        for k, v in node.items():
+            if k not in _DATA_KEYWORDS and isinstance(v, (dict, list)):
+                yield from _schema_regexes(v, where + (str(k),), names=k in _NAME_MAPS)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _schema_regexes(v, where + (str(i),))
+
 
 _VALIDATORS: dict[int, Callable[[dict], str | None]] = {}
 _VALIDATORS_LOCK = threading.Lock()
@@ -165,54 +201,83 @@ def _basic_check(schema: dict[str, Any], args: dict) -> str | None:
 # A call with a timeout runs on a thread of its own, started for that call: its timeout counts from
 # the moment it starts running, never time spent waiting for a free worker. The old shared pool of
 # 32 workers let 32 hung calls from one env make every other env's instant calls time out for as
-# long as they hung. Python cannot kill a thread, so a timed-out call is abandoned and keeps running;
-# each tool object may have at most ``MAX_ABANDONED_PER_TOOL`` abandoned calls alive. Past that, a
-# call to the same tool fails at once (status ``timeout``, with a message saying why) instead of
-# starting yet another thread, which bounds the threads one misbehaving tool can leak. Envs build
-# their own tool objects, so one env's hung tool never limits another env's calls. Starting a thread
-# costs a fraction of a millisecond (an instant tool: 0.51 ms per call against 0.30 ms through the
-# old pool, on this project's 2-core machine under a load average of 15), small next to any call
-# slow enough to need a timeout; tools with ``timeout=None`` run inline as before (0.02 ms).
+# long as they hung. Python cannot kill a thread, so a timed-out call is abandoned and keeps running.
+#
+# Abandoned calls are bounded per (scope, tool): ``ToolEnv`` passes itself as the scope, so each
+# env may have at most ``MAX_ABANDONED_PER_TOOL`` abandoned calls of each tool alive, even when
+# several envs share one tool object; past that, that env's calls to that tool fail at once (status
+# ``timeout``, with a message saying why) instead of starting yet another thread. One env's hung
+# calls therefore never limit another env's calls, short of ``MAX_ABANDONED_TOTAL``: a process-wide
+# backstop on the threads all envs may leak together (128 envs each saturating one tool stay under
+# it), past which every timed call fails at once naming it. ``abandoned_calls()`` reports the
+# counts. The counts live in a dict keyed by ``(id(scope), id(tool))`` holding only nonzero entries;
+# each abandoned thread keeps its scope and tool alive, so an id in a key always belongs to a live
+# object (no weak references: a tool need not be hashable, e.g. a ``@dataclass`` tool, and the env
+# holds no lock, so it still pickles). Starting a thread costs a fraction of a millisecond (an
+# instant tool: 0.51 ms per call against 0.30 ms through the old pool, on this project's 2-core
+# machine under a load average of 15), small next to any call slow enough to need a timeout; tools
+# with ``timeout=None`` run inline as before (0.02 ms).
 
 MAX_ABANDONED_PER_TOOL = 8
-_ABANDONED: "weakref.WeakKeyDictionary[Tool, int]" = weakref.WeakKeyDictionary()
+MAX_ABANDONED_TOTAL = 1024
+_ABANDONED: dict[tuple[int, int], int] = {}
 _ABANDONED_LOCK = threading.Lock()
 
 
-def abandoned_calls(t: Tool) -> int:
-    """How many timed-out calls of ``t`` are still running on their threads."""
+def _scope_key(t: Tool, scope: object | None) -> tuple[int, int]:
+    return (id(t if scope is None else scope), id(t))
+
+
+def abandoned_calls(t: Tool | None = None, scope: object | None = None) -> int:
+    """How many timed-out calls are still running on their threads: of tool ``t`` in ``scope`` (the
+    env that made them; ``None``: calls made without a scope), of every tool in ``scope`` when
+    ``t`` is None, and in the whole process when both are None."""
     with _ABANDONED_LOCK:
-        return _ABANDONED.get(t, 0)
+        if t is not None:
+            return _ABANDONED.get(_scope_key(t, scope), 0)
+        if scope is not None:
+            return sum(n for (s, _), n in _ABANDONED.items() if s == id(scope))
+        return sum(_ABANDONED.values())
 
 
-def _execute_with_timeout(t: Tool, arguments: dict[str, Any]) -> Any:
+def _execute_with_timeout(t: Tool, arguments: dict[str, Any], scope: object | None) -> Any:
     """Run ``t.execute`` on a fresh daemon thread and wait at most ``t.timeout`` s for it; raises
     ``TimeoutError`` when it does not finish, re-raises what the tool raised otherwise."""
+    key = _scope_key(t, scope)
     with _ABANDONED_LOCK:
-        if _ABANDONED.get(t, 0) >= MAX_ABANDONED_PER_TOOL:
-            raise _Saturated()
+        mine, total = _ABANDONED.get(key, 0), sum(_ABANDONED.values())
+    if mine >= MAX_ABANDONED_PER_TOOL:
+        raise _Saturated(f"{mine} earlier calls still running past their {t.timeout:g} s timeout (at most "
+                         f"tools.MAX_ABANDONED_PER_TOOL={MAX_ABANDONED_PER_TOOL} per env and tool)")
+    if total >= MAX_ABANDONED_TOTAL:
+        raise _Saturated(f"{total} timed-out tool calls in this process still running "
+                         f"(tools.MAX_ABANDONED_TOTAL={MAX_ABANDONED_TOTAL})")
     box: dict[str, Any] = {}
     state = {"abandoned": False}
     done = threading.Event()
 
-    def target() -> None:
+    def target(_tool: Tool, _scope: object | None) -> None:  # the args keep both alive while it runs
         try:
-            box["out"] = t.execute(**arguments)
+            box["out"] = _tool.execute(**arguments)
         except BaseException as e:  # handed to the caller, which decides
             box["exc"] = e
         finally:
             with _ABANDONED_LOCK:
                 done.set()
                 if state["abandoned"]:
-                    _ABANDONED[t] = _ABANDONED.get(t, 1) - 1
+                    n = _ABANDONED[key] - 1
+                    if n:
+                        _ABANDONED[key] = n
+                    else:
+                        del _ABANDONED[key]
 
-    th = threading.Thread(target=target, name=f"agent_gym-tool-{t.name}", daemon=True)
+    th = threading.Thread(target=target, args=(t, scope), name=f"agent_gym-tool-{t.name}", daemon=True)
     th.start()
     if not done.wait(t.timeout):
         with _ABANDONED_LOCK:
             if not done.is_set():
                 state["abandoned"] = True
-                _ABANDONED[t] = _ABANDONED.get(t, 0) + 1
+                _ABANDONED[key] = _ABANDONED.get(key, 0) + 1
                 raise TimeoutError
     if "exc" in box:
         raise box["exc"]
@@ -223,8 +288,25 @@ class _Saturated(Exception):
     pass
 
 
-def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True) -> tuple[CallStatus, ToolResult]:
-    """Validate and run one call. Every failure of the tool becomes a status and a message:
+def check_arguments(t: Tool, arguments: Any) -> tuple[CallStatus, ToolResult] | None:
+    """``t.validate(arguments)`` as an outcome, never an ``Exception``: ``None`` when the arguments
+    are valid, ``bad_arguments`` with the message when they are not, and ``tool_error`` when the
+    validation itself fails (a schema ``check_schema`` let through but ``jsonschema`` cannot apply,
+    a ``validate`` override that raises): that is the tool's fault, not the agent's."""
+    try:
+        err = t.validate(arguments)
+    except Exception as e:
+        return "tool_error", ToolResult(
+            f"Error: the arguments of {t.name} could not be checked: {type(e).__name__}: {_safe_str(e)}", ok=False)
+    if err is not None:
+        return "bad_arguments", ToolResult(f"Error: bad arguments for {t.name}: {err}", ok=False)
+    return None
+
+
+def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True,
+             scope: object | None = None) -> tuple[CallStatus, ToolResult]:
+    """Validate (:func:`check_arguments`) and run one call. Every failure of the tool becomes a
+    status and a message:
 
     - an ``Exception`` or a ``SystemExit`` raised by the tool: ``tool_error`` (a tool calling
       ``sys.exit`` must not end the training process);
@@ -233,23 +315,26 @@ def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True) -> tuple
       ``tool_error`` naming the type;
     - a call that runs past ``t.timeout``: ``timeout`` (see the note above on abandoned threads).
 
+    ``scope`` is whoever makes the call (``ToolEnv`` passes itself): the bound on abandoned calls is
+    per ``(scope, t)``, so callers sharing one tool object do not use up each other's; ``None``
+    bounds them per tool object.
+
     ``KeyboardInterrupt`` (and other ``BaseException`` s such as ``GeneratorExit``) propagate: they
     mean "stop", and :meth:`ToolEnv.step` leaves the env as it was before the step.
     """
-    err = t.validate(arguments) if validate else None
-    if err is not None:
-        return "bad_arguments", ToolResult(f"Error: bad arguments for {t.name}: {err}", ok=False)
+    if validate:
+        bad = check_arguments(t, arguments)
+        if bad is not None:
+            return bad
     try:
         if t.timeout is None:
             out = t.execute(**arguments)
         else:
-            out = _execute_with_timeout(t, arguments)
+            out = _execute_with_timeout(t, arguments, scope)
     except TimeoutError:
         return "timeout", ToolResult(f"Error: {t.name} timed out after {t.timeout:g} s", ok=False)
-    except _Saturated:
-        return "timeout", ToolResult(
-            f"Error: {t.name} has {MAX_ABANDONED_PER_TOOL} earlier calls still running past their "
-            f"{t.timeout:g} s timeout; not started.", ok=False)
+    except _Saturated as e:
+        return "timeout", ToolResult(f"Error: {t.name} not started: {e}.", ok=False)
     except (Exception, SystemExit) as e:  # a tool's own failure is the agent's observation, not a crash
         return "tool_error", ToolResult(f"Error: {t.name} failed: {type(e).__name__}: {_safe_str(e)}", ok=False)
     if isinstance(out, str):

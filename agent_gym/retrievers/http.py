@@ -14,15 +14,20 @@ is needed for one JSON endpoint. Also `GET /health` -> `{"status": "ok"}`. Run i
     python -m agent_gym.retrievers.http serve --kind bm25 --corpus corpus.jsonl --port 8000
 
 The client, `HTTPRetriever`, is a `Retriever`. Each attempt has one deadline (`timeout_s`) that
-covers connect, headers and body (a watchdog shuts the socket down when it passes); connection errors, timeouts and 5xx answers are retried a bounded number of times
-with backoff, and then a `RetrieverError` is raised, so a down or slow server never hangs an
-env. It works against Search-R1's own FastAPI server as well.
+covers the DNS lookup, connecting (every resolved address shares what is left of it), the TLS
+handshake, the headers and the body (a watchdog shuts the socket down when it passes). Connection
+errors, timeouts and 5xx answers are retried `retries` times with backoff, and then a
+`RetrieverError` is raised: a `search` call takes at most
+`(retries + 1) * timeout_s + backoff_s * (2**retries - 1)` seconds (plus scheduling slack), so a
+down, unreachable or slow server never hangs an env. It works against Search-R1's own FastAPI
+server as well.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import ipaddress
 import json
 import socket
 import sys
@@ -163,8 +168,9 @@ class _HTTPStatusError(Exception):
 
 class HTTPRetriever:
     """Client for a `/retrieve` server. Worst-case time per `search` call is bounded by
-    `(retries + 1) * timeout_s` plus the backoff sleeps: each attempt's deadline covers
-    connecting, the headers and the body, however slowly a server sends them.
+    `(retries + 1) * timeout_s` plus the backoff sleeps (`backoff_s * (2**retries - 1)`): each
+    attempt's one deadline covers the DNS lookup, connecting to every resolved address in turn,
+    the headers and the body, however slowly a server sends them.
 
     It speaks HTTP directly (`http.client`), so proxy environment variables are not used and
     redirects are not followed."""
@@ -207,16 +213,23 @@ class HTTPRetriever:
     def _post(self, body: bytes) -> Any:
         """POST ``body`` and return the decoded JSON answer, all within ``timeout_s``.
 
-        The deadline covers connect, headers and body: a watchdog timer shuts the socket down
-        when it passes, which ends a blocked ``recv`` at once. (A socket timeout alone bounds
-        each ``recv``, so a server sending one header byte per second would never trip it.)
+        The deadline covers DNS, connect, headers and body: the lookup and each connect attempt
+        get only the time left (:func:`_connect`), and then a watchdog timer shuts the socket down
+        when it passes, which ends a blocked handshake or ``recv`` at once. (A socket timeout alone
+        bounds each ``recv``, so a server sending one header byte per second would never trip it.)
         Raises ``TimeoutError`` past the deadline, ``_HTTPStatusError`` for a non-2xx status.
         """
         u = urllib.parse.urlsplit(self.url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise RetrieverError(f"retrieval server URL {self.url!r} is not http(s)://host[:port]/...")
+        deadline = time.monotonic() + self.timeout_s
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
         conn = cls(u.hostname, u.port, timeout=self.timeout_s)
+        # http.client opens its socket through this per-connection hook (socket.create_connection by
+        # default: an unbounded DNS lookup, then `timeout` per resolved address). Ours spends only
+        # what is left of the deadline, and the TLS handshake that follows is under the watchdog.
+        conn._create_connection = lambda address, timeout=None, source_address=None: _connect(  # type: ignore[attr-defined]
+            address, deadline, self.timeout_s)
         expired = threading.Event()
 
         def expire() -> None:
@@ -228,7 +241,7 @@ class HTTPRetriever:
                 except OSError:
                     pass
 
-        timer = threading.Timer(self.timeout_s, expire)
+        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), expire)
         timer.daemon = True
         timer.start()
         try:
@@ -242,7 +255,7 @@ class HTTPRetriever:
             if expired.is_set():
                 raise TimeoutError("read")
         except (OSError, http.client.HTTPException) as err:
-            if expired.is_set():
+            if expired.is_set() and not isinstance(err, TimeoutError):  # keep a timeout's own message (DNS, connect)
                 raise TimeoutError(f"no complete answer within {self.timeout_s:g}s") from None
             raise
         finally:
@@ -284,6 +297,57 @@ class HTTPRetriever:
                 )
             out.append(row)
         return out
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+    """``socket.getaddrinfo`` for a TCP connection, given at most ``timeout`` seconds. A name lookup
+    runs on a daemon thread, because ``getaddrinfo`` cannot be interrupted (the resolver's own
+    timeouts end that thread later); a numeric address needs no lookup and is resolved inline."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except ValueError:
+        pass
+    box: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            box["out"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        except BaseException as e:  # handed to the caller
+            box["exc"] = e
+
+    th = threading.Thread(target=lookup, name="agent_gym-http-dns", daemon=True)
+    th.start()
+    th.join(max(timeout, 0.0))
+    if th.is_alive():
+        raise TimeoutError(f"DNS lookup of {host!r} did not finish in time")
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
+def _connect(address: tuple[str, int], deadline: float, timeout_s: float) -> socket.socket:
+    """A TCP socket connected to ``address`` before ``deadline`` (``time.monotonic()``): the DNS
+    lookup and every resolved address share the time left, where ``socket.create_connection`` gives
+    each address the whole timeout. Raises ``TimeoutError`` at the deadline, else the last error."""
+    host, port = address
+    infos = _resolve(host, port, deadline - time.monotonic())
+    last: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as err:
+            sock.close()
+            last = err
+    if time.monotonic() >= deadline:
+        raise TimeoutError(f"could not connect to {host}:{port} within {timeout_s:g}s")
+    raise last if last is not None else OSError(f"getaddrinfo returned no address for {host!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

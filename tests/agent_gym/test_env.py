@@ -332,6 +332,107 @@ def test_special_token_text_in_a_tool_result_is_plain_text():
     assert "<|im_end|>\n<|im_start|>assistant" in tok.decode(forged)
 
 
+# -- issue 10 audit (items 11 and 5b): envs sharing a tool, a validation that raises --------------------
+
+import threading  # noqa: E402
+
+from agent_gym.tools import MAX_ABANDONED_PER_TOOL, abandoned_calls  # noqa: E402
+
+
+class Gate(Tool):
+    """Hangs until released when called with ``hang=true``, answers at once otherwise."""
+
+    name, description, timeout = "gate", "Hangs when asked to.", 0.05
+    parameters = {"type": "object", "properties": {"hang": {"type": "boolean"}}, "required": ["hang"]}
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def execute(self, hang):
+        if hang:
+            self.release.wait(20)
+            return "late"
+        return "open"
+
+
+@pytest.mark.timeout(60)
+def test_envs_sharing_a_tool_do_not_time_out_each_others_calls():
+    """Issue 10 item 11: the bound on abandoned (hung) calls was per tool object, so when one tools
+    list was passed to two envs, env A's hung calls made env B's instant calls fail as ``timeout``."""
+    gate = Gate()
+    limits = dict(max_turns=20, max_invalid_calls=20, max_tool_calls=40)
+    a, b = TinyEnv(tools=[gate], **limits), TinyEnv(tools=[gate], **limits)
+    a.reset(options={"task_index": 0})
+    b.reset(options={"task_index": 0})
+    n = MAX_ABANDONED_PER_TOOL + 2
+    try:
+        *_, info = a.step(a.encode_turn(call("gate", hang=True) * n))
+        assert [c["status"] for c in info["tool_calls"]] == ["timeout"] * n
+        assert "not started" in a.messages[-1]["content"]  # A's own calls past the bound fail at once
+        for _ in range(3):  # B is not limited by A's hung calls (before: "timeout", not started)
+            *_, info = b.step(b.encode_turn(call("gate", hang=False)))
+            assert [c["status"] for c in info["tool_calls"]] == ["ok"] and "open" in b.messages[-1]["content"]
+        assert abandoned_calls(gate, scope=a) == MAX_ABANDONED_PER_TOOL and abandoned_calls(gate, scope=b) == 0
+        # B's own hung calls are bounded separately, and the process-wide count reports both.
+        *_, info = b.step(b.encode_turn(call("gate", hang=True) * n))
+        assert [c["status"] for c in info["tool_calls"]] == ["timeout"] * n
+        assert abandoned_calls(gate, scope=b) == MAX_ABANDONED_PER_TOOL == abandoned_calls(scope=b)
+        assert abandoned_calls() >= 2 * MAX_ABANDONED_PER_TOOL
+        *_, info = a.step(a.encode_turn(call("gate", hang=False)))
+        assert [c["status"] for c in info["tool_calls"]] == ["timeout"]  # A stays saturated until its calls end
+    finally:
+        gate.release.set()
+    deadline = time.monotonic() + 10
+    while (abandoned_calls(gate, scope=a) or abandoned_calls(gate, scope=b)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert abandoned_calls(gate, scope=a) == abandoned_calls(gate, scope=b) == 0
+    *_, info = a.step(a.encode_turn(call("gate", hang=False)))
+    assert [c["status"] for c in info["tool_calls"]] == ["ok"]
+
+
+class Picky(Tool):
+    name, description = "picky", "Its validation fails."
+    parameters = {"type": "object", "properties": {}}
+
+    def validate(self, arguments):
+        raise RuntimeError("validator down")
+
+    def execute(self):
+        return "ran"
+
+
+def test_a_validation_that_raises_is_a_tool_error_and_the_episode_goes_on():
+    """Issue 10 item 5b: ``t.validate`` ran outside run_tool's try, so a validation that raised
+    (an invalid ``pattern``) escaped ``step`` on every call."""
+    env = TinyEnv(tools=[Picky(), echo], max_invalid_calls=10)
+    obs, _ = env.reset(options={"task_index": 0})
+    prev = obs["input_ids"]
+    obs, _, term, trunc, info = env.step(env.encode_turn(call("picky")))
+    assert [c["status"] for c in info["tool_calls"]] == ["tool_error"] and not (term or trunc)
+    assert "could not be checked: RuntimeError: validator down" in env.messages[-1]["content"]
+    assert np.array_equal(obs["input_ids"][: len(prev)], prev) and env.tool_calls_used == 0 and env.turn == 1
+    *_, info = env.step(env.encode_turn(call("echo", text="a")))
+    assert [c["status"] for c in info["tool_calls"]] == ["ok"]
+
+
+def test_schema_regex_that_does_not_compile_is_refused_at_construction():
+    """A draft-7 schema whose ``$defs`` (not a draft-7 keyword, so jsonschema's check_schema skips it)
+    holds a bad regex: it was accepted, then every call to the tool raised ``re.error`` out of step."""
+    params = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "properties": {"q": {"$ref": "#/$defs/word"}}, "$defs": {"word": {"type": "string", "pattern": "[a-"}}}
+    bad = tool(description="x", name="finder", parameters=params)(lambda q: q)
+    with pytest.raises(ValueError, match=r"tool 'finder' has an invalid regular expression '\[a-' at \$defs/word/pattern"):
+        TinyEnv(tools=[echo, bad])
+    # One that gets past construction anyway (changed afterwards) is the call's tool_error, not a crash.
+    params["$defs"]["word"]["pattern"] = "[a-z]"
+    env = TinyEnv(tools=[echo, bad], max_invalid_calls=10, tools_in_prompt=False)  # the prompt keeps its schema
+    env.reset(options={"task_index": 0})
+    params["$defs"]["word"]["pattern"] = "[a-"
+    *_, term, trunc, info = env.step(env.encode_turn(call("finder", q="x")))
+    assert [c["status"] for c in info["tool_calls"]] == ["tool_error"] and not (term or trunc)
+    assert "could not be checked: error: unterminated character set" in env.messages[-1]["content"]
+
+
 # -- issue 10 audit (item 5a): per-episode state of a subclass is rolled back with the step ------
 
 from unittest.mock import Mock  # noqa: E402

@@ -442,6 +442,97 @@ def test_http_dribbling_server_within_deadline_is_read():
         server.close()
 
 
+# -- the deadline covers DNS and connect too (issue 10, item 10, audit) -------------------------
+
+
+class _FullBacklog:
+    """A listener on 127.0.0.1 whose accept queue is full: Linux drops further SYNs, so a connect
+    to it blocks until the client's own timeout (a server too busy to accept; loopback only)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.addr = self.sock.getsockname()
+        self.fill = []
+        for _ in range(4):  # fill the queue (its size differs by kernel) until a connect blocks
+            s = socket.socket()
+            s.settimeout(0.2)
+            try:
+                s.connect(self.addr)
+            except OSError:
+                s.close()
+                return
+            self.fill.append(s)
+        self.close()
+        pytest.skip("this kernel does not make a connect to a full backlog wait")
+
+    def close(self):
+        for s in self.fill:
+            s.close()
+        self.sock.close()
+
+
+def _fake_dns(monkeypatch, answers):
+    """Resolve the names in ``answers`` (name -> callable returning getaddrinfo's list) without DNS."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        return answers[host]() if host in answers else real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [0, 1])
+def test_http_deadline_covers_connect_to_every_address(monkeypatch, retries):
+    """A name with six addresses, none accepting: socket.create_connection gave each address the
+    whole timeout (6 x 0.5 s per attempt); now connecting to all of them shares one deadline."""
+    server = _FullBacklog()
+    try:
+        info = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", server.addr)
+        _fake_dns(monkeypatch, {"busy.test": lambda: [info] * 6})
+        timeout_s, backoff_s = 0.5, 0.05
+        client = HTTPRetriever(f"http://busy.test:{server.addr[1]}", timeout_s=timeout_s, retries=retries,
+                               backoff_s=backoff_s)
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverError, match=rf"failed after {retries + 1} attempt.*timeout 0.5s each"):
+            client.search(["q"], 1)
+        elapsed = time.monotonic() - t0
+        bound = (retries + 1) * timeout_s + backoff_s * (2**retries - 1)  # documented worst case
+        assert elapsed < 3 * bound, elapsed  # before the fix: 6 addresses x 0.5 s per attempt = 6 bound
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_http_deadline_covers_dns(monkeypatch, bm25):
+    """A DNS lookup that hangs (10 s here) was not bounded at all; now it shares the deadline."""
+    release = threading.Event()
+
+    def slow():
+        release.wait(10)
+        return []
+
+    with RetrievalServer(bm25) as server:
+        host, port = server._httpd.server_address[:2]
+        fast = [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+        _fake_dns(monkeypatch, {"slow-dns.test": slow, "fast-dns.test": lambda: fast})
+        try:
+            client = HTTPRetriever(f"http://slow-dns.test:{port}", timeout_s=0.5, retries=0)
+            t0 = time.monotonic()
+            with pytest.raises(RetrieverError) as err:
+                client.search(["q"], 1)
+            elapsed = time.monotonic() - t0
+            assert elapsed < 1.5, elapsed  # before the fix: the whole 10 s lookup
+            assert "DNS lookup of 'slow-dns.test' did not finish in time" in str(err.value)
+        finally:
+            release.set()
+        # A name resolved in time connects and is read as before.
+        hits = HTTPRetriever(f"http://fast-dns.test:{port}", timeout_s=5, retries=0).search(["bicycle maker"], 1)
+        assert hits[0][0].title == "Vance Motor Works"
+
+
 # -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
 
 
