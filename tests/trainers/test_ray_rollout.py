@@ -224,10 +224,19 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
               f"live processes {cpu_s:.1f} (the killed worker's not counted)")
 
         # A slice that outlives rollout_timeout_s: its worker is killed; with no retries left
-        # the rollout stops naming the worker, instead of waiting forever.
-        tr.workers.cfg = dataclasses.replace(tr.workers.cfg, rollout_timeout_s=0.05, rollout_retries=0)
-        with pytest.raises(RolloutWorkerError, match=r"rollout worker \d timed out on its slice .* rollout_retries=0"):
-            tr.rollout(2)
+        # the rollout stops naming the worker, instead of waiting forever. Worker 0 is hung for
+        # real (SIGSTOP), so its slice cannot finish in time however fast this machine is (a
+        # 0.05 s timeout alone did not fire on a faster machine: both slices came back in time).
+        # Worker 0's slice is the oldest, so it is the one that times out first.
+        tr.workers.cfg = dataclasses.replace(tr.workers.cfg, rollout_timeout_s=2.0, rollout_retries=0)
+        hung = tr.workers.pids()[0]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 timed out on its slice .* rollout_retries=0"):
+                tr.rollout(2)
+        finally:
+            if _alive([hung]):  # let it run, so Ray's kill and shutdown can end it
+                os.kill(hung, signal.SIGCONT)
     finally:
         t1 = time.perf_counter()
         tr.cleanup()
