@@ -14,6 +14,17 @@ import sys
 from trainers.config import ConfigError, load_config, parse_overrides
 
 
+def script_main(algo: str) -> None:
+    """The scripts' entry: exit with ``main``'s status. A torchrun rank that trained (fsdp: true)
+    ends through ``trainers.distributed.exit_rank``, which skips the interpreter's finalization (a
+    gloo thread can abort the process there)."""
+    rc = main(algo)
+    dist_mod = sys.modules.get("trainers.distributed")
+    if dist_mod is not None and dist_mod.ran_collectives():
+        dist_mod.exit_rank(rc)
+    sys.exit(rc)
+
+
 def main(algo: str, argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"train_{algo}", description=f"Train an agent with {algo.upper()}.")
     ap.add_argument("--config", help="a YAML file from configs/ (its keys mirror trainers.config.TrainConfig)")

@@ -5,7 +5,8 @@ it instead of starting its own):
 - ``["grpo" | "ppo", *argv]``: ``trainers/train_<algo>.py``'s command line (``trainers.cli.main``);
 - ``["copy", SRC, DST]``: rank 0 copies a run directory (the others wait).
 
-Exits with the first non-zero exit status of a run."""
+Exits with the first non-zero exit status of a run, through ``trainers.distributed.exit_rank`` as
+the training scripts do under torchrun."""
 
 import json
 import shutil
@@ -34,4 +35,6 @@ def main(steps: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from trainers.distributed import exit_rank
+
+    exit_rank(main(sys.argv[1:]))

@@ -32,12 +32,14 @@ def main(out: str) -> None:
     grads = full_grads(model)  # collective: every rank gathers
     if rank == 0:
         torch.save({"loss": total, "grads": grads}, out)
-    # Both ranks done before either tears the group down: once in a clean-clone run under load,
-    # rank 1 (which skips the save) aborted in its exit ("terminate called without an active
-    # exception") while rank 0 was still running (saving or tearing down).
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    from trainers.distributed import exit_rank
+
     main(sys.argv[1])
+    # Not a plain exit: a gloo thread can abort the process during the interpreter's finalization
+    # (exit_rank's docstring); once in a clean-clone run rank 1 did, here.
+    exit_rank(0)

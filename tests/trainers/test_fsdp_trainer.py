@@ -13,6 +13,7 @@ clipping at a gradient norm the update exceeds. GRPO then goes on for a third it
 2-process run's checkpoint: resumed under torchrun, and resumed by one process without fsdp; both
 match the uninterrupted single-process run's third iteration."""
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -53,6 +55,28 @@ def final_state(run_dir: Path) -> dict:
     return load_checkpoint(latest_checkpoint(run_dir))
 
 
+@contextlib.contextmanager
+def torchrun(*args: str) -> Iterator[subprocess.Popen]:
+    """``torchrun --standalone --nproc_per_node 2 *args`` on the CPU, output (both streams) piped.
+    torchrun starts each rank in a session of its own, so killing torchrun's process group misses
+    them: every process it starts carries a token in its environment (process_guard's mark, which a
+    rank keeps when re-parented), and whatever still runs when the block ends is killed."""
+    token = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           process_guard.ENV_VAR: token}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_all(process_guard.marked_pids(token))  # the ranks (none left after a clean exit)
+        if proc.returncode is None:
+            proc.communicate(timeout=30)  # the pipe closes now that no rank holds it
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both algorithms, each as one process and as two torchrun processes (launched first, so the
@@ -68,27 +92,11 @@ def runs(tmp_path_factory):
         steps.append([algo, "--config", str(path), "fsdp=true"])
     steps += [["copy", str(tmp / "grpo_fsdp"), str(tmp / "grpo_resumed_single")],
               ["grpo", "--resume", str(tmp / "grpo_fsdp"), "iterations=3"]]
-    # torchrun starts each rank in a session of its own, so killing torchrun's process group
-    # misses them: every process it starts carries a token in its environment (process_guard's
-    # mark, which a rank keeps when re-parented), and on a failure or timeout all of them are killed.
-    token = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
-           process_guard.ENV_VAR: token}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "tests/trainers/fsdp_trainer_worker.py", *map(json.dumps, steps)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
+    with torchrun("tests/trainers/fsdp_trainer_worker.py", *map(json.dumps, steps)) as proc:
         for algo, kw in RUNS.items():
             run(TrainConfig(**{**COMMON, **kw, "run_dir": str(tmp / f"{algo}_single"),
                                "iterations": 3 if algo == "grpo" else 2}))
         out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        kill_all(process_guard.marked_pids(token))  # the ranks (none left after a clean exit)
-        if proc.returncode is None:
-            proc.communicate(timeout=30)  # the pipe closes now that no rank holds it
     assert proc.returncode == 0, out[-4000:]
     copy = tmp / "grpo_resumed_single"
     run(resume_config(copy, {"iterations": 3, "fsdp": False, "run_dir": str(copy)}), resume=True)
@@ -149,6 +157,22 @@ def test_one_process_resumes_a_fsdp_checkpoint(runs):
     diff = max_param_diff(final_state(single), final_state(resumed), "policy")
     assert diff <= PARAM_ATOL
     print(f"grpo resumed by one process from the fsdp checkpoint: max |difference| = {diff:.3g}")
+
+
+@pytest.mark.timeout(300)
+def test_the_training_script_under_torchrun_exits_zero_and_reports(tmp_path):
+    """``torchrun ... trainers/train_grpo.py --config C fsdp=true``, as a user runs it (the other tests
+    drive the trainer through fsdp_trainer_worker.py): both ranks exit 0, ending through
+    ``exit_rank`` (docs/scaling.md "Exit"), and rank 0's summary line, the first iteration's
+    logged reward, reaches the pipe."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump({**COMMON, **RUNS["grpo"], "iterations": 1, "run_dir": str(tmp_path / "run")}))
+    with torchrun("trainers/train_grpo.py", "--config", str(path), "fsdp=true") as proc:
+        out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-4000:]
+    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and set(summaries[0]) >= {"rollout/reward_mean", "eval/success_rate"}, out[-4000:]
+    assert summaries[0]["rollout/reward_mean"] == pytest.approx(metrics(tmp_path / "run")[0]["rollout/reward_mean"], abs=1e-4)
 
 
 def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
