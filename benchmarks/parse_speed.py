@@ -15,16 +15,15 @@ parse is judged on the other calls (``max_ms_no_full_gc``), and the full collect
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_gym.formats import get_format, list_formats  # noqa: E402
+from benchmarks.passage_formatter import timed  # noqa: E402
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 
 TOKENS = 8000
@@ -43,28 +42,6 @@ def turn_text(pieces: list[str], n_tokens: int) -> str:
     unit = tok.encode("".join(pieces), add_special_tokens=False)
     ids = (unit * (n_tokens // len(unit) + 1))[:n_tokens]
     return tok.decode(ids, skip_special_tokens=False)
-
-
-def timed(fn, repeats: int) -> tuple[list[float], list[bool]]:
-    """Seconds per call, and for each call whether a full garbage collection ran during it."""
-    full = [False]
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start" and info.get("generation") == 2:
-            full[0] = True
-
-    times, fulls = [], []
-    gc.callbacks.append(on_gc)
-    try:
-        for _ in range(repeats):
-            full[0] = False
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-            fulls.append(full[0])
-    finally:
-        gc.callbacks.remove(on_gc)
-    return times, fulls
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ Results go to ``benchmarks/results/passage_formatter.json`` (git-ignored) and ar
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -45,13 +46,26 @@ def huge_text(mb: float) -> str:
     return " ".join(out)
 
 
-def timed(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def timed(fn, repeats: int) -> tuple[list[float], list[bool]]:
+    """Seconds per call, and for each call whether a full garbage collection ran during it."""
+    full = [False]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            full[0] = True
+
+    times, fulls = [], []
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(repeats):
+            full[0] = False
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            fulls.append(full[0])
+    finally:
+        gc.callbacks.remove(on_gc)
+    return times, fulls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "python": platform.python_version(), "machine": platform.machine()}
     for name, passages in (("huge_first", [big, *small]), ("huge_last", [*small, big])):
         fmt = PassageFormatter(tok, args.max_tokens)
-        first = timed(lambda: fmt.format(passages), 1)[0]
-        again = timed(lambda: fmt.format(passages), args.repeats)
+        first = timed(lambda: fmt.format(passages), 1)[0][0]
+        again, _ = timed(lambda: fmt.format(passages), args.repeats)
         text, titles = fmt.format(passages)
         n = len(tok.encode(text, add_special_tokens=False))
         results[name] = {"first_s": first, "cached_median_s": statistics.median(again),
@@ -97,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = []
     for _ in range(1 + args.repeats):  # a fresh episode each time; the env's caches stay warm
         env.reset(options={"task_index": 0})
-        steps += timed(lambda: env.step(ids), 1)
+        steps += timed(lambda: env.step(ids), 1)[0]
         assert "Quillhaven" in u.messages[-1]["content"] and len(u.messages[-1]["content"]) < 10_000
     results["env_step"] = {"first_s": steps[0], "later_median_s": statistics.median(steps[1:])}
     print(f"env step    first       {steps[0] * 1e3:10.2f} ms   later median  {statistics.median(steps[1:]) * 1e3:9.3f} ms")
