@@ -79,7 +79,7 @@ def exit_rank(rc: int) -> NoReturn:
     of tests/trainers/test_fsdp_trainer.py: ``c10d::AsyncAllreduceWork::~AsyncAllreduceWork`` ->
     ``TensorImpl::decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``). ``destroy_process_group``
     does not stop those threads. torchrun then reports the run as failed and stops the other ranks,
-    rank 0 perhaps in the middle of its own clean-up. It happened in 3 of about 45 runs of that test
+    rank 0 perhaps in the middle of its own clean-up. It happened in 4 of 47 runs of that test
     on the 2-core machine. Every file the trainer writes is closed by ``Trainer.cleanup`` before this."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
