@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -233,6 +234,11 @@ class ToolEnv(gym.Env):
     # -- gymnasium API -----------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode. Transactional, like :meth:`step`, and so is every subclass's own
+        ``reset`` (wrapped when the class is defined): if anything raises (a prompt over
+        ``max_context_tokens``, a bad task or index, a hook, ``KeyboardInterrupt``), the env is left
+        exactly as before the call (the RNG included), and :meth:`step` refuses to act until a
+        reset succeeds, since the caller meant to leave the old episode."""
         super().reset(seed=seed)
         options = options or {}
         unknown = set(options) - {"task", "task_index"}
@@ -282,6 +288,10 @@ class ToolEnv(gym.Env):
         """Validate ``action`` without stepping: the ids as a list, or ``ValueError`` naming what is
         wrong (``RuntimeError`` if the episode is over). :class:`~agent_gym.vector.ToolVectorEnv`
         checks every slot with it before stepping any."""
+        failed = self.__dict__.get("_reset_failed")
+        if failed is not None:
+            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() would act on the "
+                               "episode before it. Call reset() again and let it succeed first.")
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first.")
         return _as_id_list(action, self.vocab_size)
@@ -446,6 +456,31 @@ class ToolEnv(gym.Env):
             raise TypeError(f"{cls.__name__}.episode_state must be a tuple of attribute names, got {declared!r}{hint}")
         cls._episode_state_all = tuple(dict.fromkeys(
             k for klass in reversed(cls.__mro__) for k in klass.__dict__.get("episode_state", ())))
+        own_reset = cls.__dict__.get("reset")
+        if callable(own_reset) and not getattr(own_reset, "__agent_gym_transactional__", False):
+            cls.reset = _transactional_reset(own_reset)  # type: ignore[method-assign]
+
+    def _reset_checkpoint(self) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
+        """What a reset may change: every attribute (a shallow copy of ``__dict__``: reset assigns
+        new episode lists rather than changing the old ones), a deep copy of ``episode_state``
+        (which a subclass may change in place), and the RNG's state (drawing a task index advances
+        it in place)."""
+        rng = self.__dict__.get("_np_random")
+        return (dict(self.__dict__), {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all},
+                rng, None if rng is None else copy.deepcopy(rng.bit_generator.state))
+
+    def _reset_rollback(self, saved: tuple[dict[str, Any], dict[str, Any], Any, Any]) -> None:
+        attrs, extra, rng, rng_state = saved
+        for k in [k for k in self.__dict__ if k not in attrs]:
+            del self.__dict__[k]
+        self.__dict__.update(attrs)
+        for k, v in extra.items():
+            if v is _MISSING:
+                self.__dict__.pop(k, None)
+            else:
+                setattr(self, k, v)
+        if rng is not None:
+            rng.bit_generator.state = rng_state
 
     def _checkpoint(self) -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
         """The episode state a step may change. Steps only append to the lists, so their lengths
@@ -535,8 +570,59 @@ class _Turn:
     reason: str | None = None
 
 
-_MISSING = object()
+class _Missing:
+    """The type of ``_MISSING``; it survives ``copy.deepcopy`` as itself (a plain ``object()``
+    would be copied into a new object, and ``v is _MISSING`` would then never hold)."""
+
+    def __deepcopy__(self, memo: Any) -> "_Missing":
+        return self
+
+    def __copy__(self) -> "_Missing":
+        return self
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
 """An ``episode_state`` attribute that did not exist at the checkpoint (deleted on rollback)."""
+
+
+def _transactional_reset(fn: Any) -> Any:
+    """``fn`` (a ``reset``) made transactional: the outermost call checkpoints the env and, if
+    anything raises (``KeyboardInterrupt`` included), restores it and records the failure so that
+    ``step`` refuses until a reset succeeds. Inner calls (a subclass's ``super().reset``) run as is."""
+
+    @functools.wraps(fn)
+    def reset(self: ToolEnv, *args: Any, **kwargs: Any):
+        if self.__dict__.get("_in_reset"):
+            return fn(self, *args, **kwargs)
+        saved = self._reset_checkpoint()
+        self.__dict__["_in_reset"] = True
+        try:
+            out = fn(self, *args, **kwargs)
+        except BaseException as e:
+            self._reset_rollback(saved)
+            self.__dict__["_reset_failed"] = f"{type(e).__name__}: {_short(e)}"
+            raise
+        finally:
+            self.__dict__["_in_reset"] = False
+        self.__dict__["_reset_failed"] = None
+        return out
+
+    reset.__agent_gym_transactional__ = True  # type: ignore[attr-defined]
+    return reset
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(e)
+    except Exception:  # an exception whose __str__ raises
+        return f"<unprintable {type(e).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+ToolEnv.reset = _transactional_reset(ToolEnv.reset)  # type: ignore[method-assign]
 
 
 def _as_id_list(action: Any, vocab_size: int) -> list[int]:
