@@ -199,6 +199,9 @@ class TrainConfig:
             raise ConfigError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("lr and critic_lr must be positive")
         check_rollout_workers(self)

@@ -584,3 +584,36 @@ def test_gae_whitening_equal_advantages_get_exactly_zero():
     r[:4, 1] = 0.0
     adv, _, _ = call("gae", r, m, v=torch.zeros_like(r))
     assert torch.std(adv[:, 1].double()).item() == pytest.approx(1.0, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- the blocked scan
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200, 1000])
+@pytest.mark.parametrize("discount", [0.0, 0.5, 0.9405, 0.999])
+def test_discounted_scan_matches_loop_across_blocks(T, discount):
+    # Rows longer than the scan's block (64) exercise the carry between blocks; rows with gaps
+    # (env tokens) and a row with no agent token exercise the packing. Reference: the loop.
+    g = torch.Generator().manual_seed(T * 7 + int(discount * 1000))
+    B = 5
+    mask = torch.rand(B, T, generator=g) < 0.7
+    mask[1] = False
+    mask[2, : T // 2] = False  # a long tool response
+    x = torch.randn(B, T, generator=g, dtype=torch.float64)
+    got = A._discounted_cumsum_on_mask(x, mask, discount)
+    exp = ref_return_to_go(torch.where(mask, x, torch.zeros_like(x)).tolist(), mask.tolist(), discount)
+    assert torch.allclose(got, torch.tensor(exp, dtype=torch.float64), atol=1e-9, rtol=1e-9)
+    assert got.dtype == x.dtype and bool((got[~mask] == 0).all())
+
+
+def test_discounted_scan_float32_long_row_within_1e_6():
+    # B=4, T=4096 in float32, gamma*lam of PPO's defaults: equal to the float64 loop to 1e-6
+    # (relative to the values' scale), with no under- or overflow from large powers.
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(4, 4096, generator=g) < 0.8
+    x = torch.randn(4, 4096, generator=g) * 0.1
+    got = A._discounted_cumsum_on_mask(x, mask, 0.99 * 0.95)
+    exp = torch.tensor(ref_return_to_go(torch.where(mask, x, torch.zeros_like(x)).double().tolist(),
+                                        mask.tolist(), 0.99 * 0.95), dtype=torch.float64)
+    assert torch.isfinite(got).all()
+    assert (got.double() - exp).abs().max().item() < 1e-6

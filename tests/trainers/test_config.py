@@ -37,6 +37,8 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     (["minibatch_size=48"], r"minibatch_size=48 must divide the batch of tasks_per_iter \* group_size = 16 \* 4 = 64"),
     (["algo=grpo", "group_size=1", "minibatch_size=16"], "group_size must be at least 2"),
     (["dual_clip_c=0.5"], "dual_clip_c must be > 1"),
+    (["lam=1.05"], r"lam must be in \[0, 1\], got 1.05"),
+    (["gamma=-0.1"], r"gamma must be in \[0, 1\], got -0.1"),
     (["recompute_logprobs=false", "top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
     (["eval_sets={fresh: 3}"], "eval_sets: 'fresh' must map to a mapping of env_kwargs overrides"),
     (["eval_sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),

@@ -43,6 +43,8 @@ Where this departs from the papers:
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -155,19 +157,66 @@ def _discounted_cumsum_on_mask(x: Tensor, mask: Tensor, discount: float) -> Tens
 
     Masked-out positions are skipped (they neither add nor discount) and come back as 0.
     x (B, T), mask (B, T) bool -> (B, T).
+
+    Vectorised: each row's masked entries are packed to the front (in order, by a running
+    count), the packed rows are scanned by ``_discounted_reverse_scan`` in float64, and the result
+    is scattered back. Equal to the per-token loop to float64 rounding (tests/trainers/
+    test_advantages.py; speed in benchmarks/advantages_speed.py).
     """
     if discount == 1.0:
         # Undiscounted: a reverse cumulative sum, no loop.
         xm = torch.where(mask, x, torch.zeros_like(x))
         return torch.where(mask, xm.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(x))
-    T = x.shape[1]
-    carry = torch.zeros_like(x[:, 0])  # (B,)
-    out = []
-    for t in reversed(range(T)):
-        carry = torch.where(mask[:, t], x[:, t] + discount * carry, carry)
-        out.append(carry)
-    y = torch.stack(out[::-1], dim=1)  # T x (B,) -> (B, T)
+    B, T = x.shape
+    if B == 0 or T == 0:
+        return torch.zeros_like(x)
+    # Pack each row's agent tokens to the front, in order: the k-th agent token goes to column
+    # k - 1 (a running count); env tokens go to a spare column T, dropped after.
+    dest = torch.where(mask, mask.long().cumsum(1) - 1, torch.full_like(mask, T, dtype=torch.long))
+    xm = torch.where(mask, x, torch.zeros_like(x)).to(torch.float64)
+    packed = xm.new_zeros(B, T + 1).scatter_(1, dest, xm)[:, :T]  # (B, T), zero tail
+    # The zero tail of each packed row adds nothing to the entries before it.
+    y_packed = _discounted_reverse_scan(packed, discount)  # (B, T)
+    y = y_packed.gather(1, dest.clamp(max=T - 1)).to(x.dtype)
     return torch.where(mask, y, torch.zeros_like(y))
+
+
+def _powers_matrix(n: int, base: float, offset: int, device: torch.device) -> Tensor:
+    """(n, n) float64 with ``base^(j - k - offset)`` where ``j - k >= offset``, else 0 (row k, col j)."""
+    k = torch.arange(n, dtype=torch.float64, device=device)
+    diff = k.view(1, n) - k.view(n, 1) - offset
+    b = torch.as_tensor(base, dtype=torch.float64, device=device)
+    return torch.where(diff >= 0, b ** diff.clamp(min=0), torch.zeros((), dtype=torch.float64, device=device))
+
+
+def _discounted_reverse_scan(x: Tensor, discount: float) -> Tensor:
+    """``y_k = sum_{j >= k} discount^(j-k) x_j`` along the last dim (x float64, (B, K)).
+
+    Two matmuls, no Python loop over K: the row is cut into blocks of L ~ sqrt(K) entries;
+    inside a block the sum is a matmul with the upper-triangular L x L matrix of
+    ``discount^(j-k)``; what the blocks to the right contribute is a discounted sum over the
+    blocks' first entries with discount ``discount^L`` (an nb x nb matmul), added as
+    ``discount^(L-k) * carry``. Only non-negative powers appear, so nothing overflows for
+    ``discount <= 1`` (very small powers underflow to 0, their true weight).
+    """
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"discount must be in [0, 1], got {discount} (gamma * lam)")
+    B, K = x.shape
+    L = max(16, math.isqrt(max(K - 1, 0)) + 1)
+    L = min(L, K)
+    nb = -(-K // L)
+    pad = nb * L - K
+    if pad:
+        x = torch.cat([x, x.new_zeros(B, pad)], dim=1)
+    inner = _powers_matrix(L, discount, 0, x.device)  # [k, j] = d^(j-k), j >= k
+    yb = x.view(B, nb, L) @ inner.T  # (B, nb, L): sums inside each block
+    if nb > 1:
+        # carry[i] = y at the first entry of block i+1 = sum_{j > i} (d^L)^(j-i-1) * yb[j, 0]
+        between = _powers_matrix(nb, discount ** L, 1, x.device)  # [i, j] = D^(j-i-1), j > i
+        carry = yb[:, :, 0] @ between.T  # (B, nb)
+        tail = discount ** (L - torch.arange(L, dtype=torch.float64, device=x.device))  # d^(L-k)
+        yb = yb + carry.unsqueeze(-1) * tail
+    return yb.reshape(B, nb * L)[:, :K]
 
 
 def _next_on_mask(v: Tensor, mask: Tensor) -> Tensor:
