@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import shutil
 import tempfile
 import urllib.error
@@ -377,8 +378,12 @@ def read_rows(path: str | os.PathLike[str]) -> Rows:
 _NON_SPACE = re.compile(r"\S")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 200, 200, 8, 8
+
+
 def _short(value: Any, n: int = 60) -> str:
-    r = repr(value)
+    r = _REPR.repr(value)  # bounded: repr() of a deeply nested value raises RecursionError
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
@@ -578,16 +583,29 @@ def make_doc(doc_id: str, title: str, text: str) -> dict[str, str]:
 
 
 def normalize_doc(row: Mapping[str, Any], index: int, ref: RowRef | None = None) -> dict[str, str]:
-    """One corpus row -> `{id, title, text, contents}` (title/text recovered from `contents`)."""
+    """One corpus row -> `{id, title, text, contents}` (title/text recovered from `contents`).
+
+    ``title``, ``text`` and ``contents`` must be strings and ``id`` a string or an integer: a
+    null or any other value raises naming the key (``str()`` would make the passage "None")."""
     ref = ref or RowRef("corpus", f"row {index}")
     if not isinstance(row, Mapping):
         raise ref.error(None, f"expected a JSON object, got {type(row).__name__} {_short(row)}")
-    doc_id = str(row.get("id", row.get("docid", index)))
+    id_key = "id" if "id" in row else "docid" if "docid" in row else None
+    doc_id = row[id_key] if id_key else index
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise ref.error(id_key, f"must be a string or an integer, got {type(doc_id).__name__} {_short(doc_id)}")
+
+    def text_field(key: str) -> str:
+        value = row[key]
+        if not isinstance(value, str):
+            raise ref.error(key, f"must be a string, got {type(value).__name__} {_short(value)}")
+        return value
+
     if "title" in row and "text" in row:
-        return make_doc(doc_id, str(row["title"]), str(row["text"]))
+        return make_doc(str(doc_id), text_field("title"), text_field("text"))
     if "contents" in row:
-        title, text = _split_contents(str(row["contents"]))
-        return make_doc(doc_id, str(row.get("title", title)), text)
+        title, text = _split_contents(text_field("contents"))
+        return make_doc(str(doc_id), text_field("title") if "title" in row else title, text)
     raise ref.error("title", f"missing: a corpus row needs title and text, or contents (it has keys {sorted(row)})")
 
 

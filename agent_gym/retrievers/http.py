@@ -15,12 +15,17 @@ is needed for one JSON endpoint. Also `GET /health` -> `{"status": "ok"}`. Run i
 
 The client, `HTTPRetriever`, is a `Retriever`. Each attempt has one deadline (`timeout_s`) that
 covers the DNS lookup, connecting (every resolved address shares what is left of it), the TLS
-handshake, the headers and the body (a watchdog shuts the socket down when it passes). Connection
-errors, timeouts and 5xx answers are retried `retries` times with backoff, and then a
-`RetrieverError` is raised: a `search` call takes at most
+handshake, sending, the headers and the body, whatever the server does (no `Content-Length`,
+`Connection: close`, HTTP/1.0, chunks, one byte at a time): a watchdog shuts the socket down when
+it passes. Connection errors, timeouts and 5xx answers are retried `retries` times with backoff,
+and then a `RetrieverError` is raised: a `search` call takes at most
 `(retries + 1) * timeout_s + backoff_s * (2**retries - 1)` seconds (plus scheduling slack), so a
-down, unreachable or slow server never hangs an env. It works against Search-R1's own FastAPI
-server as well.
+down, unreachable or slow server never hangs an env. An answer is read up to `max_response_bytes`
+(default 64 MiB; a larger `Content-Length` is refused before reading, an endless body once it
+passes the cap), and anything but the wire format above (a hit that is not an object, a score that
+is not a finite number, a null or non-string title/text, JSON nested too deep to decode, bytes
+that are not UTF-8 JSON) raises `RetrieverError` naming what was wrong; none of these is retried.
+It works against Search-R1's own FastAPI server as well.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import argparse
 import http.client
 import ipaddress
 import json
+import math
+import reprlib
 import socket
 import sys
 import threading
@@ -159,6 +166,14 @@ class RetrievalServer:
         self.close()
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+"""The default cap on one answer's body (``HTTPRetriever(max_response_bytes=...)``)."""
+_ERROR_BODY_BYTES = 2000  # what is read of a non-2xx answer's body, for the error message
+_CHUNK = 1 << 16
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother = 3, 120, 120
+
+
 class _HTTPStatusError(Exception):
     def __init__(self, status: int, detail: str):
         super().__init__(f"HTTP {status}: {detail}")
@@ -173,16 +188,23 @@ class HTTPRetriever:
     the headers and the body, however slowly a server sends them.
 
     It speaks HTTP directly (`http.client`), so proxy environment variables are not used and
-    redirects are not followed."""
+    redirects are not followed. An answer body is read up to ``max_response_bytes`` (default
+    ``DEFAULT_MAX_RESPONSE_BYTES``, 64 MiB: about 20,000 wiki-18 passages); a longer one raises
+    ``RetrieverError`` without being read further, so a server that streams without end cannot
+    grow the client's memory past the cap."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2):
+    def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
         if timeout_s <= 0 or retries < 0:
             raise ValueError("timeout_s must be > 0 and retries >= 0")
+        if not isinstance(max_response_bytes, int) or isinstance(max_response_bytes, bool) or max_response_bytes <= 0:
+            raise ValueError(f"max_response_bytes must be a positive integer, got {max_response_bytes!r}")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_response_bytes = max_response_bytes
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         check_k(k)
@@ -213,11 +235,16 @@ class HTTPRetriever:
     def _post(self, body: bytes) -> Any:
         """POST ``body`` and return the decoded JSON answer, all within ``timeout_s``.
 
-        The deadline covers DNS, connect, headers and body: the lookup and each connect attempt
-        get only the time left (:func:`_connect`), and then a watchdog timer shuts the socket down
-        when it passes, which ends a blocked handshake or ``recv`` at once. (A socket timeout alone
-        bounds each ``recv``, so a server sending one header byte per second would never trip it.)
-        Raises ``TimeoutError`` past the deadline, ``_HTTPStatusError`` for a non-2xx status.
+        The deadline covers DNS, connect, send, headers and body: the lookup and each connect
+        attempt get only the time left (:func:`_connect`), and then a watchdog timer shuts the
+        socket down when it passes, which ends a blocked handshake, send or ``recv`` at once. (A
+        socket timeout alone bounds each ``recv``, so a server sending one byte per second would
+        never trip it.) The watchdog holds its own duplicate of the connected socket: ``http.client``
+        drops the connection's socket when an answer has no ``Content-Length`` (``getresponse``
+        hands it to the response and closes the connection object), and TLS wrapping detaches the
+        original socket object; a duplicate descriptor still shuts the same socket down.
+        Raises ``TimeoutError`` past the deadline, ``_HTTPStatusError`` for a non-2xx status,
+        ``RetrieverError`` for an answer over ``max_response_bytes`` or not JSON.
         """
         u = urllib.parse.urlsplit(self.url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -225,50 +252,95 @@ class HTTPRetriever:
         deadline = time.monotonic() + self.timeout_s
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
         conn = cls(u.hostname, u.port, timeout=self.timeout_s)
-        # http.client opens its socket through this per-connection hook (socket.create_connection by
-        # default: an unbounded DNS lookup, then `timeout` per resolved address). Ours spends only
-        # what is left of the deadline, and the TLS handshake that follows is under the watchdog.
-        conn._create_connection = lambda address, timeout=None, source_address=None: _connect(  # type: ignore[attr-defined]
-            address, deadline, self.timeout_s)
         expired = threading.Event()
+        lock = threading.Lock()
+        watched: list[socket.socket] = []  # duplicates of the sockets opened, for the watchdog
+
+        def create(address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
+            sock = _connect(address, deadline, self.timeout_s)
+            with lock:
+                if expired.is_set():
+                    sock.close()
+                    raise TimeoutError(f"could not connect within {self.timeout_s:g}s")
+                watched.append(sock.dup())
+            return sock
 
         def expire() -> None:
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            with lock:
+                expired.set()
+                for sock in watched:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
+        # http.client opens its socket through this per-connection hook (socket.create_connection by
+        # default: an unbounded DNS lookup, then `timeout` per resolved address). Ours spends only
+        # what is left of the deadline; everything after it is under the watchdog.
+        conn._create_connection = create  # type: ignore[attr-defined]
         timer = threading.Timer(max(deadline - time.monotonic(), 0.0), expire)
         timer.daemon = True
         timer.start()
+        resp = None
         try:
             conn.connect()
             if expired.is_set():
-                raise TimeoutError("connect")
+                raise TimeoutError(f"could not connect within {self.timeout_s:g}s")
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
             conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
-            data = resp.read()
-            if expired.is_set():
-                raise TimeoutError("read")
+            ok = 200 <= resp.status < 300
+            data = self._read_body(resp, self.max_response_bytes if ok else _ERROR_BODY_BYTES, ok)
+            if expired.is_set():  # the watchdog's shutdown reads as the end of the body
+                raise TimeoutError(f"no complete answer within {self.timeout_s:g}s")
         except (OSError, http.client.HTTPException) as err:
             if expired.is_set() and not isinstance(err, TimeoutError):  # keep a timeout's own message (DNS, connect)
                 raise TimeoutError(f"no complete answer within {self.timeout_s:g}s") from None
             raise
         finally:
             timer.cancel()
+            if resp is not None:
+                resp.close()
             conn.close()
-        if not 200 <= resp.status < 300:
-            raise _HTTPStatusError(resp.status, data[:2000].decode("utf-8", "replace"))
+            with lock:
+                for sock in watched:
+                    sock.close()
+        if not ok:
+            raise _HTTPStatusError(resp.status, data.decode("utf-8", "replace"))
         try:
             return json.loads(data)
-        except json.JSONDecodeError as err:
+        except RecursionError:
+            raise RetrieverError(f"retrieval server {self.url} sent JSON nested too deep to decode") from None
+        except ValueError as err:  # JSONDecodeError, bytes that are not UTF-8, an integer too long
             raise RetrieverError(f"retrieval server {self.url} sent invalid JSON: {err}") from None
 
+    def _read_body(self, resp: http.client.HTTPResponse, cap: int, strict: bool) -> bytes:
+        """At most ``cap`` bytes of ``resp``'s body. ``strict``: a body longer than ``cap`` (by its
+        ``Content-Length``, before reading, or once more than ``cap`` bytes arrived) raises
+        ``RetrieverError``; else the first ``cap`` bytes are returned (an error answer's detail)."""
+        if strict and resp.length is not None and resp.length > cap:
+            raise RetrieverError(
+                f"retrieval server {self.url} announced a {resp.length:,}-byte answer (Content-Length), over "
+                f"max_response_bytes={cap:,}; raise HTTPRetriever(max_response_bytes=...) "
+                "(retriever_kwargs in the QA envs) if the server is right, or ask for fewer queries or passages")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= cap:
+            chunk = resp.read(min(_CHUNK, cap + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+        if not strict:
+            return b"".join(chunks)[:cap]
+        raise RetrieverError(
+            f"retrieval server {self.url} sent more than max_response_bytes={cap:,} bytes; reading stopped there. "
+            "Raise HTTPRetriever(max_response_bytes=...) (retriever_kwargs in the QA envs) if the server is "
+            "right, or ask for fewer queries or passages")
+
     def _parse(self, payload: Any, n: int) -> list[list[Passage]]:
+        """The wire format (module docstring) -> passages; anything else raises ``RetrieverError``
+        naming the query, the rank and what was wrong."""
         result = payload.get("result") if isinstance(payload, dict) else payload
         if not isinstance(result, list) or len(result) != n:
             raise RetrieverError(
@@ -276,27 +348,37 @@ class HTTPRetriever:
                 f"of length {len(result) if isinstance(result, list) else '-'}, expected {n} lists"
             )
         out = []
-        for hits in result:
+        for q, hits in enumerate(result):
+            if not isinstance(hits, list):
+                raise RetrieverError(f"retrieval server {self.url}: the hits of query {q} must be a list, "
+                                     f"got {type(hits).__name__} {_short.repr(hits)}")
             row = []
             for rank, hit in enumerate(hits):
+                where = f"retrieval server {self.url}: query {q}, hit {rank}"
                 doc = hit.get("document", hit) if isinstance(hit, dict) else None
                 if not isinstance(doc, dict):
-                    raise RetrieverError(f"retrieval server {self.url} sent a malformed hit: {hit!r:.200}")
+                    raise RetrieverError(f"{where} is malformed: {_short.repr(hit)} (expected a document object "
+                                         "or {\"document\": ..., \"score\": ...})")
                 score = hit.get("score") if "document" in hit else None
+                if score is not None and not _finite_number(score):
+                    raise RetrieverError(f"{where} has score {_short.repr(score)}; a score must be a finite number")
                 try:
                     d = normalize_doc(doc, rank)
                 except ValueError as err:
-                    raise RetrieverError(f"retrieval server {self.url}: {err}") from None
-                row.append(
-                    Passage(
-                        title=d["title"],
-                        text=d["text"],
-                        score=float(score) if score is not None else 0.0,
-                        id=d["id"],
-                    )
-                )
+                    raise RetrieverError(f"{where}: {err}") from None
+                row.append(Passage(title=d["title"], text=d["text"],
+                                   score=float(score) if score is not None else 0.0, id=d["id"]))
             out.append(row)
         return out
+
+
+def _finite_number(x: Any) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:

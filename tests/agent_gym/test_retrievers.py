@@ -7,6 +7,7 @@ install otherwise. One JVM and one dense model per module (module-scoped fixture
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,11 @@ from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, RetrieverError,
 from agent_gym.retrievers.base import require
 from agent_gym.retrievers.bm25 import BM25Retriever, LuceneLikeAnalyzer
 from agent_gym.retrievers.http import HTTPRetriever, RetrievalServer
+from tests.agent_gym.fault_server import FaultServer as _FaultServer
+from tests.agent_gym.fault_server import answer as _answer
+from tests.agent_gym.fault_server import dribble as _dribble
+from tests.agent_gym.fault_server import drip as _drip
+from tests.agent_gym.fault_server import flood as _flood
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "qa"
@@ -364,45 +370,6 @@ def test_http_serve_command(tmp_path):
 # -- a dribbling server: the deadline covers connect, headers and body (issue 10, item 10) --------
 
 
-class _DribbleServer:
-    """A real TCP server on 127.0.0.1 that reads the request, then sends ``head`` at once and
-    ``slow`` one byte every ``gap`` seconds. Stops (and closes every socket) on ``close()``."""
-
-    def __init__(self, head: bytes, slow: bytes, gap: float = 1.0):
-        self.head, self.slow, self.gap = head, slow, gap
-        self.stop = threading.Event()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(65536)  # the request (small, one segment on loopback)
-                    conn.sendall(self.head)
-                    for b in self.slow:
-                        if self.stop.wait(self.gap):
-                            return
-                        conn.sendall(bytes([b]))
-                except OSError:
-                    continue
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
-
-
 _BODY = json.dumps({"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1.0}]]}).encode()
 _HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(_BODY)
 
@@ -413,7 +380,7 @@ _HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length
     (_HEADERS, _BODY),         # headers at once, body one byte per second
 ])
 def test_http_deadline_covers_headers_and_body(head, slow):
-    server = _DribbleServer(head, slow, gap=0.5)
+    server = _FaultServer(_dribble(head, slow, gap=0.5))
     try:
         client = HTTPRetriever(server.url, timeout_s=2.0, retries=0)
         t0 = time.monotonic()
@@ -434,7 +401,7 @@ def test_http_deadline_covers_headers_and_body(head, slow):
 @pytest.mark.timeout(30)
 def test_http_dribbling_server_within_deadline_is_read():
     # The same dribbling server, fast enough to finish well inside the deadline, is read whole.
-    server = _DribbleServer(_HEADERS, _BODY, gap=0.0)
+    server = _FaultServer(_dribble(_HEADERS, _BODY, gap=0.0))
     try:
         hits = HTTPRetriever(server.url, timeout_s=10.0, retries=0).search(["q"], 1)
         assert [(p.title, p.text) for p in hits[0]] == [("T", "x")]
@@ -584,3 +551,126 @@ def test_dense_pickles_and_deep_copies(dense_encoder):
     r = DenseRetriever(CORPUS, encoder=dense_encoder, cache=False)
     for c in _copies(r):
         _same_results(c, r)
+
+
+# -- answers without Content-Length, endless bodies, bad bodies (issue 20, item 3) --------------
+
+
+_NO_LENGTH = {
+    "http/1.1 connection close": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+    "http/1.0": b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
+    "chunked": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("head", ["http/1.1 connection close", "http/1.0"])
+def test_http_deadline_covers_a_dripped_body_without_content_length(head):
+    # Before the fix: still reading at 30 s (getresponse() hands the socket to the response and
+    # drops it from the connection, so the watchdog found no socket to shut down).
+    with _FaultServer(_drip(_NO_LENGTH[head])) as server:
+        client = HTTPRetriever(server.url, timeout_s=1.0, retries=1, backoff_s=0.05)
+        with pytest.raises(RetrieverError, match=r"after 2 attempt.*no complete answer within 1s"):
+            client.search(["q"], 1)
+        assert server.connections == 2
+
+
+@pytest.mark.timeout(30)
+def test_http_deadline_covers_a_dripped_chunked_body():
+    def chunks(conn, stop):  # valid chunks of one byte each, one every 0.2 s
+        conn.sendall(_NO_LENGTH["chunked"])
+        while not stop.wait(0.2):
+            conn.sendall(b"1\r\n \r\n")
+    with _FaultServer(chunks) as server:
+        with pytest.raises(RetrieverError, match="no complete answer within 1s"):
+            HTTPRetriever(server.url, timeout_s=1.0, retries=0).search(["q"], 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("head", ["http/1.1 connection close", "http/1.0"])
+def test_http_endless_fast_body_stops_at_max_response_bytes(head):
+    import tracemalloc
+
+    cap = 1 << 20
+    with _FaultServer(_flood(_NO_LENGTH[head])) as server:
+        client = HTTPRetriever(server.url, timeout_s=20.0, retries=2, max_response_bytes=cap)
+        tracemalloc.start()
+        try:
+            with pytest.raises(RetrieverError, match=r"more than max_response_bytes=1,048,576 bytes"):
+                client.search(["q"], 1)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * cap, peak  # the chunks read and one join, not the stream
+        assert server.connections == 1  # a too-large answer is not retried
+
+
+@pytest.mark.timeout(30)
+def test_http_huge_content_length_is_refused_before_reading():
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n")
+    with _FaultServer(_drip(head)) as server:
+        client = HTTPRetriever(server.url, timeout_s=20.0, retries=0)
+        with pytest.raises(RetrieverError, match=r"100,000,000,000-byte answer.*max_response_bytes=67,108,864"):
+            client.search(["q"], 1)
+
+
+def test_http_max_response_bytes_is_checked():
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="max_response_bytes must be a positive integer"):
+            HTTPRetriever("http://127.0.0.1:1", max_response_bytes=bad)
+
+
+def _doc(**fields):
+    return {"id": "1", "title": "T", "text": "x", **fields}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"result": [5]}', "the hits of query 0 must be a list, got int 5"),
+    (b'{"result": [[5]]}', "query 0, hit 0 is malformed: 5"),
+    (b'{"result": [[[1, 2]]]}', "query 0, hit 0 is malformed"),
+    (json.dumps({"result": [[{"document": _doc(), "score": "high"}]]}).encode(), "score 'high'; a score must be"),
+    (json.dumps({"result": [{"document": _doc(), "score": 1.0}]}).encode(), "query 0 must be a list, got dict"),
+    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": NaN}]]}', "score nan"),
+    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1e999}]]}', "score inf"),
+    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1' + b"0" * 400 + b'}]]}',
+     "a score must be a finite number"),
+    (json.dumps({"result": [[{"document": _doc(), "score": True}]]}).encode(), "score True"),
+    (json.dumps({"result": [[{"document": _doc(text=None), "score": 1.0}]]}).encode(),
+     "key 'text': must be a string, got NoneType None"),
+    (json.dumps({"result": [[{"document": _doc(title=["a"]), "score": 1.0}]]}).encode(), "key 'title': must be a string"),
+    (json.dumps({"result": [[{"document": {"id": "1", "contents": None}}]]}).encode(), "key 'contents': must be a"),
+    (json.dumps({"result": [[{"document": _doc(id=None)}]]}).encode(), "key 'id': must be a string or an integer"),
+    (json.dumps({"result": [[{"document": {"id": "1"}, "score": 1.0}]]}).encode(), "needs title and text, or contents"),
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deep to decode"),
+    (b'{"result": [[' + b"[" * 100_000 + b"]" * 100_000 + b"]]}", "JSON nested too deep to decode"),
+    (b'{"result": ' + b"9" * 5000 + b"}", "invalid JSON"),
+    (b'\xff\xfe{"result": []}', "invalid JSON"),
+    (b'{"result": [[', "invalid JSON"),
+])
+def test_http_bad_bodies_raise_retriever_error(body, message):
+    with _FaultServer(_answer(body)) as server:
+        client = HTTPRetriever(server.url, timeout_s=10.0, retries=2, backoff_s=0.01)
+        with pytest.raises(RetrieverError, match=re.escape(message)):
+            client.search(["q"], 1)
+        assert server.connections == 1  # a malformed answer is not retried
+
+
+@pytest.mark.timeout(30)
+def test_http_error_status_reads_only_the_start_of_an_endless_body():
+    head = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+    with _FaultServer(_flood(head, b"e")) as server:
+        client = HTTPRetriever(server.url, timeout_s=10.0, retries=1, backoff_s=0.01)
+        with pytest.raises(RetrieverError, match=r"after 2 attempt.*HTTP 503: e{2000}$"):
+            client.search(["q"], 1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("head", ["http/1.1 connection close", "http/1.0", "chunked"])
+def test_http_answers_without_content_length_are_read(head):
+    payload = json.dumps({"result": [[{"document": {"id": 7, "contents": '"T"\nx'}, "score": 2}]]}).encode()
+    if head == "chunked":
+        payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+    with _FaultServer(lambda conn, stop: conn.sendall(_NO_LENGTH[head] + payload)) as server:
+        hits = HTTPRetriever(server.url, timeout_s=10.0, retries=0).search(["q"], 1)
+    assert [(p.id, p.title, p.text, p.score) for p in hits[0]] == [("7", "T", "x", 2.0)]

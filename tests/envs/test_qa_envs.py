@@ -94,6 +94,25 @@ def test_http_retriever_works_then_fails_when_the_server_stops():
     assert info["tool_calls"][0]["status"] == "tool_error" and not (term or trunc)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
+])
+def test_a_server_dripping_a_body_without_content_length_is_a_tool_error(head):
+    """Issue 20, item 3: a step was still running at 30 s against a 4.1 s bound. The server (a real
+    loopback one, tests/agent_gym/fault_server.py) answers with no Content-Length and sends
+    one byte every 0.2 s without end; the search is cut at the retriever's deadline."""
+    from tests.agent_gym.fault_server import FaultServer, drip
+
+    with FaultServer(drip(head)) as server:
+        env = make(retriever=server.url, retriever_kwargs={"timeout_s": 1.0, "retries": 1, "backoff_s": 0.05})
+        env.reset(options={"task_index": 0})
+        _, _, term, trunc, info = env.step(act(env, call("search", query="Marlow Vance")))
+        assert [c["status"] for c in info["tool_calls"]] == ["tool_error"] and not (term or trunc)
+        assert server.connections == 2
+
+
 def test_naive_rag_survives_a_dead_server_at_reset():
     env = make("AgentR1/HotpotQA-NaiveRAG-v0", retriever=closed_port_url(),
                retriever_kwargs={"timeout_s": 1.0, "retries": 0})
