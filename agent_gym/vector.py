@@ -26,6 +26,13 @@ pass actions unchanged (those ``gym.make`` adds: ``OrderEnforcing``, ``PassiveEn
 ``check_action`` is refused at construction (``TypeError``): its actions could only be checked by
 stepping it. Observations are batched per key for dict observations (a tuple of arrays each) and as
 a tuple otherwise (the text views).
+
+A sub-env that raises while stepping does not lose its siblings' steps: every slot is stepped to
+the end, every step that completed is recorded (its observation kept, an ended episode marked
+inactive), and then :class:`VectorStepError` is raised carrying each slot's result or error. A
+``KeyboardInterrupt`` (from a tool, or Ctrl-C while waiting) propagates as itself after the steps
+already running finish and are recorded; no further slot is started, and ``partial_step`` holds the
+same per-slot account.
 """
 
 from __future__ import annotations
@@ -40,6 +47,26 @@ from gymnasium.vector.vector_env import AutoresetMode
 
 from agent_gym.env import ToolEnv
 from agent_gym.wrappers import action_checker
+
+
+class VectorStepError(RuntimeError):
+    """Raised by :meth:`ToolVectorEnv.step` when a sub-env's step raised; the other slots' steps
+    are kept, not thrown away.
+
+    ``results``: ``{slot: (obs, reward, terminated, truncated, info)}`` of every slot that
+    stepped (the vector env has recorded them: an episode that ended there is inactive);
+    ``errors``: ``{slot: exception}`` of the slots that raised (a ``ToolEnv`` rolled its step
+    back, so such a slot is still active and may be stepped again); ``not_stepped``: slots never
+    started (after an interrupt). The first error is also the ``__cause__``."""
+
+    def __init__(self, results: dict[int, tuple[Any, float, bool, bool, dict[str, Any]]],
+                 errors: dict[int, BaseException], not_stepped: list[int]):
+        self.results, self.errors, self.not_stepped = results, errors, sorted(not_stepped)
+        what = "; ".join(f"sub-env {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items()))
+        super().__init__(
+            f"{what or 'interrupted'} (the results of sub-env(s) {sorted(results)} are kept in this error's "
+            f".results and recorded by the vector env" + (f"; sub-env(s) {self.not_stepped} were not stepped"
+                                                          if self.not_stepped else "") + ")")
 
 
 class ToolVectorEnv(gym.vector.VectorEnv):
@@ -71,6 +98,7 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         self.active = np.zeros(self.num_envs, dtype=bool)
         self._last_obs: list[dict[str, np.ndarray]] = [{"input_ids": np.zeros(0, np.int64)}] * self.num_envs
         self._needs_reset = np.zeros(self.num_envs, dtype=bool)
+        self.partial_step: VectorStepError | None = None
 
     @classmethod
     def from_entry_point(cls, entry_point: str, num_envs: int = 1, num_threads: int | None = None,
@@ -119,21 +147,71 @@ class ToolVectorEnv(gym.vector.VectorEnv):
                 self._last_obs[i], _ = self.envs[i].reset()
                 self.active[i] = True
                 self._needs_reset[i] = False
-        if self._pool is not None and len(idx) > 1:
-            results = list(self._pool.map(lambda i: self.envs[i].step(actions[i]), idx))
-        else:
-            results = [self.envs[i].step(actions[i]) for i in idx]
+        self.partial_step = None
+        results, errors, not_stepped, interrupt = self._step_slots(idx, actions)
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        for i, (o, r, term, trunc, info) in zip(idx, results):
+        # Every slot that stepped is recorded, whatever happened to the others: an episode that
+        # ended is inactive (and its result is in the return or the error), never lost.
+        for i, (o, r, term, trunc, info) in results.items():
             self._last_obs[i] = o
             rewards[i], terminated[i], truncated[i], infos[i] = r, term, trunc, info
             if term or trunc:
                 self.active[i] = False
                 self._needs_reset[i] = self.autoreset
+        if errors or interrupt is not None:
+            err = VectorStepError(results, errors, not_stepped)
+            self.partial_step = err
+            if interrupt is not None:  # KeyboardInterrupt, SystemExit: propagate as they are
+                interrupt.add_note(f"ToolVectorEnv.step was interrupted: {err}; the slots that stepped are "
+                                   "recorded, their results are in the vector env's partial_step")
+                raise interrupt
+            raise err from next(iter(errors.values()))
         return self._batch_obs(self._last_obs), rewards, terminated, truncated, self._infos(infos, idx)
+
+    def _step_slots(self, idx: list[int], actions: Sequence[Any]):
+        """Step every slot in ``idx`` (on the pool when there is more than one). Returns
+        ``(results, errors, not_stepped, interrupt)``: the slots' step returns, the exceptions of
+        the slots that raised, the slots never stepped, and the first ``BaseException`` that is no
+        ``Exception`` (a ``KeyboardInterrupt`` raised by a slot or received while waiting). After
+        an interrupt no slot is started; the ones already running are waited for (each is bounded
+        by its tools' time limits), so what they did is recorded."""
+        results: dict[int, tuple[Any, float, bool, bool, dict[str, Any]]] = {}
+        errors: dict[int, BaseException] = {}
+        not_stepped: list[int] = []
+        interrupt: BaseException | None = None
+        if self._pool is not None and len(idx) > 1:
+            futures = {i: self._pool.submit(self.envs[i].step, actions[i]) for i in idx}
+            try:
+                cf.wait(futures.values())
+            except BaseException as e:  # noqa: BLE001  (an interrupt in this thread: re-raised by step)
+                interrupt = e
+                for f in futures.values():
+                    f.cancel()  # the ones not started
+                cf.wait([f for f in futures.values() if not f.cancelled()])
+            for i, f in futures.items():
+                if f.cancelled():
+                    not_stepped.append(i)
+                elif f.exception() is not None:
+                    errors[i] = f.exception()
+                else:
+                    results[i] = f.result()
+        else:
+            for i in idx:
+                if interrupt is not None:
+                    not_stepped.append(i)
+                    continue
+                try:
+                    results[i] = self.envs[i].step(actions[i])
+                except BaseException as e:  # noqa: BLE001  (re-raised by step)
+                    errors[i] = e
+                    if not isinstance(e, Exception):
+                        interrupt = e
+        if interrupt is None:
+            interrupt = next((e for e in errors.values() if not isinstance(e, Exception)), None)
+        return results, errors, not_stepped, interrupt
 
     def render(self) -> tuple[Any, ...] | None:
         return tuple(env.render() for env in self.envs)

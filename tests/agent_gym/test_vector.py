@@ -157,3 +157,69 @@ def test_sub_env_whose_actions_cannot_be_checked_is_refused():
 
     with pytest.raises(TypeError, match=r"sub-env 0 cannot be used in a ToolVectorEnv: wrapper Shift .*check_action"):
         ToolVectorEnv([lambda: Shift(gym.make("AgentR1/FactChain-v0"))] * 2)
+
+
+class _HookFails:
+    """A FactChain env whose process_components hook raises ``fail`` (when set) on an ok call."""
+
+    @staticmethod
+    def make(fail_box):
+        from envs.factchain import FactChainEnv
+
+        class Failing(FactChainEnv):
+            def process_components(self, outcome, task):
+                if fail_box.get(id(self)) is not None:
+                    raise fail_box[id(self)]
+                return super().process_components(outcome, task)
+
+        return Failing
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("failing", [0, 1])
+@pytest.mark.parametrize("exc", [RuntimeError("hook failed"), KeyboardInterrupt()])
+def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, exc):
+    """Issue 20, item 5: when one slot raised while stepping (a subclass hook, a tool's
+    KeyboardInterrupt), a sibling's finished episode was thrown away, the sibling stayed active and
+    the next step on it raised. Every step that completed is now recorded (inactive, its result
+    in the error or ``partial_step``), the failing slot is as it was (its step rolled back), and a
+    KeyboardInterrupt still propagates as itself."""
+    from agent_gym.vector import VectorStepError
+
+    fail_box: dict = {}
+    cls = _HookFails.make(fail_box)
+    vec = ToolVectorEnv([cls, cls], num_threads=threads, info_format="list")
+    vec.reset(options={"task_indices": [4, 5]})
+    other = 1 - failing
+    envs = vec.envs
+    fail_box[id(envs[failing])] = exc
+    lookup = scripted_turns(envs[failing], envs[failing].task)[0]
+    answer = envs[other].encode_turn(f"<answer>{envs[other].task['answer']}</answer>")
+    actions = [None, None]
+    actions[failing], actions[other] = lookup, answer
+    before = (list(envs[failing]._ids), envs[failing].turn)
+    sequential_interrupt = threads == 0 and isinstance(exc, KeyboardInterrupt) and failing == 0
+    with pytest.raises(type(exc)) as raised:
+        vec.step(actions)
+    err = vec.partial_step
+    assert isinstance(err, VectorStepError)
+    if isinstance(exc, RuntimeError):
+        assert raised.value is err and err.__cause__ is exc and "sub-env %d: RuntimeError: hook failed" % failing in str(err)
+    assert err.errors == {failing: exc}
+    assert (list(envs[failing]._ids), envs[failing].turn) == before and vec.active[failing]
+    if sequential_interrupt:  # slot 1 is never started after slot 0's interrupt: nothing to keep
+        assert err.not_stepped == [1] and err.results == {} and vec.active[1] and envs[1].turn == 0
+        return
+    obs, r, term, trunc, info = err.results[other]
+    assert term and r == 1.0 and info["trajectory"].answer == envs[other].task["answer"]
+    assert not vec.active[other]
+    assert np.array_equal(vec._last_obs[other]["input_ids"], obs["input_ids"])
+    with pytest.raises(RuntimeError, match=f"sub-env {other} is not active"):
+        vec.step(actions)  # refused before stepping anything, as for any finished slot
+    fail_box.clear()
+    actions[other] = None
+    _, _, _, _, infos = vec.step(actions)  # the failing slot goes on from where it was
+    assert infos[failing]["turn"] == 1 and infos[failing]["tool_calls"][0]["status"] == "ok"
+    assert vec.partial_step is None
+    vec.close()
