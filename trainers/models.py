@@ -1,7 +1,8 @@
 """Policy, critic and reference models.
 
-- the policy is an ``AutoModelForCausalLM`` from a hub name or a local directory, or ``tiny``: a
-  small Qwen2 built in code (tests and the CPU demo; no download);
+- the policy is an ``AutoModelForCausalLM`` from a hub name or a local directory, ``tiny``: a
+  small Qwen2 built in code (tests and the CPU demo; no download), or a named model
+  (``smollm2-135m-instruct``: ``trainers/smollm.py``, converted once into a cache directory);
 - the critic (PPO) is a backbone plus a scalar head, ``Critic``; it starts from the policy's
   weights, as is usual for PPO on language models;
 - the reference model for KL is a frozen copy of the starting policy.
@@ -24,23 +25,37 @@ class ModelLoadError(ValueError):
     pass
 
 
+def named_model(name: str | None) -> str | None:
+    """A named model's local directory (``smollm2-135m-instruct``: converted once into the cache,
+    ``trainers/smollm.py``), else ``name`` unchanged."""
+    from trainers import smollm
+
+    if name is not None and smollm.is_alias(name):
+        try:
+            return smollm.ensure_converted()
+        except smollm.SmolLMUnavailable as e:
+            raise ModelLoadError(str(e)) from e
+    return name
+
+
 def load_tokenizer_for(cfg: TrainConfig):
     from agent_gym.tokenizer import load_tokenizer
 
-    if cfg.init_from and not os.path.isdir(os.path.expanduser(cfg.init_from)):
+    init_from = named_model(cfg.init_from)
+    if init_from and not os.path.isdir(os.path.expanduser(init_from)):
         raise ModelLoadError(f"init_from path {cfg.init_from!r} does not exist. Pass an existing HF model "
                              "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft_stream/model).")
     if cfg.tokenizer is not None:
         return load_tokenizer(cfg.tokenizer)
     if cfg.model == "tiny":
-        return load_tokenizer(cfg.init_from) if cfg.init_from else load_tokenizer(None)
-    return load_tokenizer(cfg.model)
+        return load_tokenizer(init_from) if init_from else load_tokenizer(None)
+    return load_tokenizer(named_model(cfg.model))
 
 
 def load_policy(cfg: TrainConfig, tokenizer: Any) -> nn.Module:
     """The trainable policy, in train mode, on ``cfg.device``."""
     dtype = getattr(torch, cfg.dtype)
-    source = cfg.init_from or (None if cfg.model == "tiny" else cfg.model)
+    source = named_model(cfg.init_from or (None if cfg.model == "tiny" else cfg.model))
     if source is None:
         from trainers.tiny_model import build_tiny_qwen2
 

