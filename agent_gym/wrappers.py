@@ -8,6 +8,8 @@
 - :class:`PaddedTokens`: fixed shapes for RLlib and SB3-style libraries: the observation is a
   ``Box`` of ``max_len`` ids (right-padded with ``pad_id``) plus its ``length``; the action is a
   ``MultiDiscrete`` of ``max_action_len`` ids in which the value ``vocab_size`` means "no token".
+  ``max_len`` is at least :func:`max_observation_len` (``max_context_tokens + 1``: an action cut
+  at the budget is closed with the env's end-of-turn token), so no observation is ever cut.
 
 Each view has ``check_action(action)``: it validates an action in the view's own action space
 without stepping (``ValueError`` naming what is wrong), and ``step`` runs the same check, so
@@ -62,6 +64,13 @@ def action_checker(env: gym.Env) -> Callable[[Any], Any]:
                 "ValueError for a bad action without stepping (see agent_gym.wrappers.PaddedTokens), or "
                 "apply it outside the vector env.")
         e = e.env
+
+
+def max_observation_len(env: gym.Env) -> int:
+    """The most ids a ``ToolEnv``'s observation can hold: ``max_context_tokens + 1``. A prompt or
+    a tool result is kept below ``max_context_tokens``, but an action that fills the room left is
+    cut to it and then closed with one env-owned end-of-turn token (``ToolEnv._append_action``)."""
+    return tool_env_of(env).max_context_tokens + 1
 
 
 class TextView(gym.Wrapper):
@@ -119,14 +128,21 @@ class ChatView(gym.Wrapper):
 
 
 class PaddedTokens(gym.Wrapper):
+    """Fixed shapes: ``max_len`` ids (default and minimum: :func:`max_observation_len`, the longest
+    observation the env can produce) and ``max_action_len`` action ids. An observation longer than
+    ``max_len`` (an env that breaks its own bound) raises rather than being cut."""
+
     def __init__(self, env: gym.Env, max_len: int | None = None, max_action_len: int = 128,
                  pad_id: int | None = None):
         super().__init__(env)
         self.tool_env = te = tool_env_of(env)
-        self.max_len = int(max_len or te.max_context_tokens)
-        if self.max_len < te.max_context_tokens:
-            raise ValueError(f"max_len {self.max_len} is below the env's max_context_tokens "
-                             f"{te.max_context_tokens}; observations would not fit")
+        longest = max_observation_len(env)
+        self.max_len = int(max_len or longest)
+        if self.max_len < longest:
+            raise ValueError(f"max_len {self.max_len} is below the longest observation the env can produce, "
+                             f"{longest} ids (max_context_tokens {te.max_context_tokens} + the end-of-turn token "
+                             "that closes an action cut at the budget); pass max_len >= "
+                             f"{longest} or leave it None")
         if max_action_len <= 0:
             raise ValueError(f"max_action_len must be positive, got {max_action_len}")
         self.max_action_len = int(max_action_len)
@@ -142,9 +158,13 @@ class PaddedTokens(gym.Wrapper):
 
     def _pad(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids = obs["input_ids"]
+        n = len(ids)
+        if n > self.max_len:
+            raise RuntimeError(f"the env's observation has {n} ids, over PaddedTokens' max_len={self.max_len}; "
+                               "it is not cut (a cut would drop tokens the policy acted on). The env broke its "
+                               f"bound of max_context_tokens + 1 = {max_observation_len(self.env)}")
         out = np.full(self.max_len, self.pad_id, dtype=np.int64)
-        n = min(len(ids), self.max_len)
-        out[:n] = ids[:n]
+        out[:n] = ids
         return {"input_ids": out, "length": np.asarray(n, dtype=np.int64)}
 
     def reset(self, **kwargs: Any):

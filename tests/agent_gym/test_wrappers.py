@@ -1,5 +1,6 @@
 import gymnasium as gym
 import numpy as np
+import pytest
 
 import agent_gym  # noqa: F401
 from agent_gym.wrappers import ChatView, PaddedTokens, TextView
@@ -31,7 +32,7 @@ def test_padded_tokens_fixed_shapes():
     base = gym.make("AgentR1/FactChain-v0")
     env = PaddedTokens(base, max_action_len=64)
     obs, _ = env.reset(seed=0)
-    assert obs["input_ids"].shape == (base.unwrapped.max_context_tokens,) and env.observation_space.contains(obs)
+    assert obs["input_ids"].shape == (base.unwrapped.max_context_tokens + 1,) and env.observation_space.contains(obs)
     plan = scripted_turns(base.unwrapped, base.unwrapped.task)
     a = np.full(64, env.no_token)
     a[: len(plan[0])] = plan[0]
@@ -90,3 +91,27 @@ def test_views_check_actions_in_their_own_space_without_stepping():
     assert action_checker(made) == made.unwrapped.check_action
     with pytest.raises(TypeError, match="needs a ToolEnv underneath"):
         tool_env_of(gym.make("CartPole-v1"))
+
+
+@pytest.mark.parametrize("max_len", [None, 501])
+def test_padded_tokens_keeps_the_closing_token_of_an_action_that_fills_the_context(max_len):
+    """Issue 20, item 7: an action that fills the context is cut and closed with the env's
+    end-of-turn token, so the observation has max_context_tokens + 1 ids; the padding was
+    max_context_tokens long and dropped that token. Every id of the env's observation is kept."""
+    base = gym.make("AgentR1/FactChain-v0", max_context_tokens=500)
+    u = base.unwrapped
+    env = PaddedTokens(base, max_len=max_len, max_action_len=600)
+    obs, _ = env.reset(seed=0)
+    filler = u.tokenizer.encode(" word" * 600, add_special_tokens=False)[:600]
+    a = np.asarray(filler, dtype=np.int64)
+    obs, r, term, trunc, info = env.step(a)
+    assert trunc and info["truncation_reason"] == "context" and info["action_tokens_dropped"] > 0
+    assert len(u._ids) == 501 and u._ids[-1] == u.eot_id
+    assert int(obs["length"]) == 501 and np.array_equal(obs["input_ids"][:501], u._ids)
+    assert env.observation_space.contains(obs)
+
+
+def test_padded_tokens_refuses_a_max_len_that_could_cut_an_observation():
+    base = gym.make("AgentR1/FactChain-v0", max_context_tokens=500)
+    with pytest.raises(ValueError, match=r"max_len 500 is below the longest observation the env can produce, 501 ids"):
+        PaddedTokens(base, max_len=500)
