@@ -30,7 +30,12 @@ Data
     None read from disk. The KB and the tasks are generated from ``kb_seed``; task ``k`` of a
     split is a pure function of ``(kb_seed, split, k)``, so runs are reproducible and two envs
     with the same arguments agree exactly. ``split="train"`` and ``split="test"`` draw task
-    indices from disjoint random streams.
+    indices from disjoint random streams. A task given as ``reset(options={"task": ...})`` goes
+    through the same check as every generated one (``FactChainEnv.validate_task``), at reset and
+    before the env changes: a non-blank ``question``, ``kb`` (optional, default 0) one of the
+    env's KBs, ``chain`` a non-empty list of the env's relations, ``path`` the ``len(chain) + 1``
+    entities that chain visits in that KB, and ``answer`` the last of them; anything else raises
+    ``ValueError`` naming the key (``answer: None`` used to raise at the answer step).
 Parameters
     ``num_entities`` (default 32), ``num_relations`` (1 to 6, default 4), ``num_hops`` (default 2),
     ``num_tasks`` (default 10000), ``kb_seed`` (default 0), ``num_kbs`` (default 1: with N > 1, task
@@ -225,8 +230,49 @@ class FactChainEnv(ToolEnv):
             question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f' of "{start}"?'
         else:
             question = f'Who is "{start}"' + "".join(f"'s {r}" for r in chain) + "?"
-        return {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
+        task = {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
                 "aliases": [], "chain": chain, "path": path, "kb": kb}
+        return self.validate_task(task, f"task {index}")
+
+    def check_task(self, task: Any) -> dict[str, Any]:
+        """A task given as ``reset(options={"task": ...})``: the keys (``ToolEnv.check_task``), then
+        the same :meth:`validate_task` as every generated task, before the env changes."""
+        return self.validate_task(super().check_task(task), "options['task']")
+
+    def validate_task(self, task: dict[str, Any], where: str) -> dict[str, Any]:
+        """``task`` if it is a FactChain task this env can run, else ``ValueError`` naming ``where``
+        and the key: a non-blank ``question``; ``kb`` (optional, default 0) one of this env's KBs;
+        ``chain`` a non-empty list of this env's relations; ``path`` the entities the chain visits
+        in that KB, ``len(chain) + 1`` of them from a known start entity; ``answer`` the last of
+        them (EM is scored against ``answer``, the hop reward against ``path`` and ``chain``, so
+        they must agree)."""
+        def bad(key: str, problem: str) -> ValueError:
+            return ValueError(f"FactChain {where}: {key!r} {problem}")
+
+        if not isinstance(task.get("question"), str) or not task["question"].strip():
+            raise bad("question", f"must be a non-blank string, got {task.get('question')!r:.80}")
+        kb = task.get("kb", 0)
+        if isinstance(kb, bool) or not isinstance(kb, (int, np.integer)) or not 0 <= int(kb) < self.num_kbs:
+            raise bad("kb", f"must be a KB index in [0, {self.num_kbs}) (num_kbs), got {kb!r:.80}")
+        chain, path, answer = task["chain"], task["path"], task["answer"]
+        if not isinstance(chain, (list, tuple)) or not chain or any(r not in self.relations for r in chain):
+            raise bad("chain", f"must be a non-empty list of relations from {list(self.relations)}, got {chain!r:.120}")
+        if (not isinstance(path, (list, tuple)) or len(path) != len(chain) + 1
+                or not all(isinstance(e, str) for e in path)):
+            raise bad("path", f"must be a list of {len(chain) + 1} entity names (the start entity and one per "
+                              f"hop of the chain), got {path!r:.120}")
+        facts = self.kb_at(int(kb))[1]
+        for h, (entity, relation) in enumerate(zip(path, chain)):
+            reached = facts.get((entity, relation))
+            if reached is None:
+                raise bad("path", f"starts from {entity!r}, which is no entity of KB {int(kb)}" if h == 0 else
+                          f"holds {entity!r} at hop {h}, which is no entity of KB {int(kb)}")
+            if path[h + 1] != reached:
+                raise bad("path", f"says the {relation} of {entity!r} is {path[h + 1]!r}; in KB {int(kb)} it is "
+                                  f"{reached!r}")
+        if not isinstance(answer, str) or answer != path[-1]:
+            raise bad("answer", f"must be the entity at the end of the path, {path[-1]!r}; got {answer!r:.80}")
+        return task
 
     def facts(self, task: dict[str, Any]) -> dict[tuple[str, str], str]:
         """The KB that ``task`` is asked over (KB 0 for a task given without one)."""

@@ -248,3 +248,50 @@ def test_a_step_interrupted_after_a_correct_hop_is_rolled_back_with_the_hops_fou
     _, r, *_ = env.step(u.encode_turn(lookup_turn(task["path"][1], task["chain"][1])))
     _, r2, term, _, info = env.step(u.encode_turn(f"<answer>{task['answer']}</answer>"))
     assert (r, r2, term) == (0.5, 1.0, True) and info["trajectory"].step_rewards == [0.5, 0.5, 1.0]
+
+
+def _bad_tasks(env):
+    good = env.get_task(3)
+    other = next(e for e in env.entities if e != good["path"][1])
+    return good, {
+        "answer None": ({"answer": None}, r"'answer' must be the entity at the end of the path"),
+        "answer wrong": ({"answer": other}, r"'answer' must be the entity at the end of the path"),
+        "answer blank": ({"answer": "  "}, r"'answer' must be the entity"),
+        "question blank": ({"question": " "}, r"'question' must be a non-blank string"),
+        "chain empty": ({"chain": []}, r"'chain' must be a non-empty list of relations"),
+        "chain unknown relation": ({"chain": ["cousin", "rival"]}, r"'chain' must be a non-empty list"),
+        "chain string": ({"chain": "rival"}, r"'chain' must be a non-empty list"),
+        "path short": ({"path": good["path"][:-1]}, r"'path' must be a list of 3 entity names"),
+        "path None": ({"path": None}, r"'path' must be a list of 3 entity names"),
+        "path unknown start": ({"path": ["Nobody"] + good["path"][1:]}, r"'path' starts from 'Nobody', which is no entity"),
+        "path off the KB": ({"path": [good["path"][0], other, good["path"][2]]},
+                            rf"'path' says the {good['chain'][0]} of '{good['path'][0]}' is '{other}'"),
+        "kb out of range": ({"kb": 5}, r"'kb' must be a KB index in \[0, 1\)"),
+        "kb bool": ({"kb": True}, r"'kb' must be a KB index"),
+    }
+
+
+def test_reset_task_is_validated_like_generated_tasks():
+    """Issue 20, item 6: a task given through reset(options={"task": ...}) was checked only for its
+    keys: ``answer: None`` made the answer step raise (TypeError in exact_match). Such tasks now fail
+    at reset, naming the key, with the env unchanged; every generated task passes the same check."""
+    env = gym.make("AgentR1/FactChain-v0").unwrapped
+    good, cases = _bad_tasks(env)
+    env.reset(options={"task_index": 0})
+    before = (env.task, list(env._ids))
+    for name, (change, message) in cases.items():
+        with pytest.raises(ValueError, match=r"FactChain options\['task'\]: " + message):
+            env.reset(options={"task": {**good, **change}})
+        assert (env.task, list(env._ids)) == before, name
+    env.reset(options={"task": {k: v for k, v in good.items() if k != "kb"}})  # kb defaults to 0
+    _, r, term, _, _ = env.step(env.encode_turn(f"<answer>{good['answer']}</answer>"))
+    assert term and r == 1.0
+
+
+def test_generated_tasks_pass_the_task_check_on_every_kb():
+    env = gym.make("AgentR1/FactChain-v0", num_kbs=7, num_hops=3).unwrapped
+    for k in range(200):
+        task = env.get_task(k)
+        assert env.check_task(task) == task
+    with pytest.raises(ValueError, match=r"FactChain task 5: 'path'"):  # the generator's route, same check
+        env.validate_task({**env.get_task(5), "path": ["x"] * 4}, "task 5")
