@@ -1,35 +1,75 @@
-"""Math answers: the last ``\\boxed{...}`` of a text, and whether two answers are equivalent.
+"""Math answers: the last ``\\boxed{...}`` of a text, and whether an answer equals a gold one.
 
 - :func:`last_boxed` returns the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or
   ``\\boxed 5``), braces nested to any depth; ``None`` when there is none or it is unclosed.
-- :func:`normalize` rewrites a LaTeX answer into a canonical string: spaces, ``$``, ``\\left``/
-  ``\\right``, spacing commands, ``\\text{}``/``\\mbox{}`` wrappers, ``^\\circ``, ``\\%``,
-  ``\\dfrac``/``\\tfrac``, a leading ``x =``, a trailing period, and ``.5`` -> ``0.5``.
-- :func:`answers_match` says whether a predicted answer equals a gold one: equal normalized
-  strings; else both parsed by sympy (from a LaTeX subset: ``\\frac``, ``\\sqrt``, ``\\sqrt[n]``,
-  ``\\pi``, ``\\cdot``, ``\\times``, ``^``, implicit multiplication) and equal symbolically
-  (``simplify(a - b) == 0``) or numerically (relative tolerance 1e-6); tuples and lists
-  (``(1, 2)``, ``1, 2``) element by element, in order. When sympy cannot parse either side, or the
-  expression is too large to evaluate safely (an exponent above 10,000, an integer of more than
-  100 digits, a factorial above 1,000, more than 300 characters), the answer is judged by the
-  normalized strings alone: a failure to parse is never an error, and never a match by itself.
+- :func:`normalize` rewrites a LaTeX answer into a canonical string (spaces, ``$``, ``\\left``,
+  ``\\text{}``, ``^\\circ``, ``\\%``, ``\\dfrac``, a leading ``x =``, ...): the env's logged ``em``.
+- :func:`check_answer` / :func:`answers_match` decide equivalence with Hugging Face's
+  ``math-verify`` (https://github.com/huggingface/Math-Verify, built on ``latex2sympy2-extended``),
+  after a small pre-processing step, under a hard time limit.
 
-:func:`check_answer` returns the verdict with the method that decided it (``string``,
-``symbolic``, ``numeric``, ``no_match``, ``unparsed``), for logs and tests.
+The verdict, in order (:func:`judge`):
+
+1. ``empty``: the answer (its last ``\\boxed{}``, else the whole answer) is empty: wrong.
+2. ``string``: the two strings are equal once whitespace is removed: right.
+3. ``text``: the gold is a word or phrase (letters and spaces only, two letters or more, after
+   ``\\text{}``-like wrappers and ``$`` are removed, e.g. ``Monday``, ``\\text{odd}``): the answer
+   is right when it is the same words, case-insensitively. math-verify would read a word as a
+   product of one-letter symbols, which commute (``dynamo`` = ``Monday``).
+4. ``math_verify``: both sides are parsed by ``math_verify.parse`` (as ``\\boxed{...}``) and compared
+   by ``math_verify.verify(gold, answer)`` (strict; a relation may be compared with an interval:
+   ``x<3`` is ``(-\\infty, 3)``). Before parsing, each side is rewritten so that numbers compare
+   exactly (math-verify rounds a decimal to 6 places, which accepts ``0.333333`` for ``1/3`` and
+   ``3.14159``-like answers for exact golds): a decimal ``a.b`` becomes the exact fraction it
+   writes (``0.75`` -> ``3/4``), a repeating decimal (``0.\\overline{3}``, ``0.1\\bar{6}``) the
+   fraction it denotes, scientific notation ``1.5e3`` becomes ``1.5\\times10^{3}``, and
+   ``\\varnothing`` becomes ``\\emptyset``. Integers are compared exactly (``999999`` is not
+   ``1000000``), a finite number is never ``\\infty``, open and closed interval ends differ, and a
+   set's order does not matter; units in ``\\text{}``, ``\\$``, ``\\%`` and ``^\\circ`` are dropped
+   by math-verify. ``unparsed`` when math-verify cannot parse the gold: wrong.
+5. ``timeout``: the whole check ran past its limit (``timeout`` seconds, :data:`DEFAULT_TIMEOUT_S`
+   by default): wrong. sympy can spend minutes expanding ``(x+1)^{10000}`` or evaluating
+   ``9^{9^{9^9}}``, in C code that no signal interrupts, so every check that reaches math-verify
+   runs in a worker process (a small persistent pool, :class:`_Worker`) that is killed when the
+   limit passes; a fresh one replaces it for the next check. This holds in any thread (env steps
+   may run on a thread pool, where math-verify's own ``signal.alarm`` timeouts cannot work). The
+   worker also has a CPU-time limit and dies with its parent, so a killed trainer leaves no
+   runaway check behind.
+
+Measured on a hand-labelled battery of 385 (answer, gold) pairs (``tests/fixtures/math_battery.jsonl``,
+``benchmarks/math_verifier.py``; figures in docs/envs/math.md).
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import json
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from fractions import Fraction
 from typing import Any
 
+DEFAULT_TIMEOUT_S = 5.0
+"""The default hard limit, in seconds, on one :func:`check_answer` (parsing and comparing both sides)."""
+WORKER_START_TIMEOUT_S = 120.0
+"""How long a new worker may take to import sympy and math-verify (not counted in a check's limit)."""
+WORKER_CPU_GRACE_S = 5
+"""A worker may use the check's limit plus this many CPU seconds per check (RLIMIT_CPU, SIGXCPU after):
+a last resort that ends a runaway check whose parent died before it could kill the worker."""
+WORKER_MEMORY_LIMIT = 2 << 30
+"""A worker's address-space limit in bytes (RLIMIT_AS): an expansion that outgrows it fails (a wrong answer)."""
+MAX_IDLE_WORKERS = 4
+"""Idle workers kept for reuse; more are started when more threads check at once."""
+STATUSES = ("string", "text", "math_verify", "no_match", "unparsed", "empty", "timeout", "crashed")
+"""The ``how`` of :func:`check_answer`: the first three are matches, the rest are not."""
+
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-MAX_SYMPY_CHARS = 300
-MAX_EXPONENT = 10_000
-MAX_INT_DIGITS = 100
-MAX_FACTORIAL = 1_000
-MAX_RESULT_DIGITS = 10_000
-_FUNCTIONS = frozenset({"sqrt", "pi", "oo", "sin", "cos", "tan", "log", "ln", "exp"})
 
 
 def last_boxed(text: str) -> str | None:
@@ -84,10 +124,13 @@ def _unwrap(s: str, command: str) -> str:
         i = k + 1
 
 
+_TEXT_WRAPPERS = ("\\text", "\\textbf", "\\textit", "\\mathrm", "\\mbox", "\\mathbf", "\\boxed")
+
+
 def normalize(answer: str) -> str:
-    """A canonical string for a LaTeX answer (see the module docstring)."""
+    """A canonical string for a LaTeX answer (the env's ``em``; not used for ``correct``)."""
     s = str(answer).strip()
-    for cmd in ("\\text", "\\textbf", "\\mathrm", "\\mbox", "\\mathbf", "\\boxed"):
+    for cmd in _TEXT_WRAPPERS:
         s = _unwrap(s, cmd)
     s = s.replace("\\left", "").replace("\\right", "")
     for sp in ("\\!", "\\,", "\\;", "\\:", "\\quad", "\\qquad", "~", "$"):
@@ -105,165 +148,324 @@ def normalize(answer: str) -> str:
     return s
 
 
-# -- sympy -----------------------------------------------------------------------------------
+# -- the verdict (runs in a worker process) -----------------------------------------------------
 
 
-def _replace_command(s: str, command: str, nargs: int, fmt: str) -> str:
-    """Rewrite ``\\command{a}{b}`` with ``fmt.format(a, b)``, innermost arguments first."""
-    while True:
-        j = s.find(command + "{")
-        if j < 0:
-            return s
-        args, k = [], j + len(command)
-        for _ in range(nargs):
-            if k >= len(s) or s[k] != "{":
-                raise ValueError(f"{command} without {nargs} braced arguments")
-            depth, start = 0, k
-            while k < len(s):
-                depth += {"{": 1, "}": -1}.get(s[k], 0)
-                if depth == 0:
-                    break
-                k += 1
-            if depth:
-                raise ValueError("unbalanced braces")
-            args.append(_replace_command(s[start + 1:k], command, nargs, fmt))
-            k += 1
-        s = s[:j] + fmt.format(*args) + s[k:]
+def as_text(answer: str) -> str | None:
+    """A word or phrase answer (``\\text{Monday}``, ``no solution``) lower-cased with single spaces;
+    ``None`` for anything else (digits, operators, LaTeX commands, a single letter)."""
+    s = answer
+    for cmd in _TEXT_WRAPPERS:
+        s = _unwrap(s, cmd)
+    s = s.replace("$", "").strip().rstrip(".").strip()
+    if re.fullmatch(r"[A-Za-z]+(?: +[A-Za-z]+)*", s) and sum(c.isalpha() for c in s) >= 2:
+        return " ".join(s.lower().split())
+    return None
 
 
-def latex_to_sympy_text(s: str) -> str:
-    """A normalized LaTeX answer as text for sympy's ``parse_expr`` (``ValueError`` if unsupported)."""
-    s = re.sub(r"\\sqrt\[([^\]]+)\]\{", r"\\root{\1}{", s)
-    s = _replace_command(s, "\\frac", 2, "(({0})/({1}))")
-    s = _replace_command(s, "\\root", 2, "(({1})**(1/({0})))")
-    s = _replace_command(s, "\\sqrt", 1, "sqrt({0})")
-    s = re.sub(r"\\sqrt(\d+|[a-zA-Z])", r"sqrt(\1)", s)
-    for a, b in (("\\cdot", "*"), ("\\times", "*"), ("\\div", "/"), ("\\pi", "pi"), ("^", "**"),
-                 ("{", "("), ("}", ")"), ("\\infty", "oo")):
-        s = s.replace(a, b)
-    # parse_expr evaluates Python: only numbers, operators, parentheses, single-letter symbols
-    # and a few function names may reach it, never an attribute, a string or a builtin.
-    bad = re.search(r"[^0-9A-Za-z+\-*/().,! ]", s)
-    if bad:
-        raise ValueError(f"unsupported character {bad.group()!r} in {s!r}")
-    if re.search(r"\d\.?[eE][+-]?\d", s):  # Python float syntax: 1e9999999 takes sympy minutes
-        raise ValueError(f"scientific notation in {s!r}")
-    for word in re.findall(r"[A-Za-z]{2,}", s):
-        if word not in _FUNCTIONS:
-            raise ValueError(f"unsupported name {word!r} in {s!r}")
-    return s
+def _exact(value: Fraction) -> str:
+    """An exact number as LaTeX: an integer, or a parenthesised ``\\frac`` (math-verify reads a bare
+    ``{...}`` group as a set)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"(\\frac{{{value.numerator}}}{{{value.denominator}}})"
 
 
-def _check_size(expr: Any) -> None:
-    """Refuse an unevaluated expression whose evaluation could take long: each exponent and factorial
-    argument is estimated in floating point (``evalf``, cheap even for ``10**10**10``) first."""
-    import math
-
-    import sympy
-
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, sympy.Integer) and len(str(abs(int(node)))) > MAX_INT_DIGITS:
-            raise ValueError("integer too large")
-        if isinstance(node, sympy.Pow) and node.exp.is_number:
-            e = abs(complex(sympy.N(node.exp, 15)))
-            if not e <= MAX_EXPONENT:
-                raise ValueError("exponent too large")
-            if node.base.is_number:
-                b = abs(complex(sympy.N(node.base, 15)))
-                if b > 1 and e * math.log10(b) > MAX_RESULT_DIGITS:
-                    raise ValueError("power too large")
-        if isinstance(node, sympy.factorial) and node.args[0].is_number:
-            if not abs(complex(sympy.N(node.args[0], 15))) <= MAX_FACTORIAL:
-                raise ValueError("factorial too large")
+def _decimal(whole: str, frac: str, repeat: str = "") -> str:
+    """``whole.frac`` followed by ``repeat`` repeated forever, as an exact number."""
+    value = Fraction(int(whole or "0")) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
+    if repeat:
+        value += Fraction(int(repeat), (10 ** len(repeat) - 1) * 10 ** len(frac))
+    return _exact(value)
 
 
-def to_sympy(answer: str) -> Any:
-    """The normalized answer as a sympy expression (unevaluated parse, size-checked, then
-    evaluated); ``ValueError`` when it cannot be parsed or is too large to evaluate safely."""
-    import sympy
-    from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application, parse_expr,
-                                            standard_transformations)
-
-    s = normalize(answer)
-    if not s or len(s) > MAX_SYMPY_CHARS:
-        raise ValueError("empty or too long")
-    text = latex_to_sympy_text(s)
-    try:
-        expr = parse_expr(text, transformations=standard_transformations + (implicit_multiplication_application,
-                                                                            convert_xor), evaluate=False)
-    except Exception as e:  # sympy raises many kinds (SyntaxError, TokenError, TypeError, ...)
-        raise ValueError(f"sympy could not parse {text!r}: {type(e).__name__}") from None
-    if not isinstance(expr, sympy.Basic):
-        raise ValueError(f"not an expression: {type(expr).__name__}")
-    _check_size(expr)
-    return sympy.sympify(expr)  # evaluate, now that it is known to be small
+_REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\(?:overline|bar)\{?(\d+)\}?")
+_SCIENTIFIC = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
+_DECIMAL = re.compile(r"(?<![\d.])(\d*)\.(\d+)(?![\d.])")
+_MIXED = re.compile(r"(?<![\w.^_{}\\])(\d+)\s*\\[dt]?frac(?:(\d)(\d)|\{(\d+)\}\{(\d+)\})")
+_DEGREES = re.compile(r"\^\s*\{?\\circ\}?|\\degree")
+_THOUSANDS = re.compile(r"[\\$\s]*\d{1,3}(,\d{3})+(\.\d+)?")
 
 
-def _split_top_level(s: str) -> list[str]:
-    """``(1,2)`` / ``[1,2]`` / ``1,2`` -> ``["1", "2"]``; anything else -> ``[s]``."""
-    body = s[1:-1] if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" else s
-    parts, depth, cur = [], 0, []
-    for ch in body:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth < 0:
-                return [s]
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts if len(parts) > 1 else [s]
+def _mixed(m: re.Match) -> str:
+    whole, num, den = int(m.group(1)), int(m.group(2) or m.group(4)), int(m.group(3) or m.group(5))
+    return _exact(whole + Fraction(num, den)) if den else m.group(0)
 
 
-def _sympy_equal(a: str, b: str) -> str | None:
-    """``"symbolic"``/``"numeric"`` when equal, ``"no_match"`` when both parse and differ, ``None`` when
-    either side cannot be parsed."""
-    import sympy
-
-    try:
-        ea, eb = to_sympy(a), to_sympy(b)
-    except (ValueError, RecursionError, OverflowError, MemoryError):
-        return None
-    try:
-        if sympy.simplify(ea - eb) == 0:
-            return "symbolic"
-        na, nb = complex(sympy.N(ea)), complex(sympy.N(eb))
-        if abs(na - nb) <= 1e-6 * max(1.0, abs(nb)):
-            return "numeric"
-    except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError, RecursionError):
-        pass
-    return "no_match"
+def prepare(answer: str) -> str:
+    """The pre-processing step before math-verify (see the module docstring): numbers exact."""
+    s = re.sub(r"(?<=[\w})\]])\s*\.\s*$", "", answer.strip())  # a full stop ending the answer
+    s = s.replace("\\varnothing", "\\emptyset").replace("\\%", "").replace("%", "")
+    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s) if _THOUSANDS.fullmatch(s) else s
+    s = _REPEATING.sub(lambda m: _decimal(m.group(1), m.group(2), m.group(3)), s)
+    s = _SCIENTIFIC.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
+    s = _DECIMAL.sub(lambda m: _decimal(m.group(1), m.group(2)), s)
+    return _MIXED.sub(_mixed, s)
 
 
-def check_answer(predicted: str, gold: str) -> tuple[bool, str]:
-    """(equivalent?, the method that decided): see the module docstring."""
-    if not isinstance(predicted, str) or not isinstance(gold, str):
-        raise TypeError("answers must be strings")
-    p, g = normalize(extract_answer(predicted)), normalize(gold)
-    if p == g:
-        return True, "string"
+def _degrees_to_radians(answer: str) -> str:
+    """``30^\\circ`` -> ``(30)\\cdot\\frac{\\pi}{180}``: used when the other side is in radians."""
+    return re.sub(r"([\d.]+|\([^()]*\))\s*(?:\^\s*\{?\\circ\}?|\\degree)",
+                  r"(\1)\\cdot\\frac{\\pi}{180}", answer)
+
+
+def _mv_parse(answer: str) -> list:
+    from math_verify import parse  # imported here: the parent process never needs it
+
+    return parse("\\boxed{" + answer + "}", parsing_timeout=None)  # the worker's deadline bounds it
+
+
+def _quick_verdict(p: str, g: str) -> tuple[bool, str] | None:
+    """Steps 1 and 2 of the verdict (no sympy): ``empty`` and ``string``; ``None`` to go on."""
     if not p:
-        return False, "no_match"
-    ps, gs = _split_top_level(p), _split_top_level(g)
-    if len(ps) != len(gs):
-        return False, "no_match"
-    if len(gs) > 1:
-        verdicts = [check_answer(x, y) for x, y in zip(ps, gs)]
-        ok = all(v for v, _ in verdicts)
-        return ok, ("symbolic" if ok else "no_match")
-    how = _sympy_equal(p, g)
-    if how is None:
+        return False, "empty"
+    if re.sub(r"\s+", "", p) == re.sub(r"\s+", "", g):
+        return True, "string"
+    return None
+
+
+def judge(predicted: str, gold: str) -> tuple[bool, str]:
+    """The verdict without a time limit (the worker's function; call :func:`check_answer`)."""
+    p, g = extract_answer(predicted), gold.strip()
+    quick = _quick_verdict(p, g)
+    if quick is not None:
+        return quick
+    gold_text = as_text(g)
+    if gold_text is not None:
+        same = as_text(p) == gold_text
+        return same, ("text" if same else "no_match")
+    in_degrees = bool(_DEGREES.search(g)), bool(_DEGREES.search(p))
+    if in_degrees == (True, False) and "\\pi" in p:
+        g = _degrees_to_radians(g)
+    elif in_degrees == (False, True) and "\\pi" in g:
+        p = _degrees_to_radians(p)
+    from math_verify import verify
+
+    gold_parsed = _mv_parse(prepare(g))
+    if not gold_parsed:
         return False, "unparsed"
-    return how != "no_match", how
+    ok = verify(gold_parsed, _mv_parse(prepare(p)), strict=True, allow_set_relation_comp=True, timeout_seconds=None)
+    return bool(ok), ("math_verify" if ok else "no_match")
 
 
-def answers_match(predicted: str, gold: str) -> bool:
+def _serve() -> None:
+    """A worker's loop: one JSON request a line on stdin (``[predicted, gold, timeout]``), one reply a
+    line on stdout (``[ok, how]``; first ``{"ready": true}``, or ``{"error": ...}`` when it cannot start)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the workers
+    try:
+        _serve_loop()
+    except BrokenPipeError:  # the parent is gone
+        pass
+
+
+def _serve_loop() -> None:
+    import logging
+    import resource
+
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    try:
+        judge("\\boxed{\\frac{1}{2}}", "0.5")  # import and warm up sympy, latex2sympy and math-verify
+    except ImportError as e:
+        out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+        return
+    out.write(json.dumps({"ready": True}) + "\n")
+    _, hard_as = resource.getrlimit(resource.RLIMIT_AS)
+    if hard_as == resource.RLIM_INFINITY or WORKER_MEMORY_LIMIT < hard_as:
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, hard_as))  # a huge expansion: MemoryError
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    for line in sys.stdin:  # an idle worker whose parent is gone sees the end of stdin and exits
+        predicted, gold, timeout = json.loads(line)
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # a busy one ends by its CPU limit (SIGXCPU)
+        soft = int(usage.ru_utime + usage.ru_stime + timeout) + WORKER_CPU_GRACE_S
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        try:
+            ok, how = judge(predicted, gold)
+        except Exception as e:  # noqa: BLE001  a parser bug is a wrong answer, not a crashed step
+            ok, how = False, f"unparsed: {type(e).__name__}"
+        out.write(json.dumps([ok, how]) + "\n")
+
+
+# -- the worker pool (parent side) -----------------------------------------------------------------
+
+
+_WORKER_CMD = ("import importlib.util as u, sys; s = u.spec_from_file_location('_agent_gym_math_worker', sys.argv[1]); "
+               "m = u.module_from_spec(s); s.loader.exec_module(m); m._serve()")
+
+
+class _WorkerDied(Exception):
+    """A worker process exited (killed from outside, out of memory, a crash)."""
+
+
+class _Worker:
+    """One worker process: the module file run on its own (no ``agent_gym`` package import)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD, os.path.abspath(__file__)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self._buf = b""
+        try:
+            reply = self.read_line(time.monotonic() + WORKER_START_TIMEOUT_S)
+        except _WorkerDied as e:
+            reply, died = None, str(e)
+        else:
+            died = f"it did not start within {WORKER_START_TIMEOUT_S:.0f} s"
+        if reply is None or "error" in json.loads(reply):
+            self.kill()
+            why = json.loads(reply)["error"] if reply else died
+            raise RuntimeError(f"the math answer checker's worker process failed ({why}); it needs math-verify: "
+                               f"pip install math-verify (the 'code' extra: pip install -e '.[code]')")
+
+    def read_line(self, deadline: float) -> str | None:
+        """One line from the worker, or ``None`` when the deadline passes; ``_WorkerDied`` if it exits."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _WorkerDied(f"the worker exited with code {self.proc.wait()}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def check(self, predicted: str, gold: str, timeout: float) -> tuple[bool, str] | None:
+        """The worker's verdict, or ``None`` if it ran past ``timeout`` seconds; ``_WorkerDied``."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.stdin.write((json.dumps([predicted, gold, timeout]) + "\n").encode())
+        except OSError as e:
+            raise _WorkerDied(f"the worker's pipe is closed ({e})") from None
+        reply = self.read_line(deadline)
+        if reply is None:
+            return None
+        ok, how = json.loads(reply)
+        return bool(ok), str(how)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+
+_idle: list[_Worker] = []
+_idle_lock = threading.Condition()  # guards _idle and _starting; notified when a background start ends
+_starting = 0  # workers being started in the background
+_owner_pid = os.getpid()
+
+
+def _forget_after_fork() -> None:
+    """A forked child must not share its parent's workers (their pipes): it starts its own."""
+    global _idle, _idle_lock, _owner_pid, _starting
+    _idle, _idle_lock, _owner_pid, _starting = [], threading.Condition(), os.getpid(), 0
+
+
+def _take_worker() -> _Worker:
+    """A live idle worker; else the one being started in the background, if any; else a new one."""
+    while True:
+        with _idle_lock:
+            while not _idle and _starting:
+                _idle_lock.wait()
+            worker = _idle.pop() if _idle else None
+        if worker is None:
+            return _Worker()
+        if worker.proc.poll() is None:
+            return worker
+        worker.kill()  # died while idle (killed from outside): reap it and take the next
+
+
+def _give_back(worker: _Worker) -> None:
+    with _idle_lock:
+        keep = len(_idle) < MAX_IDLE_WORKERS and _owner_pid == os.getpid()
+        if keep:
+            _idle.append(worker)
+            _idle_lock.notify()
+    if not keep:
+        worker.kill()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@atexit.register
+def shutdown_workers() -> None:
+    """End the idle workers (at exit, or to free their memory)."""
+    with _idle_lock:
+        workers, _idle[:] = list(_idle), []
+    for w in workers:
+        if _owner_pid == os.getpid():
+            w.kill()
+
+
+def _start_idle_worker() -> None:
+    """Start a worker for the pool in the background (after one was killed)."""
+    global _starting
+
+    def start() -> None:
+        global _starting
+        try:
+            _give_back(_Worker())
+        except Exception:  # noqa: BLE001  the next check starts one itself and reports the error
+            pass
+        finally:
+            with _idle_lock:
+                _starting -= 1
+                _idle_lock.notify_all()
+
+    with _idle_lock:
+        _starting += 1
+    threading.Thread(target=start, daemon=True, name="math-answer-worker-start").start()
+
+
+def check_answer(predicted: str, gold: str, timeout: float | None = None) -> tuple[bool, str]:
+    """(equivalent?, how it was decided: one of :data:`STATUSES`, or ``unparsed: <error>``) within
+    ``timeout`` seconds (:data:`DEFAULT_TIMEOUT_S` when ``None``); see the module docstring."""
+    if not isinstance(predicted, str) or not isinstance(gold, str):
+        raise TypeError(f"answers must be strings, got {type(predicted).__name__} and {type(gold).__name__}")
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    quick = _quick_verdict(extract_answer(predicted), gold.strip())
+    if quick is not None:
+        return quick  # the common exact case, without a round trip to a worker
+    spent = 0.0  # seconds of the limit used by checks (a worker's start-up is not counted)
+    for attempt in (1, 2):  # a worker found dead is replaced once; dying twice on one answer is its verdict
+        worker = _take_worker() if attempt == 1 else _Worker()
+        t0 = time.monotonic()
+        try:
+            verdict = worker.check(predicted, gold, max(float(timeout) - spent, 1e-3))
+            break
+        except _WorkerDied:
+            spent += time.monotonic() - t0
+            worker.kill()
+            if attempt == 2:
+                return False, "crashed"
+    if verdict is None:
+        worker.kill()
+        _start_idle_worker()  # so that the next check finds one ready
+        return False, "timeout"
+    _give_back(worker)
+    return verdict
+
+
+def answers_match(predicted: str, gold: str, timeout: float | None = None) -> bool:
     """Whether ``predicted`` (its last ``\\boxed{}``, if any) is equivalent to ``gold``."""
-    return check_answer(predicted, gold)[0]
+    return check_answer(predicted, gold, timeout)[0]
 
 
-__all__ = ["answers_match", "check_answer", "extract_answer", "last_boxed", "normalize", "to_sympy"]
+def check_available() -> None:
+    """``ImportError`` naming the fix when math-verify is not installed (checked when an env is made)."""
+    if importlib.util.find_spec("math_verify") is None:
+        raise ImportError("AgentR1/Math-v0 checks answers with math-verify, which is not installed: "
+                          "pip install math-verify (or the project's 'code' extra: pip install -e '.[code]')")
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "STATUSES", "answers_match", "as_text", "check_answer", "check_available",
+           "extract_answer", "judge", "last_boxed", "normalize", "prepare", "shutdown_workers"]

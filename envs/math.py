@@ -18,10 +18,15 @@ Observation
 Reward
     Outcome, on the answer turn: ``correct`` (weight 1 by default), 1.0 when the answer (its last
     ``\\boxed{}``, else the whole answer) is equivalent to the gold answer under
-    :func:`agent_gym.math_answer.answers_match`: equal after LaTeX normalization, or equal as
-    sympy expressions (symbolically, or numerically within 1e-6 relative), tuples element by
-    element. ``em`` (normalized strings equal) is logged beside it. Success is ``correct``.
-    Process components (``call_ok`` and so on) are 0 by default.
+    :func:`agent_gym.math_answer.check_answer`: Hugging Face's math-verify after a pre-processing
+    step that makes numbers exact (integers and decimals compare exactly, ``0.333333`` is not
+    ``\\frac13``, ``3.14159`` is not ``\\pi``, a finite number is not ``\\infty``; open and closed
+    intervals differ; sets in any order; units, ``\\$``, ``\\%`` and ``^\\circ`` dropped; word
+    answers compared case-insensitively), within a hard time limit (``answer_timeout``, 5 s): a
+    check that runs past it (``(x+1)^{10000}``) is killed and scores 0 with ``timeout`` 1.0.
+    ``answer_scores`` (in ``info`` and the trajectory) holds ``correct``, ``em`` (normalized
+    strings equal, logged) and ``timeout`` (1.0 when the check hit its limit). Success is
+    ``correct``. Process components (``call_ok`` and so on) are 0 by default.
 Oracle
     ``demonstration(task)``: for a synthetic task, one python call running the task's own
     program (which prints the answer), then ``<answer>\\boxed{gold}</answer>``; for a MATH task
@@ -37,13 +42,18 @@ Data
     JSONL file of rows with ``problem`` (or ``question``) and ``answer`` (or ``solution``, whose
     last ``\\boxed{}`` is the answer). ``split`` (``"test"``) picks the official split's
     directory; ``limit`` keeps the first N problems. A bad file or row raises naming the file,
-    the row and the key.
+    the row and the key. A task given as ``reset(options={"task": {...}})`` passes the same
+    check (:func:`validate_task`): a non-empty string ``question`` (or ``problem``) and a gold
+    ``answer`` (a number or a string, or a ``solution`` with a ``\\boxed{}`` answer) that is not
+    empty or blank (``None``, ``""``, ``"  "``, ``\\boxed{}`` are refused).
 Parameters
     ``data_path``, ``split``, ``limit``, ``num_tasks``, ``seed``, ``sandbox``, ``python_tool``,
-    ``system_prompt``, ``max_turns`` (6), ``max_context_tokens`` (4096), and every ``ToolEnv``
+    ``system_prompt``, ``answer_timeout`` (5.0 seconds: the hard limit on one answer check),
+    ``max_turns`` (6), ``max_context_tokens`` (4096), and every ``ToolEnv``
     argument. ``rewards`` defaults to ``{"answer_weights": {"correct": 1.0}}``.
 Versions
-    v0: first release.
+    v0: first release. Answers are checked by math-verify with a time limit since issue 20
+    (before: the project's own sympy checker, which accepted 17 of 34 wrong-but-close answers).
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from agent_gym.env import ToolEnv
-from agent_gym.math_answer import answers_match, extract_answer, last_boxed, normalize
+from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, check_available, extract_answer, last_boxed, normalize
 from agent_gym.registration import register_env
 from agent_gym.sandbox import PythonTool, check_available
 
@@ -161,7 +171,9 @@ class MathDataError(ValueError):
     """A MATH file or row that cannot be read; the message names the file, the row and the key."""
 
 
-def _row_task(row: Any, where: str, default_id: str) -> dict[str, Any]:
+def validate_task(row: Any, where: str, default_id: str) -> dict[str, Any]:
+    """A task from a data row or from ``reset(options={"task": ...})``: the one check for both routes
+    (see the card); ``MathDataError`` naming ``where`` and the key otherwise."""
     if not isinstance(row, dict):
         raise MathDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     question = row.get("problem", row.get("question"))
@@ -171,17 +183,26 @@ def _row_task(row: Any, where: str, default_id: str) -> dict[str, Any]:
         answer = row["answer"]
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
-        if not isinstance(answer, str) or not answer.strip():
-            raise MathDataError(f"{where}: key 'answer' must be a non-empty string, got {row['answer']!r}")
+        if not isinstance(answer, str) or not _blank_free(answer):
+            raise MathDataError(f"{where}: key 'answer' must be a number or a non-empty string (the gold answer), "
+                                f"got {row['answer']!r}")
     elif "solution" in row:
         answer = last_boxed(row["solution"]) if isinstance(row["solution"], str) else None
         if answer is None:
             raise MathDataError(f"{where}: key 'solution' has no \\boxed{{...}} answer")
+        if not _blank_free(answer):
+            raise MathDataError(f"{where}: key 'solution' has an empty \\boxed{{}} answer")
     else:
         raise MathDataError(f"{where}: missing key 'answer' (or 'solution' with a \\boxed{{}} answer); "
                             f"keys are {sorted(row)}")
     return {"id": str(row.get("id", row.get("unique_id", default_id))), "question": question, "answer": answer.strip(),
             "type": str(row.get("type", row.get("subject", ""))), "level": str(row.get("level", ""))}
+
+
+def _blank_free(answer: str) -> bool:
+    """Whether a gold answer says something: not empty once ``$``, spaces and a ``\\boxed{}`` are removed
+    (an empty gold could only ever be matched by an empty answer)."""
+    return bool(extract_answer(answer).strip("$ \t\n"))
 
 
 def _read_json(path: Path) -> Any:
@@ -200,7 +221,7 @@ def _load_math_cached(path: str, split: str, mtime: float) -> tuple[dict[str, An
         if not files:
             raise MathDataError(f"{p}: no .json problem files under {root} (expected the MATH layout "
                                 f"<split>/<subject>/<n>.json, or pass a JSONL file)")
-        return tuple(_row_task(_read_json(f), str(f), f"{f.parent.name}/{f.stem}") for f in files)
+        return tuple(validate_task(_read_json(f), str(f), f"{f.parent.name}/{f.stem}") for f in files)
     rows = []
     with open(p, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -210,7 +231,7 @@ def _load_math_cached(path: str, split: str, mtime: float) -> tuple[dict[str, An
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise MathDataError(f"{p}, line {n}: not valid JSON ({e})") from None
-            rows.append(_row_task(row, f"{p}, line {n}", f"{p.stem}-{n}"))
+            rows.append(validate_task(row, f"{p}, line {n}", f"{p.stem}-{n}"))
     if not rows:
         raise MathDataError(f"{p}: no problems in the file")
     return tuple(rows)
@@ -235,12 +256,16 @@ class MathEnv(ToolEnv):
 
     def __init__(self, data_path: str | None = None, split: str = "test", limit: int | None = None,
                  num_tasks: int = 500, seed: int = 0, sandbox: dict | None = None, python_tool: bool = True,
-                 system_prompt: str | None = None, max_turns: int = 6, max_context_tokens: int = 4096,
-                 rewards: Any = None, **kwargs: Any):
+                 system_prompt: str | None = None, answer_timeout: float = DEFAULT_TIMEOUT_S, max_turns: int = 6,
+                 max_context_tokens: int = 4096, rewards: Any = None, **kwargs: Any):
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         if not isinstance(num_tasks, int) or isinstance(num_tasks, bool) or num_tasks <= 0:
             raise ValueError(f"num_tasks must be a positive integer, got {num_tasks!r}")
+        if isinstance(answer_timeout, bool) or not isinstance(answer_timeout, (int, float)) or not answer_timeout > 0:
+            raise ValueError(f"answer_timeout must be a positive number of seconds, got {answer_timeout!r}")
+        check_available()  # math-verify: fail here, naming the fix, rather than at the first answer
+        self.answer_timeout = float(answer_timeout)
         self.data_path, self.split, self.seed = data_path, split, int(seed)
         self.tasks = load_math(data_path, split, limit) if data_path is not None else None
         self._num_tasks = len(self.tasks) if self.tasks is not None else num_tasks
@@ -261,10 +286,19 @@ class MathEnv(ToolEnv):
             return dict(self.tasks[index])
         return synthetic_task(self.seed, index)
 
+    def check_task(self, task: Any) -> dict[str, Any]:
+        """A task given as ``reset(options={"task": ...})``: the loader's check (:func:`validate_task`);
+        keys it does not know (``program``, ...) are kept."""
+        if not isinstance(task, dict):
+            raise MathDataError(f"options['task'] must be a dict, got {type(task).__name__}")
+        return {**task, **validate_task(task, "options['task']", "task")}
+
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
+        """``correct``, ``em`` and ``timeout`` (see the card)."""
         gold = str(task["answer"])
-        return {"correct": float(answers_match(answer, gold)),
-                "em": float(normalize(extract_answer(answer)) == normalize(gold))}
+        ok, how = check_answer(answer, gold, self.answer_timeout)
+        return {"correct": float(ok), "em": float(normalize(extract_answer(answer)) == normalize(gold)),
+                "timeout": float(how == "timeout")}
 
     def is_success(self, answer_scores: dict[str, float], task: dict[str, Any]) -> bool:
         """Success is a correct answer (symbolic equivalence), not string equality."""
