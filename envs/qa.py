@@ -9,8 +9,8 @@ Card (shared part)
 Task
     A multi-hop question from the dataset's ``split``; the answer is a short string (the gold
     answer or one of its aliases). A task given as ``reset(options={"task": ...})`` is checked
-    as a data row is (``check_task``): a string ``aliases``, a null or list ``answer`` raise a
-    ``ValueError`` naming the key, and the env is left as it was.
+    as a data row is (``check_task``): a string ``aliases``, a null, list or blank ``answer``, a
+    blank alias raise a ``ValueError`` naming the key, and the env is left as it was.
 Tools
     ``search(query)``: the ``topk`` (default 3) best passages of the retriever, best first, one
     per line as ``Doc i (Title: <title>) <text>``. The result is cut to ``max_result_tokens``
@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent_gym.datasets import QATask, corpus_from_tasks, load_corpus, load_qa
-from agent_gym.datasets.base import DATASETS, RowRef, answer_string, resolve_data_file, string_list
+from agent_gym.datasets.base import DATASETS, RowRef, gold_aliases, gold_answer, resolve_data_file, string_list
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, RetrieverError, make_retriever
@@ -602,15 +602,16 @@ class MultiHopQAEnv(ToolEnv):
 
     def check_task(self, task: Any) -> dict[str, Any]:
         """A task given as ``reset(options={"task": ...})``, checked as the loaders check a data
-        row: ``answer`` a string (an int becomes its decimal string), ``aliases`` and
-        ``supporting_titles`` lists of strings (missing or None: ``[]``). A string ``aliases`` (each
-        character would become an alias), a null or list answer and the like raise a
-        ``ValueError`` naming the key, before the env changes."""
+        row: ``answer`` a non-blank string (an int becomes its decimal string), ``aliases`` a list
+        of non-blank strings and ``supporting_titles`` a list of strings (missing or None: ``[]``).
+        A blank gold or alias (which every answer normalizing to "" would match), a string
+        ``aliases`` (each character would become an alias), a null or list answer and the like
+        raise a ``ValueError`` naming the key, before the env changes."""
         task = super().check_task(task)
         ref = RowRef(f"{self.env_id} reset", "options['task']")
-        task["answer"] = answer_string(task["answer"], ref, "answer")
-        for key in ("aliases", "supporting_titles"):
-            task[key] = string_list(task.get(key), ref, key)
+        task["answer"] = gold_answer(task["answer"], ref, "answer")
+        task["aliases"] = gold_aliases(task.get("aliases"), ref, "aliases")
+        task["supporting_titles"] = string_list(task.get("supporting_titles"), ref, "supporting_titles")
         return task
 
     def demonstration(self, task: dict[str, Any]) -> list[str]:

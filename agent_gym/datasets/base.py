@@ -49,6 +49,8 @@ __all__ = [
     "RowRef",
     "Rows",
     "answer_string",
+    "gold_aliases",
+    "gold_answer",
     "read_rows",
     "register_dataset",
     "row_ref",
@@ -143,6 +145,27 @@ def answer_string(value: Any, ref: RowRef, key: str) -> str:
         raise ref.error(key, f"is a list {value!r}; give one answer string and put the other "
                              "accepted answers in the aliases")
     raise ref.error(key, f"must be a string, got {type(value).__name__} {value!r}")
+
+
+def gold_answer(value: Any, ref: RowRef, key: str) -> str:
+    """A gold answer or alias (`answer_string`) that is not blank. An empty or white-space-only
+    gold normalizes to "" and so would give EM 1 to every answer that also normalizes to "" (an
+    empty one, "the", "..."): it raises naming file, row and key. A gold with visible characters
+    that normalizes to "" is kept: HotpotQA dev row ``5a8b3d795542997f31a41cc1`` has the real
+    answer ``"!!!"`` (a band), which the official scripts score that way (see `agent_gym.scoring`)."""
+    text = answer_string(value, ref, key)
+    if not text.strip():
+        raise ref.error(key, f"is blank ({text!r}): every answer that normalizes to \"\" (an empty one, \"the\", "
+                             "\"...\") would match it with EM 1; give the answer text or drop the row")
+    return text
+
+
+def gold_aliases(value: Any, ref: RowRef, key: str) -> list[str]:
+    """Alias answers: `string_list`, each a `gold_answer` (not blank)."""
+    out = string_list(value, ref, key)
+    for i, alias in enumerate(out):
+        gold_answer(alias, ref, f"{key}[{i}]")
+    return out
 
 
 def string_list(value: Any, ref: RowRef, key: str) -> list[str]:
@@ -546,8 +569,8 @@ def task_from_normalized(row: Mapping[str, Any], ref: RowRef | None = None) -> Q
     return QATask(
         id=str(ref.get(row, "id")),
         question=question,
-        answer=answer_string(ref.get(row, "answer"), ref, "answer"),
-        aliases=string_list(row.get("aliases"), ref, "aliases"),
+        answer=gold_answer(ref.get(row, "answer"), ref, "answer"),
+        aliases=gold_aliases(row.get("aliases"), ref, "aliases"),
         supporting_titles=string_list(row.get("supporting_titles"), ref, "supporting_titles"),
         context=parse_context(row.get("context"), ref),
         type=str(row.get("type") or ""),

@@ -21,7 +21,7 @@ from .base import (
     QATask,
     RowRef,
     Source,
-    answer_string,
+    gold_answer,
     parse_context,
     parse_rows,
     parse_supporting_facts,
@@ -48,7 +48,7 @@ def task_from_hotpot_row(row: dict[str, Any], index: int, prefix: str, ref: RowR
     return QATask(
         id=str(row.get("_id") or row.get("id") or f"{prefix}-{index}"),
         question=question,
-        answer=answer_string(ref.get(row, "answer"), ref, "answer"),
+        answer=gold_answer(ref.get(row, "answer"), ref, "answer"),
         aliases=[],
         supporting_titles=unique(t for t, _ in facts),
         context=parse_context(ref.get(row, "context"), ref),

@@ -19,11 +19,11 @@ from .base import (
     QATask,
     RowRef,
     Source,
-    answer_string,
     clean_text,
+    gold_aliases,
+    gold_answer,
     parse_rows,
     register_dataset,
-    string_list,
     unique,
 )
 
@@ -62,12 +62,12 @@ def task_from_musique_row(row: dict[str, Any], index: int, prefix: str, ref: Row
     question = ref.get(row, "question")
     if not isinstance(question, str) or not question.strip():
         raise ref.error("question", f"must be a non-empty string, got {question!r}")
-    answer = answer_string(ref.get(row, "answer"), ref, "answer")
+    answer = gold_answer(ref.get(row, "answer"), ref, "answer")
     return QATask(
         id=task_id,
         question=question,
         answer=answer,
-        aliases=[a for a in string_list(row.get("answer_aliases"), ref, "answer_aliases") if a != answer],
+        aliases=[a for a in gold_aliases(row.get("answer_aliases"), ref, "answer_aliases") if a != answer],
         supporting_titles=unique(p["title"] for p in paragraphs if p.get("is_supporting")),
         context=[{"title": p["title"], "text": clean_text(p["paragraph_text"])} for p in paragraphs],
         type=task_id.split("__", 1)[0] if "__" in task_id else "",

@@ -21,11 +21,11 @@ from .base import (
     DatasetSpec,
     QATask,
     Source,
+    gold_aliases,
     parse_rows,
     read_rows,
     register_dataset,
     row_ref,
-    string_list,
 )
 from .hotpotqa import task_from_hotpot_row
 
@@ -44,7 +44,7 @@ def _read_aliases(path: Path) -> dict[str, list[str]]:
     for i, row in enumerate(rows):
         ref = row_ref(rows, i, path)
         qid = ref.get(row, "Q_id")
-        out[str(qid)] = string_list(row.get("aliases"), ref, "aliases") + string_list(
+        out[str(qid)] = gold_aliases(row.get("aliases"), ref, "aliases") + gold_aliases(
             row.get("demonyms"), ref, "demonyms")
     return out
 

@@ -379,3 +379,78 @@ def test_corpus_bad_lines_name_file_line_and_key(tmp_path):
     path = _jsonl(tmp_path / "corpus.jsonl", [{"id": "1", "title": "T", "text": "x"}, '{"id": "2", "ti'])
     with pytest.raises(DatasetFormatError, match=r"corpus.jsonl, line 2: invalid JSON"):
         load_corpus(path)
+
+
+# -- blank golds are refused by every loader (issue 20, item 6) ----------------------------------
+
+BLANKS = ["", "   ", "\t\n", "\u00a0\u3000"]  # empty, spaces, tab/newline, no-break and ideographic spaces
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+@pytest.mark.parametrize("where", ["answer", "alias"])
+def test_normalized_blank_gold_is_refused(tmp_path, blank, where):
+    # Before: accepted, so every answer that normalizes to "" ("", "the", "...") scored EM 1.
+    bad = {**NORMALIZED, "answer": blank} if where == "answer" else {**NORMALIZED, "aliases": ["ok", blank]}
+    path = _jsonl(tmp_path / "dev.jsonl", [NORMALIZED, bad])
+    _expect(path, "line 2", "answer" if where == "answer" else "aliases[1]", "is blank")
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+def test_hotpotqa_and_twowiki_official_blank_answer_is_refused(tmp_path, blank):
+    rows = [dict(r) for r in HOTPOT_ROWS]
+    rows[1]["answer"] = blank
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(rows))
+    _expect(path, "index 1", "answer", "is blank")
+    d = tmp_path / "2wiki"
+    d.mkdir()
+    rows = json.loads((FIX / "2wikimultihopqa" / "dev.json").read_text())
+    rows[0]["answer"] = blank
+    (d / "dev.json").write_text(json.dumps(rows))
+    _expect(d / "dev.json", "index 0", "answer", "is blank", "2wikimultihopqa")
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+def test_twowiki_alias_file_blank_alias_is_refused(tmp_path, blank):
+    d = tmp_path / "2wiki"
+    d.mkdir()
+    (d / "dev.json").write_text((FIX / "2wikimultihopqa" / "dev.json").read_text())
+    rows = [json.loads(x) for x in (FIX / "2wikimultihopqa" / "id_aliases.json").read_text().splitlines()]
+    rows[0]["demonyms"] = ["Ok", blank]
+    _jsonl(d / "id_aliases.json", rows)
+    _expect(d / "id_aliases.json", "line 1", "demonyms[1]", "is blank", "2wikimultihopqa")
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+@pytest.mark.parametrize("key", ["answer", "answer_aliases"])
+def test_musique_blank_answer_or_alias_is_refused(tmp_path, blank, key):
+    bad = {**MUSIQUE_ROWS[0], key: blank if key == "answer" else [blank]}
+    path = _jsonl(tmp_path / "musique_ans_v1.0_dev.jsonl", [MUSIQUE_ROWS[0], bad])
+    _expect(path, "line 2", key if key == "answer" else "answer_aliases[0]", "is blank", "musique")
+
+
+def test_a_gold_with_visible_characters_that_normalizes_to_empty_stays_valid(tmp_path):
+    """HotpotQA dev row 5a8b3d795542997f31a41cc1 answers "!!!" (the band): official normalization
+    drops punctuation, so it normalizes to "" and the official script gives EM 1 to "!!!" (and to
+    an empty answer). It is real data, so the loaders keep it; only blank golds are refused."""
+    from agent_gym.scoring import exact_match, normalize_answer
+
+    rows = [dict(r) for r in HOTPOT_ROWS]
+    rows[0]["answer"] = "!!!"
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(rows))
+    task = load_qa("hotpotqa", data_path=path)[0]
+    assert task.answer == "!!!" and normalize_answer(task.answer) == "" and exact_match("!!!", [task.answer]) == 1.0
+    assert load_qa("hotpotqa", data_path=_jsonl(tmp_path / "n.jsonl", [{**NORMALIZED, "aliases": ["!!!"]}]))[0].aliases == ["!!!"]
+
+
+@pytest.mark.parametrize(("row", "key", "what"), [
+    ({"id": "2", "title": "T", "text": None}, "text", "must be a string, got NoneType None"),  # was "None"
+    ({"id": "2", "title": None, "text": "x"}, "title", "must be a string"),
+    ({"id": "2", "contents": 5}, "contents", "must be a string, got int"),
+    ({"id": None, "title": "T", "text": "x"}, "id", "must be a string or an integer"),
+])
+def test_corpus_null_fields_are_refused_not_made_the_string_none(tmp_path, row, key, what):
+    path = _jsonl(tmp_path / "corpus.jsonl", [{"id": "1", "title": "T", "text": "x"}, row])
+    with pytest.raises(DatasetFormatError, match=rf"corpus.jsonl, line 2, key '{key}': {what}"):
+        load_corpus(path)

@@ -678,6 +678,9 @@ def test_sft_demonstrations_from_a_qa_env():
     ({"answer": 1.5}, "answer", "must be a string, got float"),
     ({"aliases": ["Lutetia", None]}, "aliases[1]", "is null"),
     ({"supporting_titles": "Paris"}, "supporting_titles", "is the string 'Paris'"),
+    ({"answer": ""}, "answer", "is blank"),  # issue 20, item 6: EM 1 for every answer normalizing to ""
+    ({"answer": "  \n"}, "answer", "is blank"),
+    ({"aliases": ["Lutetia", " "]}, "aliases[1]", "is blank"),
 ])
 def test_a_bad_task_given_at_reset_is_refused_and_the_env_is_unchanged(env_id, bad, key, needle):
     # Before: aliases "P" was split into characters (answer "P" scored EM 1 for gold Paris), and a
