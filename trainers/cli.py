@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import shutil
 import sys
 
 from trainers.config import ConfigError, load_config, parse_overrides
@@ -31,8 +33,7 @@ def main(algo: str, argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, values parsed as YAML")
     args = ap.parse_args(argv)
-    from trainers.models import ModelLoadError
-    from trainers.trainer import NonFiniteLossError, resume_config, run
+    from trainers.trainer import resume_config, run
 
     try:
         if args.resume:
@@ -48,13 +49,44 @@ def main(algo: str, argv: list[str] | None = None) -> int:
         return 2
     try:
         last = run(cfg, resume=bool(args.resume))
-    except (ConfigError, ModelLoadError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    except Exception as e:
+        failure = _failure(e, cfg.run_dir)
+        if failure is None:
+            raise
+        print(f"error: {failure[1]}", file=sys.stderr)
+        return failure[0]
     keys = [k for k in ("rollout/success_rate", "eval/success_rate", "rollout/reward_mean") if k in last]
     if os.environ.get("RANK", "0") == "0":  # under torchrun (fsdp) rank 0 alone reports
         print(json.dumps({k: round(last[k], 4) for k in keys}))
     return 0
+
+
+def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
+    """The exit status and message of a run that failed in a known way, or ``None`` (then the
+    traceback is shown): 2 bad config, model or path; 3 a non-finite loss; 4 the run's files could
+    not be written (a full disk, a checkpoint that failed; earlier checkpoints are intact)."""
+    from trainers.checkpoint import CheckpointError
+    from trainers.models import ModelLoadError
+    from trainers.trainer import NonFiniteLossError
+
+    chain = [e]
+    while chain[-1].__context__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__context__)
+    first = next((x for x in chain if isinstance(x, CheckpointError)), None)
+    if first is not None:  # a failed checkpoint, possibly followed by a failure while closing the run
+        after = "" if first is e else f" (Then, while closing the run: {type(e).__name__}: {e}.)"
+        return 4, f"{first}{after}"
+    if isinstance(e, (ConfigError, ModelLoadError, FileNotFoundError)):
+        return 2, str(e)
+    if isinstance(e, NonFiniteLossError):
+        return 3, str(e)
+    full = next((x for x in chain if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+    if full is not None:
+        try:
+            free = f"{shutil.disk_usage(run_dir).free / 2**20:.1f} MiB"
+        except OSError:
+            free = "unknown"
+        return 4, (f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}); {free} is free "
+                   f"under {run_dir}. The checkpoints already written are intact: free space (or move run_dir), then "
+                   f"continue with --resume {run_dir}.")
+    return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from agent_gym.episode import Episode
 from agent_gym.vector import ToolVectorEnv
 from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint, set_rng_state
 from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
 from trainers.logger import NullLogger, RunLogger
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
@@ -384,10 +385,14 @@ class Trainer:
         return save_checkpoint(self.run_dir, it, self.state(it), keep=self.cfg.keep_checkpoints)
 
     def _restore(self) -> None:
-        path = latest_checkpoint(self.run_dir)
+        path, st, skipped = load_latest_checkpoint(self.run_dir)
+        if path is None and skipped:
+            raise CheckpointError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} can be loaded: "
+                                  + "; ".join(why for _, why in skipped) + ". Start a new run instead.")
+        for bad, why in skipped if self.rank == 0 else []:  # newer ones, corrupt or partial: named, passed over
+            print(f"warning: skipping {bad.name} ({why}); resuming from {path.name}", file=sys.stderr)
         if path is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; start a new run instead.")
-        st = load_checkpoint(path)
         self.load_state(st)
         set_rng_state(st["rng"])
         self.sync_weights()
