@@ -4,6 +4,13 @@
     python trainers/evaluate.py --env AgentR1/FactChain-v0 --policy oracle --tasks 200
     python trainers/evaluate.py --env AgentR1/HotpotQA-NaiveRAG-v0 --model Qwen/Qwen2.5-3B-Instruct \\
         --env-kwargs '{data_path: data/hotpot_dev_distractor_v1.json}'
+    python trainers/evaluate.py --env AgentR1/HotpotQA-NaiveRAG-v0 --model smollm2-135m-instruct \\
+        --env-kwargs '{answer_source: text}'
+    python trainers/evaluate.py --checkpoint runs/RUN --env-kwargs '{data_path: rows.jsonl}'
+
+``--env-kwargs`` go over a checkpoint's own env settings, so ``data_path`` points a trained agent
+at any rows file in the normalized layout (``id, question, answer, aliases, ...``; see the QA
+cards); ``--tasks`` beyond the file's rows evaluates them all.
 
 It reports EM, F1, success, turns, tool calls by status and the reward components, and writes
 ``summary.json`` and ``trajectories.jsonl`` to ``--out``. The paper's two baselines are both
@@ -40,12 +47,39 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 
+def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
+    """``tasks`` cut to the env's task count (a rows file may hold fewer rows than ``--tasks``),
+    saying so on stderr."""
+    try:
+        n = int(env.num_tasks())
+    except NotImplementedError:
+        return tasks
+    if len(tasks) > n:
+        print(f"note: --tasks {len(tasks)} but {getattr(env, 'env_id', type(env).__name__)} has {n} tasks "
+              f"(its data); evaluating all {n}", file=sys.stderr)
+        return tasks[:n]
+    return tasks
+
+
+def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:
+    """``clamp_tasks`` on one env built with the evaluation's arguments (QA envs share their rows
+    and retriever within a process, so the probe costs little)."""
+    import gymnasium as gym
+
+    env = gym.make(env_id, **{"tokenizer": tok, **env_kwargs}).unwrapped
+    try:
+        return clamp_tasks(tasks, env)
+    finally:
+        env.close()
+
+
 def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: str):
     import gymnasium as gym
 
     from trainers.sft import play
 
     env = gym.make(env_id, **env_kwargs).unwrapped
+    tasks = clamp_tasks(tasks, env)
     if policy == "oracle" and not hasattr(type(env), "demonstration"):
         raise SystemExit(f"error: {type(env).__name__} has no demonstration(task); use --policy model or wrong")
     script = env.demonstration if policy == "oracle" else (lambda task: ["<answer>none</answer>"])
@@ -126,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", help="env id (default: the checkpoint's env_id, else AgentR1/FactChain-v0)")
     ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments (over the checkpoint's)")
     ap.add_argument("--policy", choices=["model", "oracle", "wrong"], default="model")
-    ap.add_argument("--model", help="HF directory, hub name or 'tiny' (with --policy model)")
+    ap.add_argument("--model", help="HF directory, hub name, 'tiny' or a named model such as smollm2-135m-instruct "
+                                    "(with --policy model; docs/models/smollm2.md)")
     ap.add_argument("--checkpoint", help="an RL run directory, checkpoints/iter_* directory or state.pt: its policy "
                                          "(and critic), env_id and env_kwargs")
     ap.add_argument("--eval-set", help="with --checkpoint: apply the run's eval_sets[NAME] env overrides (e.g. heldout)")
@@ -194,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--decode {args.decode} with --k {args.k} needs --temperature > 0 (K greedy candidates are the same)")
         env_id = env_id or "AgentR1/FactChain-v0"
         k = args.k if args.decode in ("value-guided", "random-of-k") else 1
+        tasks = env_task_count_probe(env_id, env_kwargs, tok, tasks)
         episodes, tok, cost = model_episodes(env_id, env_kwargs, tasks, policy, tok, args.backend, max_turn or 256,
                                              args.decode, k, temperature, critic, args.seed)
         summary_extra.update({"decode": args.decode, "k": k, "temperature": 0.0 if args.decode == "greedy" else temperature,
