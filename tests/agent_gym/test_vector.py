@@ -178,8 +178,12 @@ class _HookFails:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("threads", [0, 2])
 @pytest.mark.parametrize("failing", [0, 1])
-@pytest.mark.parametrize("exc", [RuntimeError("hook failed"), KeyboardInterrupt()])
-def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, exc):
+@pytest.mark.parametrize(("source", "exc"), [
+    ("hook", RuntimeError("hook failed")),
+    ("hook", KeyboardInterrupt()),
+    ("tool", KeyboardInterrupt()),  # a tool's other exceptions are tool_error results, not raised
+])
+def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, source, exc):
     """Issue 20, item 5: when one slot raised while stepping (a subclass hook, a tool's
     KeyboardInterrupt), a sibling's finished episode was thrown away, the sibling stayed active and
     the next step on it raised. Every step that completed is now recorded (inactive, its result
@@ -193,7 +197,18 @@ def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, ex
     vec.reset(options={"task_indices": [4, 5]})
     other = 1 - failing
     envs = vec.envs
-    fail_box[id(envs[failing])] = exc
+    if source == "hook":
+        fail_box[id(envs[failing])] = exc
+    else:  # the lookup tool itself raises
+        tool = envs[failing].tools["lookup"]
+
+        def execute(entity, relation, _orig=tool.execute):
+            if fail_box.get("tool") is not None:
+                raise fail_box["tool"]
+            return _orig(entity, relation)
+
+        tool.execute = execute
+        fail_box["tool"] = exc
     lookup = scripted_turns(envs[failing], envs[failing].task)[0]
     answer = envs[other].encode_turn(f"<answer>{envs[other].task['answer']}</answer>")
     actions = [None, None]
@@ -205,7 +220,7 @@ def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, ex
     err = vec.partial_step
     assert isinstance(err, VectorStepError)
     if isinstance(exc, RuntimeError):
-        assert raised.value is err and err.__cause__ is exc and "sub-env %d: RuntimeError: hook failed" % failing in str(err)
+        assert raised.value is err and err.__cause__ is exc and f"sub-env {failing}: RuntimeError: hook failed" in str(err)
     assert err.errors == {failing: exc}
     assert (list(envs[failing]._ids), envs[failing].turn) == before and vec.active[failing]
     if sequential_interrupt:  # slot 1 is never started after slot 0's interrupt: nothing to keep
