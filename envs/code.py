@@ -14,7 +14,9 @@ Answer
     The code in ``<answer>...</answer>`` (a ```` ```python ```` fence around it is removed).
     HumanEval: when the code defines the entry-point function, the program is the prompt (for
     its imports), then the code; otherwise the code is taken as a completion of the prompt (the
-    original HumanEval protocol) and the program is prompt + code. MBPP: the code, then the
+    original HumanEval protocol) and the program is prompt + code (when that does not compile
+    but it does with the code's first line indented by four spaces, as a completion loses its
+    first indent when the answer's text is stripped, that). MBPP: the code, then the
     ``test_setup_code``.
 Reward
     ``pass`` (weight 1 by default): 1.0 when the hidden tests (HumanEval: ``test`` and
@@ -629,6 +631,14 @@ class CodeEnv(ToolEnv):
         return [f"<answer>{task['answer']}</answer>"]
 
 
+def _compiles(src: str) -> bool:
+    try:
+        compile(src, "<answer>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
 class HumanEvalEnv(CodeEnv):
     dataset = "humaneval"
     default_prompt = HUMANEVAL_PROMPT
@@ -644,7 +654,10 @@ class HumanEvalEnv(CodeEnv):
         entry = task["entry_point"]
         if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
             return task["prompt"] + "\n\n" + code  # the prompt first, for its imports
-        return task["prompt"] + code  # a completion of the prompt (HumanEval's own protocol)
+        body = task["prompt"] + code  # a completion of the prompt (HumanEval's own protocol)
+        if code[:1] not in (" ", "\t") and not _compiles(body) and _compiles(task["prompt"] + "    " + code):
+            body = task["prompt"] + "    " + code  # the answer's text lost its first line's indent
+        return body
 
     def test_spec(self, task):
         # The tests' namespace is the prompt's (its imports and helpers, e.g. HumanEval/38's

@@ -217,7 +217,9 @@ def _known_result(res, k):
     if res[0] == "r":
         return Ref(k)
     cls = getattr(builtins, res[1], None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    # Not StopIteration: raised in a test's map() or next() it would end an iteration quietly.
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, (StopIteration,
+                                                                                    StopAsyncIteration)):
         raise cls(f"raised by the answer on call #{k}")
     raise RuntimeError(f"the answer raised {res[1]} on call #{k}")
 

@@ -370,6 +370,9 @@ def test_a_valid_humaneval_task_through_reset_is_scored_by_its_tests(humaneval):
     *_, info = humaneval.step(humaneval.encode_turn("<answer>def add_one(x):\n    return x + 1</answer>"))
     assert info["answer_scores"] == {"pass": 1.0}
     assert humaneval.verdict("    return x + 1\n", _he()).passed  # a completion of the prompt
+    humaneval.reset(options={"task": _he()})  # the env strips the answer: the completion loses its indent
+    *_, info = humaneval.step(humaneval.encode_turn("<answer>    y = x + 1\n    return y\n</answer>"))
+    assert humaneval.answer.startswith("y = ") and info["answer_scores"] == {"pass": 1.0}
     humaneval.reset(options={"task": _he()})
     *_, info = humaneval.step(humaneval.encode_turn("<answer>def add_one(x):\n    return 2</answer>"))
     assert info["answer_scores"] == {"pass": 0.0}
@@ -388,3 +391,19 @@ def test_mbpp_tests_keep_using_the_modules_the_answer_imported(mbpp):
     mbpp.reset(options={"task": task})
     assert mbpp.verdict("def area(r):\n    return 3.1416 * r * r\n", task).passed
     assert not mbpp.verdict("def area(r):\n    return 3 * r * r\n", task).passed
+
+
+@pytest.mark.timeout(120)
+def test_exceptions_cross_by_name_and_cannot_end_a_tests_iteration(mbpp):
+    """The answer's exception is raised in the tests by its built-in type (a test may expect it);
+    StopIteration, which would quietly end a test's map() or next(), arrives as RuntimeError."""
+    task = {"question": "q", "answer": "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x\n",
+            "test_list": ["assert list(map(f, [1, 2])) == [1, 2]",
+                          "try:\n    f(-1)\n    assert False\nexcept ValueError:\n    pass"]}
+    mbpp.reset(options={"task": task})
+    assert mbpp.verdict(task["answer"], task).passed
+    assert not mbpp.verdict("def f(x):\n    raise TypeError(x)\n", task).passed
+    t2 = {**task, "test_list": ["assert list(map(f, [1, 2])) == []"]}
+    mbpp.reset(options={"task": t2})
+    v = mbpp.verdict("def f(x):\n    raise StopIteration\n", t2)
+    assert not v.passed and "RuntimeError" in v.reason
