@@ -10,7 +10,10 @@ The contract (docs/design.md, "The env contract"):
 - every failure of a call (malformed, unknown tool, bad arguments, tool error, timeout, budget)
   becomes a message to the agent and a status in ``info["tool_calls"]``; none raises;
 - ``step()`` is transactional: anything that does raise (``KeyboardInterrupt`` from a tool, an
-  exception in a subclass hook) leaves the env exactly as before the call;
+  exception in a subclass hook) leaves the env exactly as before the call; so is ``reset()`` (a
+  subclass's own included), after which ``step()`` refuses until a reset succeeds;
+- a tool's result is cut to ``max_tool_output_chars`` and a turn's calls to ``max_calls_per_turn``
+  (reported in ``info["tool_calls"]`` and the ``Episode``);
 - configuration is checked at construction (tool schemas, reward weights) and a task passed to
   ``reset`` is checked there (``required_task_keys``), so neither fails mid-episode.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -33,7 +37,7 @@ from agent_gym.chat import ChatRenderer
 from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, get_format
 from agent_gym.tokenizer import load_tokenizer
-from agent_gym.tools import Tool, ToolResult, check_arguments, run_tool
+from agent_gym.tools import Tool, ToolResult, cap_result, check_arguments, run_tool
 
 
 @dataclass
@@ -113,6 +117,17 @@ class ToolEnv(gym.Env):
             ends the episode the same way.
         max_tool_calls: tool calls per episode; a call beyond it gets status ``budget`` and ends
             the episode.
+        max_calls_per_turn: tool calls read from one turn (default: ``max_tool_calls``). The
+            parser stops after that many; the calls after them are neither parsed nor run, and
+            count as one failed call with status ``too_many_calls`` (its ``info["tool_calls"]``
+            entry has ``"skipped": <how many>``; ``Episode.tool_calls_skipped`` sums them).
+        max_tool_output_chars: the most characters of one call's result (or error message) the
+            agent sees; a longer one is cut to that many, followed by a line saying how much was
+            cut, before anything is encoded. Its ``info["tool_calls"]`` entry then has
+            ``"truncated": True`` and ``"output_chars"`` (the full length);
+            ``Episode.tool_outputs_truncated`` counts them. Default 32,768. Characters, not tokens:
+            counting tokens would mean encoding the whole output, the very cost the cap avoids;
+            ``max_context_tokens`` already bounds the tokens a result may add.
         max_invalid_calls: consecutive turns with only failed calls (or no call and no answer)
             before truncation.
         rewards: a :class:`RewardConfig` or a dict of its fields.
@@ -144,9 +159,14 @@ class ToolEnv(gym.Env):
         eot_token: str | None = None,
         vocab_size: int | None = None,
         tools_in_prompt: bool = True,
+        max_calls_per_turn: int | None = None,
+        max_tool_output_chars: int = 32_768,
     ):
+        if max_calls_per_turn is None:
+            max_calls_per_turn = max_tool_calls
         for name, v in (("max_turns", max_turns), ("max_context_tokens", max_context_tokens),
-                        ("max_tool_calls", max_tool_calls), ("max_invalid_calls", max_invalid_calls)):
+                        ("max_tool_calls", max_tool_calls), ("max_invalid_calls", max_invalid_calls),
+                        ("max_calls_per_turn", max_calls_per_turn), ("max_tool_output_chars", max_tool_output_chars)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -170,6 +190,10 @@ class ToolEnv(gym.Env):
         self.max_context_tokens = int(max_context_tokens)
         self.max_tool_calls = int(max_tool_calls)
         self.max_invalid_calls = int(max_invalid_calls)
+        self.max_calls_per_turn = int(max_calls_per_turn)
+        self.max_tool_output_chars = int(max_tool_output_chars)
+        # A format written before ``max_calls`` existed parses every call; the env caps them after.
+        self._parse_takes_limit = "max_calls" in inspect.signature(self.format.parse).parameters
         self.reward_cfg = RewardConfig.from_any(rewards)
         self.render_mode = render_mode
 
@@ -267,6 +291,8 @@ class ToolEnv(gym.Env):
         self.turn = 0
         self.tool_calls_used = 0
         self.invalid_streak = 0
+        self.outputs_truncated = 0
+        self.calls_skipped = 0
         self.step_spans: list[list[int]] = []
         self.step_rewards: list[float] = []
         self.step_reward_components: list[dict[str, float]] = []
@@ -311,7 +337,7 @@ class ToolEnv(gym.Env):
         try:
             turn = self._append_action(action_ids)
             if turn.reason is None:  # the action fits the context budget
-                turn.parsed = self.format.parse(turn.text)
+                turn.parsed = self._parse(turn.text)
                 if turn.parsed.answer is not None:
                     self._score_answer(turn)
                 else:
@@ -369,6 +395,14 @@ class ToolEnv(gym.Env):
         """Run the turn's calls; process components; the invalid streak and the limits."""
         cfg = self.reward_cfg
         turn.outcomes = self._run_calls(turn.parsed)
+        skipped = turn.parsed.calls_skipped
+        if skipped:  # the calls past max_calls_per_turn: one failed outcome, nothing parsed or run
+            k = self.max_calls_per_turn
+            turn.outcomes.append(CallOutcome(
+                ToolCall(None, {}, "", f"{skipped} calls past the limit of {k} per turn"), "too_many_calls",
+                ToolResult(f"Error: this turn has {skipped} more tool call(s) after the first {k}; they were not "
+                           f"read or run. At most {k} calls are read per turn.", ok=False)))
+            self.calls_skipped += skipped
         for o in turn.outcomes:
             key = "tool" if o.status == "ok" else "invalid"
             turn.comps[key] = turn.comps.get(key, 0.0) + (cfg.call_ok if o.status == "ok" else cfg.call_invalid)
@@ -409,7 +443,7 @@ class ToolEnv(gym.Env):
     def _finish(self, turn: "_Turn"):
         """Record the step (span, reward, components, statuses) and build the step's return."""
         reward = float(sum(turn.comps.values()))
-        calls = [{"name": o.call.name, "arguments": o.call.arguments, "status": o.status} for o in turn.outcomes]
+        calls = [self._call_info(o, turn.parsed) for o in turn.outcomes]
         info: dict[str, Any] = {
             "turn": self.turn,
             "action_span": turn.span,
@@ -436,7 +470,8 @@ class ToolEnv(gym.Env):
 
     _EPISODE_LISTS = ("_ids", "_loss_mask", "step_spans", "step_rewards", "step_reward_components",
                       "step_call_statuses", "transcript", "messages")
-    _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done")
+    _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done", "outputs_truncated",
+                        "calls_skipped")
 
     episode_state: tuple[str, ...] = ()
     """Names of per-episode attributes a subclass keeps and changes during a step (in
@@ -513,7 +548,8 @@ class ToolEnv(gym.Env):
             step_call_statuses=[list(s) for s in self.step_call_statuses],
             task_id=str(self.task.get("id", self.task_index)), task_index=self.task_index, answer=self.answer,
             answer_scores=scores, success=self.answer is not None and bool(self.is_success(scores, self.task)),
-            truncation_reason=truncation_reason,
+            truncation_reason=truncation_reason, tool_outputs_truncated=self.outputs_truncated,
+            tool_calls_skipped=self.calls_skipped,
         )
 
     def render(self) -> str | None:
@@ -529,11 +565,35 @@ class ToolEnv(gym.Env):
     def _obs(self) -> dict[str, np.ndarray]:
         return {"input_ids": np.array(self._ids, dtype=np.int64)}
 
+    def _parse(self, text: str) -> ParsedTurn:
+        """The format's parse, reading at most ``max_calls_per_turn`` calls."""
+        k = self.max_calls_per_turn
+        parsed = self.format.parse(text, max_calls=k) if self._parse_takes_limit else self.format.parse(text)
+        if len(parsed.calls) > k:  # a format that ignores max_calls: its extra calls are not run either
+            parsed.calls_skipped += len(parsed.calls) - k
+            del parsed.calls[k:]
+        return parsed
+
     def _run_calls(self, parsed: ParsedTurn) -> list[CallOutcome]:
         outcomes = []
         for call in parsed.calls:
-            outcomes.append(self._run_call(call))
+            o = self._run_call(call)
+            o.result, o.output_chars = cap_result(o.result, self.max_tool_output_chars)
+            if o.output_chars is not None:
+                self.outputs_truncated += 1
+            outcomes.append(o)
         return outcomes
+
+    @staticmethod
+    def _call_info(o: CallOutcome, parsed: ParsedTurn) -> dict[str, Any]:
+        """One ``info["tool_calls"]`` entry: name, arguments, status, and the flags of a cut result
+        (``truncated``, ``output_chars``) or of the calls past the per-turn limit (``skipped``)."""
+        entry: dict[str, Any] = {"name": o.call.name, "arguments": o.call.arguments, "status": o.status}
+        if o.output_chars is not None:
+            entry["truncated"], entry["output_chars"] = True, o.output_chars
+        if o.status == "too_many_calls":
+            entry["skipped"] = parsed.calls_skipped
+        return entry
 
     def _run_call(self, call: ToolCall) -> CallOutcome:
         if call.error is not None:

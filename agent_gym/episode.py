@@ -36,7 +36,7 @@ class Episode:
     """(S,) each step's weighted reward components (``em``, ``format``, ``tool``, ``invalid``, ``hop``...);
     their values sum to that step's reward."""
     step_call_statuses: list[list[str]]
-    """(S,) the status of each tool call of each step (``ok``, ``parse_error``, ``bad_arguments``...)."""
+    """(S,) the status of each tool call of each step (``ok``, ``parse_error``, ``bad_arguments``, ``too_many_calls``...)."""
     task_id: str
     task_index: int
     """The task's index in the env's task list; -1 for a task passed in ``reset(options={"task": ...})``."""
@@ -48,6 +48,11 @@ class Episode:
     """The env's verdict (``ToolEnv.is_success(answer_scores, task)``); False without an answer."""
     truncation_reason: str | None
     """None when the agent answered; else ``max_turns``, ``invalid_calls``, ``tool_budget`` or ``context``."""
+    tool_outputs_truncated: int = 0
+    """Tool results (or error messages) cut to the env's ``max_tool_output_chars`` in this episode."""
+    tool_calls_skipped: int = 0
+    """Calls written past the env's ``max_calls_per_turn`` in a turn: neither parsed nor run (each such
+    turn also has one ``too_many_calls`` status in ``step_call_statuses``)."""
 
     @property
     def reward(self) -> float:

@@ -11,7 +11,10 @@ Two formats ship, in a small registry (``get_format(name)``):
   has the same turn structure and the same token-exact chat-template delta.
 
 Both read the final answer from ``<answer>...</answer>``. Parsers never raise, on any input, and
-run in time linear in the text's length (:func:`tag_spans`).
+run in time linear in the text's length (:func:`tag_spans`). ``parse(text, max_calls=k)`` reads at
+most ``k`` calls: the ones after them are counted (``ParsedTurn.calls_skipped``) but not parsed, so a
+turn of thousands of calls costs little more than ``k`` (``ToolEnv`` passes its
+``max_calls_per_turn``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class ParsedTurn:
     text: str
     calls: list[ToolCall] = field(default_factory=list)
     answer: str | None = None
+    calls_skipped: int = 0
+    """Calls in the text after the first ``max_calls``: counted, not parsed, not run."""
 
 
 @dataclass
@@ -46,6 +51,9 @@ class CallOutcome:
     call: ToolCall
     status: str
     result: ToolResult
+    output_chars: int | None = None
+    """When the result's text was cut to the env's ``max_tool_output_chars``: its full length in
+    characters (``None``: not cut)."""
 
 
 def tag_spans(text: str, open_tag: str, close_tag: str):
@@ -70,6 +78,30 @@ def tag_spans(text: str, open_tag: str, close_tag: str):
         yield i, body, j, pos
 
 
+class _Capped:
+    """The call budget of one ``parse``: ``spans`` yields the tag spans while ``turn.calls`` has room
+    for another call and counts the spans after that in ``turn.calls_skipped`` (a scan for the tags,
+    no parsing); ``room()`` says whether one more call (an unclosed tag) may be added, else counts
+    it as skipped."""
+
+    def __init__(self, turn: ParsedTurn, max_calls: int | None):
+        self.turn, self.max_calls = turn, max_calls
+
+    def room(self) -> bool:
+        if self.max_calls is None or len(self.turn.calls) < self.max_calls:
+            return True
+        self.turn.calls_skipped += 1
+        return False
+
+    def spans(self, text: str, open_tag: str, close_tag: str):
+        spans = tag_spans(text, open_tag, close_tag)
+        for span in spans:
+            if not self.room():
+                self.turn.calls_skipped += sum(1 for _ in spans)
+                return
+            yield span
+
+
 def _parse_answer(text: str) -> str | None:
     last = None
     for _, b, e, _ in tag_spans(text, "<answer>", "</answer>"):
@@ -84,7 +116,9 @@ class ToolCallFormat:
     name: str = ""
     uses_template_tools: bool = False
 
-    def parse(self, text: str) -> ParsedTurn:
+    def parse(self, text: str, max_calls: int | None = None) -> ParsedTurn:
+        """The turn's calls and answer. ``max_calls``: read at most that many calls, in order, and
+        count the rest in ``calls_skipped`` without parsing them (``None``: read all)."""
         raise NotImplementedError
 
     def result_messages(self, outcomes: list[CallOutcome]) -> list[dict[str, str]]:
@@ -133,12 +167,13 @@ def list_formats() -> list[str]:
 class HermesFormat(ToolCallFormat):
     uses_template_tools = True
 
-    def parse(self, text: str) -> ParsedTurn:
+    def parse(self, text: str, max_calls: int | None = None) -> ParsedTurn:
         turn = ParsedTurn(text=text, answer=_parse_answer(text))
-        for _, b, e, _ in tag_spans(text, "<tool_call>", "</tool_call>"):
+        calls = _Capped(turn, max_calls)
+        for _, b, e, _ in calls.spans(text, "<tool_call>", "</tool_call>"):
             turn.calls.append(self._parse_call(text[b:e]))
         closed = text.count("</tool_call>")
-        if text.count("<tool_call>") > closed:
+        if text.count("<tool_call>") > closed and calls.room():
             tail = text[text.rfind("<tool_call>"):]
             turn.calls.append(ToolCall(None, {}, tail, "unclosed <tool_call> tag"))
         return turn
@@ -177,15 +212,16 @@ class HermesFormat(ToolCallFormat):
 class SearchR1Format(ToolCallFormat):
     uses_template_tools = False
 
-    def parse(self, text: str) -> ParsedTurn:
+    def parse(self, text: str, max_calls: int | None = None) -> ParsedTurn:
         turn = ParsedTurn(text=text, answer=_parse_answer(text))
-        for s, b, e, end in tag_spans(text, "<search>", "</search>"):
+        calls = _Capped(turn, max_calls)
+        for s, b, e, end in calls.spans(text, "<search>", "</search>"):
             q = text[b:e].strip()
             if q:
                 turn.calls.append(ToolCall("search", {"query": q}, text[s:end]))
             else:
                 turn.calls.append(ToolCall("search", {}, text[s:end], "empty <search></search> query"))
-        if text.count("<search>") > text.count("</search>"):
+        if text.count("<search>") > text.count("</search>") and calls.room():
             turn.calls.append(ToolCall("search", {}, text[text.rfind("<search>"):], "unclosed <search> tag"))
         return turn
 

@@ -21,8 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-CallStatus = Literal["ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget"]
-CALL_STATUSES: tuple[str, ...] = ("ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget")
+CallStatus = Literal["ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget",
+                     "too_many_calls"]
+CALL_STATUSES: tuple[str, ...] = ("ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget",
+                                  "too_many_calls")
 
 
 @dataclass
@@ -346,6 +348,19 @@ def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True,
             f"Error: {t.name} failed: {what} is a {got}; a tool must return a str or a ToolResult with str content.",
             ok=False)
     return ("ok" if out.ok else "tool_error"), out
+
+
+def cap_result(result: ToolResult, max_chars: int) -> tuple[ToolResult, int | None]:
+    """``result`` with its ``content`` cut to its first ``max_chars`` characters, followed by a line
+    telling the agent how much was cut; and the full length (``None`` when nothing was cut, and
+    ``result`` is returned as is). ``ToolEnv`` applies it to every call's result, error messages
+    included, before anything is encoded (``max_tool_output_chars``)."""
+    n = len(result.content)
+    if n <= max_chars:
+        return result, None
+    note = (f"\n[output truncated: {n - max_chars:,} of {n:,} characters not shown; "
+            f"tool output is limited to {max_chars:,} characters]")
+    return ToolResult(result.content[:max_chars] + note, ok=result.ok, metadata=result.metadata), n
 
 
 def _safe_str(e: BaseException) -> str:
