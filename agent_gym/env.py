@@ -316,8 +316,8 @@ class ToolEnv(gym.Env):
         checks every slot with it before stepping any."""
         failed = self.__dict__.get("_reset_failed")
         if failed is not None:
-            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() would act on the "
-                               "episode before it. Call reset() again and let it succeed first.")
+            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
+                               "with whatever came before it. Call reset() again and let it succeed first.")
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first.")
         return _as_id_list(action, self.vocab_size)
@@ -663,7 +663,8 @@ def _transactional_reset(fn: Any) -> Any:
             out = fn(self, *args, **kwargs)
         except BaseException as e:
             self._reset_rollback(saved)
-            self.__dict__["_reset_failed"] = f"{type(e).__name__}: {_short(e)}"
+            msg = _short(e)
+            self.__dict__["_reset_failed"] = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
             raise
         finally:
             self.__dict__["_in_reset"] = False

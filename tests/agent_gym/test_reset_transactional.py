@@ -138,14 +138,8 @@ def test_the_exact_case_of_the_issue_no_oversized_trajectory():
         env.step(env.encode_turn("<answer>hi</answer>"))
 
 
-def _conformance_ids():
-    from tests.agent_gym.test_conformance import uses_sandbox
-
-    return [i for i in ENV_IDS if not uses_sandbox(i)]
-
-
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("env_id", _conformance_ids())
+@pytest.mark.parametrize("env_id", ENV_IDS)
 def test_every_registered_env_resets_transactionally(env_id):
     """Over every registered id (their own ``reset`` overrides included): a reset whose prompt does
     not fit, and one with a seed and a bad index, change nothing and make step refuse."""
