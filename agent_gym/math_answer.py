@@ -248,6 +248,10 @@ def judge(predicted: str, gold: str) -> tuple[bool, str]:
     return bool(ok), ("math_verify" if ok else "no_match")
 
 
+_WARM_UP = (("\\boxed{\\frac{1}{2}}", "0.5"), ("(x+1)^2", "x^2+2x+1"), ("[1,2)", "(1,2]"), ("\\{1,2\\}", "\\{2,1\\}"),
+            ("y=2x+1", "2x+1"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}"))
+
+
 def _serve() -> None:
     """A worker's loop: one JSON request a line on stdin (``[predicted, gold, timeout]``), one reply a
     line on stdout (``[ok, how]``; first ``{"ready": true}``, or ``{"error": ...}`` when it cannot start)."""
@@ -267,8 +271,9 @@ def _serve_loop() -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    try:
-        judge("\\boxed{\\frac{1}{2}}", "0.5")  # import and warm up sympy, latex2sympy and math-verify
+    try:  # import and warm up sympy, latex2sympy and math-verify (a cold first simplify takes ~1 s)
+        for predicted, gold in _WARM_UP:
+            judge(predicted, gold)
     except ImportError as e:
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
         return
@@ -368,12 +373,17 @@ def _forget_after_fork() -> None:
 
 
 def _take_worker() -> _Worker:
-    """A live idle worker; else the one being started in the background, if any; else a new one."""
+    """A live idle worker; else the one being started in the background, if any; else a new one.
+    When it takes the last one, a spare is started in the background, so that the check after a
+    timeout (which kills its worker) finds one ready rather than waiting for a start."""
     while True:
         with _idle_lock:
             while not _idle and _starting:
                 _idle_lock.wait()
             worker = _idle.pop() if _idle else None
+            need_spare = not _idle and not _starting
+        if need_spare:
+            _start_idle_worker()
         if worker is None:
             return _Worker()
         if worker.proc.poll() is None:
@@ -449,7 +459,6 @@ def check_answer(predicted: str, gold: str, timeout: float | None = None) -> tup
                 return False, "crashed"
     if verdict is None:
         worker.kill()
-        _start_idle_worker()  # so that the next check finds one ready
         return False, "timeout"
     _give_back(worker)
     return verdict

@@ -61,7 +61,7 @@ def test_extract_answer_falls_back_to_the_text():
     ("\\text{Dynamo}", "\\text{Monday}", False),  # not a product of commuting letters
 ])
 def test_issue_20_cases(pred, gold, want):
-    ok, how = check_answer(pred, gold)
+    ok, how = check_answer(pred, gold, timeout=30.0)  # generous: the verdict is tested here, not the speed
     assert ok is want, how
     assert how in math_answer.STATUSES
 
@@ -99,16 +99,17 @@ def test_as_text(raw, want):
 @pytest.mark.parametrize("pred", ["(x+1)^{10000}", "(x+y+z)^{300}", "((((x+1)^2+1)^2+1)^2+1)^{50}", "9^{9^{9^9}}"])
 def test_expansions_that_hang_score_0_with_reason_timeout(pred):
     assert check_answer(pred, "x^2+1", timeout=1.0) == (False, "timeout")
-    assert check_answer("\\frac{2}{4}", "0.5", timeout=5.0) == (True, "math_verify")  # a fresh worker took over
+    assert check_answer("\\frac{2}{4}", "0.5", timeout=30.0) == (True, "math_verify")  # a fresh worker took over
 
 
 @pytest.mark.timeout(180)
 def test_the_limit_holds_in_threads_where_signal_timeouts_cannot_work():
     """Env steps may run on a thread pool (agent_gym/vector.py); math-verify's own timeouts use
     signal.alarm, which only works in the main thread."""
-    cases = [("(x+1)^{10000}", "x^2+1"), ("\\frac{2}{4}", "0.5"), ("\\sqrt{8}", "2\\sqrt{2}"), ("(x+y+z)^{300}", "1")]
+    cases = [("(x+1)^{10000}", "x^2+1", 1.0), ("\\frac{2}{4}", "0.5", 30.0), ("\\sqrt{8}", "2\\sqrt{2}", 30.0),
+             ("(x+y+z)^{300}", "1", 1.0)]
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda c: check_answer(*c, timeout=1.0), cases))
+        got = list(pool.map(lambda c: check_answer(*c), cases))
     assert got[0] == (False, "timeout") and got[3] == (False, "timeout")
     assert [ok for ok, _ in got[1:3]] == [True, True]
 
@@ -128,7 +129,7 @@ def test_hostile_answers_are_never_evaluated_as_python(tmp_path):
     marker = tmp_path / "pwned"
     for pred in (f"__import__('os').system('touch {marker}')", "eval(1)", "(1).__class__", "1e9999999",
                  "9" * 500, "x" * 400):
-        ok, how = check_answer(pred, "1", timeout=5.0)
+        ok, how = check_answer(pred, "1", timeout=2.0)  # 1e9999999 is 10^{9999999}: a timeout
         assert ok is False and how in math_answer.STATUSES, how
     assert not marker.exists()
 
@@ -149,7 +150,7 @@ def test_normalize_type_and_value_errors():
 
 @pytest.fixture(scope="module")
 def env():
-    return gym.make("AgentR1/Math-v0", python_tool=False, answer_timeout=1.0).unwrapped
+    return gym.make("AgentR1/Math-v0", python_tool=False).unwrapped
 
 
 def _answer(env, text):
@@ -158,8 +159,9 @@ def _answer(env, text):
 
 @pytest.mark.timeout(120)
 def test_math_env_scores_a_hanging_answer_0_with_timeout_in_info(env):
-    env.reset(options={"task": {"id": "t", "question": "Expand (x+1)^2.", "answer": "x^2+2x+1"}})
-    _, reward, terminated, truncated, info = _answer(env, "\\boxed{(x+1)^{10000}}")
+    quick = gym.make("AgentR1/Math-v0", python_tool=False, answer_timeout=1.0).unwrapped
+    quick.reset(options={"task": {"id": "t", "question": "Expand (x+1)^2.", "answer": "x^2+2x+1"}})
+    _, reward, terminated, truncated, info = _answer(quick, "\\boxed{(x+1)^{10000}}")
     assert (reward, terminated, truncated) == (0.0, True, False)
     assert info["answer_scores"] == {"correct": 0.0, "em": 0.0, "timeout": 1.0}
     assert info["trajectory"].answer_scores["timeout"] == 1.0 and not info["trajectory"].success

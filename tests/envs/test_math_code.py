@@ -65,7 +65,7 @@ def test_synthetic_tasks_are_seeded_and_their_programs_print_the_answer():
 def test_math_oracle_runs_its_program_through_the_sandbox_and_scores_1(math_env):
     for k in range(len(FAMILIES)):  # one task of each family
         ep = play(math_env, k, math_env.demonstration)
-        assert ep.success and ep.answer_scores == {"correct": 1.0, "em": 1.0} and ep.reward == 1.0
+        assert ep.success and ep.answer_scores == {"correct": 1.0, "em": 1.0, "timeout": 0.0} and ep.reward == 1.0
         assert ep.step_call_statuses[0] == ["ok"]
         tool_out = [c for role, c in math_env.transcript if role == "tool"][0]
         assert answers_match(tool_out.strip(), math_env.task["answer"])
@@ -75,10 +75,10 @@ def test_math_oracle_runs_its_program_through_the_sandbox_and_scores_1(math_env)
 def test_math_scores_equivalent_forms_and_rejects_wrong_ones(math_env):
     math_env.reset(options={"task": {"id": "t", "question": "Compute 1/2 + 1/4.", "answer": "\\frac{3}{4}"}})
     info = answer(math_env, "The sum is \\boxed{0.75}")
-    assert info["answer_scores"] == {"correct": 1.0, "em": 0.0} and info["trajectory"].success
+    assert info["answer_scores"] == {"correct": 1.0, "em": 0.0, "timeout": 0.0} and info["trajectory"].success
     math_env.reset(options={"task": {"id": "t", "question": "Compute 1/2 + 1/4.", "answer": "\\frac{3}{4}"}})
     info = answer(math_env, "\\boxed{\\frac{2}{3}}")
-    assert info["answer_scores"] == {"correct": 0.0, "em": 0.0} and not info["trajectory"].success
+    assert info["answer_scores"] == {"correct": 0.0, "em": 0.0, "timeout": 0.0} and not info["trajectory"].success
 
 
 @pytest.mark.timeout(120)
@@ -116,7 +116,7 @@ def test_math_loads_the_official_layout_and_jsonl(tmp_path):
     ({"answer": "2"}, r"line 1: missing or empty key 'problem'"),
     ({"problem": "p"}, r"line 1: missing key 'answer'"),
     ({"problem": "p", "solution": "no box"}, r"line 1: key 'solution' has no \\boxed"),
-    ({"problem": "p", "answer": ""}, r"line 1: key 'answer' must be a non-empty string"),
+    ({"problem": "p", "answer": ""}, r"line 1: key 'answer' must be a number or a non-empty string"),
     ([1, 2], r"line 1: expected a JSON object"),
 ])
 def test_math_loader_errors_name_file_row_and_key(tmp_path, row, match):
