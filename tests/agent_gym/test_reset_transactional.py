@@ -195,3 +195,60 @@ def test_step_rollback_deletes_an_episode_state_attribute_the_step_created():
     assert not hasattr(env, "_lazy")
     env.step(env.encode_turn(call("echo", text="a")))
     assert env._lazy == 1
+
+
+def _failing_reset(u: ToolEnv, rng: np.random.Generator):
+    """A reset that must fail, drawn at random: kwargs, the exception, and an undo for any setup."""
+    kind = int(rng.integers(4))
+    if kind == 0:  # the prompt of a task no longer fits: set the budget to its prompt length
+        k = int(rng.integers(u.num_tasks()))
+        budget = u.max_context_tokens
+        u.max_context_tokens = len(u.renderer.prompt_ids(u.task_messages(u.get_task(k))))
+        return dict(options={"task_index": k}), ValueError, lambda: setattr(u, "max_context_tokens", budget)
+    if kind == 1:
+        return dict(seed=int(rng.integers(1 << 30)), options={"task_index": u.num_tasks() + int(rng.integers(5))}), \
+            ValueError, None
+    if kind == 2:
+        return dict(seed=int(rng.integers(1 << 30)), options={"oops": 1}), ValueError, None
+    return dict(options={"task": {"question": 5}}), ValueError, None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_fuzzed_steps_with_failed_resets_keep_every_invariant(env_id):
+    """Fuzzed steps with a failing reset drawn now and then (every registered id): a failed reset
+    changes nothing and makes step refuse; the episodes around it keep the token invariants."""
+    from tests.agent_gym.fuzz import fuzz_action
+    from tests.agent_gym.test_conformance import budget
+
+    env = make(env_id)
+    u = env.unwrapped
+    rng = np.random.default_rng(20)
+    env.reset(seed=3)
+    failed = 0
+    for _ in range(budget(env_id, 300, 20)):
+        if rng.random() < 0.1:
+            before = snapshot(u)
+            kwargs, exc, undo = _failing_reset(u, rng)
+            with pytest.raises(exc):
+                env.reset(**kwargs)
+            if undo:
+                undo()
+            assert snapshot(u) == before
+            with pytest.raises(RuntimeError, match="reset"):
+                u.step(u.encode_turn("<answer>x</answer>"))
+            failed += 1
+            env.reset()
+        prev, prev_mask = list(u._ids), list(u._loss_mask)
+        obs, _, term, trunc, info = env.step(fuzz_action(env, rng, u.task))
+        ids, mask = obs["input_ids"].tolist(), u._loss_mask
+        s, e = info["action_span"]
+        assert ids[: len(prev)] == prev and s == len(prev) and len(mask) == len(ids)
+        assert mask == prev_mask + [1] * (e - s) + [0] * (len(ids) - e)
+        assert len(ids) <= u.max_context_tokens + 1  # + the env's closing token of a cut action
+        if term or trunc:
+            ep = info["trajectory"]
+            assert len(ep.token_ids) == len(ep.loss_mask) and ep.prompt_len == u.prompt_len
+            env.reset()
+    assert failed > 0
+    env.close()
