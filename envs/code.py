@@ -477,7 +477,7 @@ def _answer_results(r: SandboxResult, n_calls: int) -> tuple[list | None, str]:
         return None, f"the answer's program sent no valid reply (not {n_calls} results)"
     try:
         return [_canonical(x) for x in results], ""
-    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, code_harness.NotData) as e:
         return None, f"the answer's program sent a result that is not data ({type(e).__name__}: {str(e)[:120]})"
 
 
@@ -508,7 +508,7 @@ def _record(spec: dict[str, Any], limits: SandboxLimits) -> tuple[dict | None, S
         return None, dataclasses.replace(run, detail=why or reply["harness_error"])
     try:
         outs = [_canonical(o) for o in reply["outs"]]
-    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, code_harness.NotData) as e:
         return None, dataclasses.replace(run, detail=f"the reference's results are not data ({e})")
     rec = {"calls": reply["calls"], "outs": outs, "seed": seed,
            "passed": bool(reply["passed"]) and all(reply["passed"])}

@@ -2,8 +2,11 @@
 ``reset(options={"task": ...})`` are validated like the file loaders' rows (issue 20 item 6).
 
 The answer runs in one sandbox and sends back only data (each call's result); the tests run in a
-second sandbox with trusted code only and decide. Each forging trick below scored 1.0 with the
-one-process harness (the answer's program followed by the tests and a printed random token)."""
+second sandbox with trusted code only and decide. With the one-process harness before it (the
+answer's program, then the tests, then a printed random token), 6 of the 9 forging tricks below
+scored 1.0 (print_marker, excepthook, always_equal, equal_subclass, frame_snoop, and
+patched_builtins on HumanEval/33; benchmarks/code_verdicts.py counts them); the exits and the
+fake reply were already caught."""
 
 from __future__ import annotations
 
