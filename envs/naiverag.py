@@ -10,7 +10,9 @@ Task
     tool-using envs (``envs/hotpotqa.py``, ``envs/twowiki.py``, ``envs/musique.py``).
 Tools
     None. ``max_turns`` is fixed at 1 and every episode *terminates* after its single turn:
-    with an ``<answer>...</answer>`` it is scored; without one it ends with no outcome reward,
+    with an ``<answer>...</answer>`` it is scored (with ``answer_source="text"`` a reply without
+    tags or calls is scored on :func:`answer_from_text`, with no ``format`` reward and
+    ``info["answer_extracted"]`` True); without one it ends with no outcome reward,
     ``info["answer"]`` None and ``info["truncation_reason"]`` ``"max_turns"``; an action longer
     than the context left is cut to it, never parsed or scored, and ends with
     ``"context"``. ``info["truncation_reason"]`` is always ``info["trajectory"].truncation_reason``
@@ -38,7 +40,7 @@ Data
     ``corpus_path`` or, by default, over the split's own context paragraphs.
 Parameters
     Those of :class:`envs.qa.MultiHopQAEnv` except ``lookup_tool`` and ``max_turns``; default
-    ``max_context_tokens`` 4096.
+    ``max_context_tokens`` 4096; ``answer_source`` ``"tags"`` (default) or ``"text"``.
 Versions
     v0: first release.
 """
