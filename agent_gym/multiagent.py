@@ -25,6 +25,15 @@ AEC view is PettingZoo's own conversion, ``pettingzoo.utils.conversions.parallel
 - A seat that truncates on its own (its ``max_turns``, ``max_invalid_calls``, tool budget or
   context) leaves the episode with its own ``Episode``; the others go on.
 - After ``max_cycles`` cycles every live seat is truncated with ``truncation_reason="max_cycles"``.
+  ``max_cycles`` is what bounds a team episode: by default a seat's own ``max_turns`` and
+  ``max_invalid_calls`` are ``max_cycles + 1``, so a seat whose calls fail stays in the team (it
+  is still the only one that can look up its part or receive its messages; ``call_invalid``
+  penalises the failed calls). Pass ``max_invalid_calls=3`` for the single-agent behaviour.
+- Every seat knows which seat it is: a single ``system_prompts`` string is shared by the seats and
+  followed by each seat's identity (:meth:`MultiAgentToolEnv.seat_identity`), and ``reset`` refuses
+  (``ValueError``) a configuration in which two seats' first observations are the same ids (a
+  dict of identical prompts, or ``seat_messages`` that leave the seat out), since a shared policy
+  could not tell which seat it plays.
 
 On the step where an agent's episode ends, ``infos[agent]["trajectory"]`` is its
 :class:`~agent_gym.episode.Episode`; its ``loss_mask`` marks exactly that agent's sampled tokens.
@@ -164,21 +173,27 @@ class MultiAgentToolEnv(ParallelEnv):
     Args:
         seat_tools: agent name -> the tools of that seat (``send``/``receive`` are added when
             ``messaging`` and there are two seats or more). Names like ``agent_0``.
-        system_prompts: one prompt for every seat, or agent name -> prompt.
+        system_prompts: one prompt shared by every seat, to which each seat's identity is added
+            (:meth:`seat_identity`), or agent name -> prompt (used as given; the seats' first
+            observations must still differ, see ``reset``).
         max_cycles: cycles (rounds in which every live agent takes one turn) before truncation.
         max_turns: each seat's own turn limit; default ``max_cycles + 1``, so ``max_cycles`` rules.
+        max_invalid_calls: each seat's limit on consecutive turns without a successful call;
+            default ``max_cycles + 1`` (a seat is not dropped from the team for failed calls).
         messaging: give every seat ``send`` and ``receive``.
         max_message_chars: the longest ``text`` that ``send`` accepts (longer: ``bad_arguments``).
         tokenizer, rewards: as for ``ToolEnv``, shared by the seats.
+        render_mode: ``None``, ``"ansi"`` (``render`` returns every seat's transcript) or
+            ``"human"`` (``render`` prints it).
         seat_kwargs: every other ``ToolEnv`` argument (``tool_format``, ``max_context_tokens``,
-            ``max_tool_calls``, ``max_invalid_calls``, ``eot_token``, ``vocab_size``,
-            ``tools_in_prompt``), applied to each seat.
+            ``max_tool_calls``, ``eot_token``, ``vocab_size``, ``tools_in_prompt``), applied to
+            each seat.
 
     Subclasses implement ``num_tasks``, ``get_task``, ``score_answer`` and may override
     ``seat_messages``, ``is_success``, ``process_components`` and ``on_reset``.
     """
 
-    metadata = {"render_modes": ["ansi"], "name": "multiagent_tool_env", "is_parallelizable": True}
+    metadata = {"render_modes": ["ansi", "human"], "name": "multiagent_tool_env", "is_parallelizable": True}
     required_task_keys: tuple[str, ...] = ("question", "answer")
 
     def __init__(
@@ -188,6 +203,7 @@ class MultiAgentToolEnv(ParallelEnv):
         tokenizer: Any = None,
         max_cycles: int = 8,
         max_turns: int | None = None,
+        max_invalid_calls: int | None = None,
         rewards: RewardConfig | dict | None = None,
         render_mode: str | None = None,
         messaging: bool = True,
@@ -205,6 +221,9 @@ class MultiAgentToolEnv(ParallelEnv):
             missing = sorted(set(seat_tools) - set(system_prompts))
             if missing:
                 raise ValueError(f"system_prompts has no prompt for agent(s) {missing}")
+        elif not isinstance(system_prompts, str):
+            raise ValueError(f"system_prompts must be a string (shared, each seat's identity added) or a dict of "
+                             f"agent name -> prompt, got {type(system_prompts).__name__}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.possible_agents: list[str] = list(seat_tools)
@@ -219,10 +238,15 @@ class MultiAgentToolEnv(ParallelEnv):
             if messaging and len(self.possible_agents) > 1:
                 others = [b for b in self.possible_agents if b != a]
                 tools += [SendTool(self.mailbox, a, others, max_message_chars), ReceiveTool(self.mailbox, a)]
-            prompt = system_prompts[a] if isinstance(system_prompts, dict) else system_prompts
+            if isinstance(system_prompts, dict):
+                prompt = system_prompts[a]
+            else:
+                prompt = f"{system_prompts.rstrip()}\n\n{self.seat_identity(a)}" if system_prompts.strip() else self.seat_identity(a)
             self.seats[a] = SeatEnv(
                 self, a, tools, tokenizer=self.tokenizer, system_prompt=prompt, rewards=self.reward_cfg,
-                max_turns=max_turns if max_turns is not None else self.max_cycles + 1, **seat_kwargs)
+                max_turns=max_turns if max_turns is not None else self.max_cycles + 1,
+                max_invalid_calls=max_invalid_calls if max_invalid_calls is not None else self.max_cycles + 1,
+                **seat_kwargs)
         first = self.seats[self.possible_agents[0]]
         self.vocab_size = first.vocab_size
         self.stop_token_ids = list(first.stop_token_ids)
@@ -233,6 +257,14 @@ class MultiAgentToolEnv(ParallelEnv):
         self.np_random, self._np_random_seed = seeding.np_random()
 
     # -- hooks for subclasses ----------------------------------------------------------------
+
+    def seat_identity(self, agent: str) -> str:
+        """The line that tells a seat who it is, added to a shared system prompt."""
+        others = [b for b in self.possible_agents if b != agent]
+        if not others:
+            return f"You are {agent}."
+        return (f"You are {agent}, one of a team of {len(self.possible_agents)} agents; your "
+                f"teammate{'s are' if len(others) > 1 else ' is'} {', '.join(others)}.")
 
     def num_tasks(self) -> int:
         raise NotImplementedError
@@ -302,7 +334,23 @@ class MultiAgentToolEnv(ParallelEnv):
         for a in self.agents:
             obs[a], infos[a] = self.seats[a].reset(options=seat_options)
             infos[a]["agent"] = a
+        self._check_seats_differ(obs)
         return obs, infos
+
+    def _check_seats_differ(self, obs: dict[str, dict[str, np.ndarray]]) -> None:
+        """Two seats whose first observations are the same ids are indistinguishable to a shared
+        policy: refuse (the episode is not started) naming them and the fix."""
+        seen: dict[bytes, str] = {}
+        for a in self.possible_agents:
+            key = np.asarray(obs[a]["input_ids"], dtype=np.int64).tobytes()
+            if key in seen:
+                self.agents = []
+                raise ValueError(
+                    f"{type(self).__name__}: agents {seen[key]!r} and {a!r} start with the same observation "
+                    f"({len(obs[a]['input_ids'])} identical token ids), so a policy shared by the seats could not "
+                    "know which one it plays. Give each seat its own system prompt (pass one string, to which each "
+                    "seat's identity is added, or a dict whose prompts differ) or make seat_messages() name the agent.")
+            seen[key] = a
 
     def step(self, actions: dict[str, Any]):
         """One cycle: every live agent's turn, in ``possible_agents`` order, then the mailbox
@@ -371,9 +419,14 @@ class MultiAgentToolEnv(ParallelEnv):
             info["trajectory"] = dataclasses.replace(ep, answer=answer, answer_scores=dict(scores), success=success)
 
     def render(self) -> str | None:
-        if self.render_mode != "ansi":
+        """Every seat's transcript: returned (``"ansi"``), printed (``"human"``), or nothing."""
+        if self.render_mode is None:
             return None
-        return "\n".join(f"===== {a} =====\n{s.render_text()}" for a, s in self.seats.items())
+        text = "\n".join(f"===== {a} =====\n{s.render_text()}" for a, s in self.seats.items())
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
 
     def close(self) -> None:
         for s in self.seats.values():

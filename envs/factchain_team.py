@@ -29,18 +29,43 @@ Protocol and baselines (120 test tasks, measured by ``tests/envs/test_factchain_
     cycles for 2 hops (1.0 on 120 of 120); a silent team (the same but never sending: it guesses
     an entity when it would have sent) 0.017 (2 of 120, chance is 1/num_entities); random token
     actions 0.0 (0 of 120).
+PettingZoo's tests and what random tokens exercise
+    With the defaults the env passes PettingZoo's ``api_test`` (AEC), ``parallel_api_test``,
+    ``seed_test``, ``parallel_seed_test``, ``max_cycles_test`` and ``render_test``, and runs
+    ``performance_benchmark`` (``state_test``, ``save_obs_test`` and ``manual_control_test`` do
+    not apply: no global state, no image observations, no keyboard; ``bombardment_test`` fails on
+    PettingZoo 1.27's own example env). These tests act with random token ids
+    (``action_space.sample()``: a geometric length, mean 4 tokens, ids uniform over the vocabulary).
+    Measured over 300 such episodes (4,800 agent turns, defaults): 4,796 turns without a call, 4
+    parse errors, no successful call, no message, no answer; every episode ended at
+    ``max_cycles``. So random tokens exercise the API contract (spaces, the per-agent dicts,
+    agents leaving, seeding, the AEC and Parallel views, rendering), the failed-turn path (nudges,
+    ``call_invalid``/``no_action``) and truncation at ``max_cycles``; they cannot reach anything of
+    the task: lookups, ``send``/``receive`` and delivery, the team answer and its shared reward, a
+    seat leaving on its own. Those are tested with the scripted :class:`TeamOracle` and explicit
+    turns (``tests/envs/test_factchain_team.py``) and with the conformance fuzzer, whose actions
+    include well-formed calls of every tool, malformed calls and answers
+    (``tests/agent_gym/test_conformance_multiagent.py``).
 Made with
     ``agent_gym.make_multiagent("AgentR1/FactChainTeam-v0")`` (AEC) or ``(..., parallel=True)``
     (``ParallelEnv``); this module's ``env()`` and ``parallel_env()`` do the same (PettingZoo's
     module convention).
 Parameters
-    ``num_agents`` (default 2), ``max_cycles`` (default ``3 * num_hops + 2``), ``max_context_tokens``
-    (per agent, default 2048: the tool schemas in the prompt are about 500 tokens), FactChain's
-    ``num_entities``, ``num_relations``, ``num_hops``, ``num_tasks``, ``kb_seed``, ``split``,
-    ``question_style``, and every ``MultiAgentToolEnv`` argument (tokenizer, limits, rewards,
-    ``tools_in_prompt``, ``render_mode``).
+    ``num_agents`` (default 2), ``max_cycles`` (default ``3 * num_hops + 2``; it is what ends an
+    episode that nobody answers: a seat's ``max_turns`` and ``max_invalid_calls`` default to
+    ``max_cycles + 1``), ``system_prompt`` (default: a per-seat prompt that names the seat; a string
+    replaces the instructions and is followed by the seat's identity line, "You are agent_0, one of
+    a team of 2 agents; your teammate is agent_1."; a dict agent -> prompt is used as given, and a
+    configuration whose seats start with identical observations is refused at ``reset``),
+    ``max_context_tokens`` (per agent, default 2048: the tool schemas in the prompt are about 500
+    tokens), FactChain's ``num_entities``, ``num_relations``, ``num_hops``, ``num_tasks``,
+    ``kb_seed``, ``split``, ``question_style``, and every ``MultiAgentToolEnv`` argument
+    (tokenizer, limits, rewards, ``tools_in_prompt``, ``render_mode``: ``"ansi"`` or ``"human"``).
 Versions
-    v0: first release.
+    v0: first release. Changed within v0 (issue 20): a given ``system_prompt`` string is followed
+    by the seat's identity (it used to replace the per-seat prompt, so both seats started with the
+    same ids), indistinguishable seats are refused, and a seat's ``max_invalid_calls`` defaults to
+    ``max_cycles + 1`` (was 3: PettingZoo's ``max_cycles_test`` failed with the defaults).
 """
 
 from __future__ import annotations
@@ -78,8 +103,8 @@ class FactChainTeamEnv(MultiAgentToolEnv):
 
     def __init__(self, num_agents: int = 2, num_entities: int = 32, num_relations: int = 4, num_hops: int = 2,
                  num_tasks: int = 10000, kb_seed: int = 0, split: str = "train", question_style: str = "nested",
-                 max_cycles: int | None = None, system_prompt: str | None = None, tokenizer: Any = None,
-                 max_context_tokens: int = 2048, **kwargs: Any):
+                 max_cycles: int | None = None, system_prompt: str | dict[str, str] | None = None,
+                 tokenizer: Any = None, max_context_tokens: int = 2048, **kwargs: Any):
         if not isinstance(num_agents, int) or isinstance(num_agents, bool) or num_agents < 2:
             raise ValueError(f"num_agents must be an integer >= 2 (a team), got {num_agents!r}")
         tok = load_tokenizer(tokenizer)
@@ -90,7 +115,9 @@ class FactChainTeamEnv(MultiAgentToolEnv):
         self.num_hops = num_hops
         agents = [f"agent_{i}" for i in range(num_agents)]
         self.lookups = {a: PartLookupTool(self.source.kb, self.source.relations) for a in agents}
-        prompts = {a: system_prompt or (
+        # A given string is shared by the seats and followed by each seat's identity (MultiAgentToolEnv);
+        # a dict is used as given. The default names the seat in its first sentence.
+        prompts = system_prompt if system_prompt is not None else {a: (
             f"You are {a}, one of a team of {num_agents} agents answering the same question by following a chain "
             "of facts. Your lookup tool only knows the facts about the entities in your part of the knowledge "
             "base; your teammates hold the rest. Send a teammate what they need with send, read messages with "

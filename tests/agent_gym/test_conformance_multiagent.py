@@ -54,6 +54,31 @@ def test_per_agent_token_invariants_under_fuzzed_actions(env_id):
     assert {"ok", "parse_error"} <= statuses, statuses
 
 
+@pytest.mark.parametrize("env_id", IDS)
+def test_every_seat_starts_with_its_own_observation(env_id):
+    """A policy shared by the seats must be able to tell them apart from the first token on: with
+    the defaults, and with one system prompt string shared by the seats (the seat's identity is
+    added to it), with and without the tool schemas in the prompt."""
+    for kwargs in ({}, {"system_prompt": "Work together.", "tools_in_prompt": False},
+                   {"system_prompt": "Work together."}):
+        env = agent_gym.make_multiagent(env_id, parallel=True, **kwargs)
+        for seed in range(3):
+            obs, _ = env.reset(seed=seed)
+            firsts = [obs[a]["input_ids"].tobytes() for a in env.possible_agents]
+            assert len(set(firsts)) == len(firsts), (kwargs, seed)
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_pettingzoo_max_cycles_test_with_the_defaults(env_id):
+    from functools import partial
+    from types import SimpleNamespace
+
+    from pettingzoo.test import max_cycles_test
+
+    max_cycles_test(SimpleNamespace(env=partial(agent_gym.make_multiagent, env_id),
+                                    parallel_env=partial(agent_gym.make_multiagent, env_id, parallel=True)))
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("env_id", IDS)
 def test_pickle_and_deepcopy_mid_episode(env_id):

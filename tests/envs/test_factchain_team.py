@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pettingzoo")
-from pettingzoo.test import api_test, max_cycles_test, parallel_api_test, parallel_seed_test, seed_test  # noqa: E402
+from pettingzoo.test import (api_test, max_cycles_test, parallel_api_test, parallel_seed_test,  # noqa: E402
+                              performance_benchmark, render_test, seed_test)
 
 import agent_gym  # noqa: E402
 from envs import factchain_team  # noqa: E402
@@ -55,12 +56,86 @@ def test_pettingzoo_seed_tests():
     parallel_seed_test(functools.partial(agent_gym.make_multiagent, ID, parallel=True), num_cycles=20)
 
 
-def test_pettingzoo_max_cycles_test():
-    # Random token actions are invalid calls: a seat drops out after max_invalid_calls of them, so
-    # the test (4 cycles) runs with a limit above it; max_cycles is what ends the episode.
-    mod = types.SimpleNamespace(env=functools.partial(factchain_team.env, max_invalid_calls=10),
-                                parallel_env=functools.partial(factchain_team.parallel_env, max_invalid_calls=10))
-    max_cycles_test(mod)
+def test_pettingzoo_max_cycles_test_with_the_defaults():
+    # Random token actions are failed calls; with the defaults a seat stays in the team until
+    # max_cycles (its max_invalid_calls is max_cycles + 1), which is what the test checks.
+    max_cycles_test(factchain_team)
+    env = factchain_team.parallel_env(max_cycles=4)
+    assert {s.max_invalid_calls for s in env.seats.values()} == {5}
+    # the single-agent limit is still there when asked for: then a seat leaves after 3 failed turns
+    with pytest.raises(AssertionError):
+        max_cycles_test(types.SimpleNamespace(env=functools.partial(factchain_team.env, max_invalid_calls=3),
+                                              parallel_env=functools.partial(factchain_team.parallel_env,
+                                                                             max_invalid_calls=3)))
+
+
+@pytest.mark.timeout(120)
+def test_pettingzoo_render_test_and_performance_benchmark():
+    """The rest of PettingZoo's test set that applies. Not applicable: state_test (needs a global
+    state(); the seats observe only their own conversations), save_obs_test (image observations),
+    manual_control_test (keyboard games); bombardment_test fails on PettingZoo 1.27's own
+    example env too (it checks the return value of AEC step, which is None). performance_benchmark
+    steps random actions for 5 s through many resets; its figures are printed, not asserted."""
+    render_test(factchain_team.env)
+    render_test(factchain_team.env, custom_tests={"ansi": lambda text: "===== agent_1 =====" in text})
+    performance_benchmark(factchain_team.env())
+
+
+CONFIG = "configs/factchain_team_grpo.yaml"
+
+
+def test_the_training_config_gives_each_seat_its_identity():
+    """The config's shared system_prompt used to replace the per-seat prompt: both seats started
+    with the same ids, so the shared policy could not know its seat."""
+    import yaml
+
+    from trainers.config import load_config
+
+    cfg = load_config(CONFIG, [])
+    kw = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
+    assert isinstance(yaml.safe_load(open(CONFIG))["env_kwargs"]["system_prompt"], str)
+    env = agent_gym.make_multiagent(cfg.env_id, parallel=True, **kw)
+    obs, _ = env.reset(seed=0, options={"task_index": 5})
+    first = {a: o["input_ids"] for a, o in obs.items()}
+    assert not np.array_equal(first["agent_0"], first["agent_1"])
+    for a, other in (("agent_0", "agent_1"), ("agent_1", "agent_0")):
+        text = env.tokenizer.decode(first[a].tolist())
+        assert kw["system_prompt"] in text  # the config's instructions, and then who this seat is
+        assert f"You are {a}, one of a team of 2 agents; your teammate is {other}." in text
+
+
+def test_every_way_to_make_the_seats_indistinguishable_is_refused():
+    compact = {"tools_in_prompt": False, "split": "test"}
+    # a shared string (even an empty one) is followed by the seat's identity: the seats differ
+    for prompt in ("Answer the question.", ""):
+        env = factchain_team.parallel_env(system_prompt=prompt, **compact)
+        obs, _ = env.reset(seed=1)
+        assert not np.array_equal(obs["agent_0"]["input_ids"], obs["agent_1"]["input_ids"])
+    # a dict of prompts is used as given: identical ones are refused when the episode would start
+    env = factchain_team.parallel_env(system_prompt={"agent_0": "Same.", "agent_1": "Same."}, **compact)
+    with pytest.raises(ValueError, match=r"agents 'agent_0' and 'agent_1' start with the same observation "
+                                         r"\(\d+ identical token ids\).*Give each seat its own system prompt"):
+        env.reset(seed=0)
+    assert env.agents == []
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step({})
+    # three seats, two of them alike: the pair is named
+    env = factchain_team.parallel_env(num_agents=3, system_prompt={"agent_0": "A.", "agent_1": "B.", "agent_2": "B."},
+                                      **compact)
+    with pytest.raises(ValueError, match="agents 'agent_1' and 'agent_2'"):
+        env.reset(seed=0)
+    # a subclass whose opening messages leave the seat out: refused the same way
+    class Anonymous(factchain_team.FactChainTeamEnv):
+        def seat_messages(self, agent, system_prompt, task):
+            return [{"role": "system", "content": "Solve it as a team."}, {"role": "user", "content": task["question"]}]
+
+    with pytest.raises(ValueError, match="start with the same observation"):
+        Anonymous(**compact).reset(seed=0)
+    # with the tool schemas in the prompt the seats already differ (send's recipients): accepted
+    env = factchain_team.parallel_env(system_prompt={"agent_0": "Same.", "agent_1": "Same."}, split="test")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="system_prompts must be a string"):
+        factchain_team.parallel_env(system_prompt=["Same."])
 
 
 def _rate(env, policy_for, n=N_TASKS):
@@ -201,3 +276,24 @@ def test_three_agents_pass_the_chain_around():
         oracle.reset()
         wins += play_parallel(env, lambda a, obs: oracle.act(a), k)["success"]
     assert wins == 10
+
+
+def test_an_agent_that_leaves_on_its_own_leaves_the_others_playing():
+    """With the single-agent limit asked for (max_invalid_calls=2), agent_1's failed turns end its
+    episode alone: agent_0 keeps acting, and the team's answer pays agent_0 only."""
+    env = agent_gym.make_multiagent(ID, parallel=True, split="test", max_invalid_calls=2)
+    env.reset(options={"task_index": 2})
+    task, a0, a1 = env.task, env.seats["agent_0"], env.seats["agent_1"]
+    from envs.factchain import lookup_turn
+
+    _, _, term, trunc, infos = env.step({"agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
+                                         "agent_1": a1.encode_turn("no idea")})
+    assert env.agents == ["agent_0", "agent_1"] and infos["agent_0"]["tool_calls"][0]["status"] == "ok"
+    _, _, term, trunc, infos = env.step({"agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
+                                         "agent_1": a1.encode_turn("still nothing")})
+    assert trunc["agent_1"] and infos["agent_1"]["truncation_reason"] == "invalid_calls"
+    assert infos["agent_1"]["trajectory"].truncation_reason == "invalid_calls" and not term["agent_0"]
+    assert env.agents == ["agent_0"]
+    _, rew, term, trunc, infos = env.step({"agent_0": a0.encode_turn(f"<answer>{task['answer']}</answer>")})
+    assert term == {"agent_0": True} and rew == {"agent_0": 1.0} and env.agents == []
+    assert env.team_scores == {"em": 1.0} and infos["agent_0"]["trajectory"].success
