@@ -52,8 +52,10 @@ Parameters
     ``max_turns`` (6), ``max_context_tokens`` (4096), and every ``ToolEnv``
     argument. ``rewards`` defaults to ``{"answer_weights": {"correct": 1.0}}``.
 Versions
-    v0: first release. Answers are checked by math-verify with a time limit since issue 20
-    (before: the project's own sympy checker, which accepted 17 of 34 wrong-but-close answers).
+    v0: first release. Since issue 20, answers are checked by math-verify under a time limit
+    (before: the project's own sympy checker, with no limit on symbolic expansion; on the
+    404-pair battery of docs/envs/math.md it accepted 41 of 190 wrong answers and rejected 72 of
+    214 right ones, the new checker 0 and 1).
 """
 
 from __future__ import annotations
