@@ -70,16 +70,18 @@ def test_parsers_never_raise_on_random_token_ids(ids):
 
 
 def _best_times(fns, repeats=7):
-    """The best time of each function over ``repeats`` rounds, the functions interleaved within a
-    round, so that a change of load on a shared machine hits all of them alike."""
+    """The best CPU time of this thread for each function over ``repeats`` rounds, the functions
+    interleaved within a round. CPU time (``time.thread_time``), not wall time: other processes
+    on a busy machine delay the call but do not add to the work it does (wall time read a factor
+    of 2 as 3.8 beside a busy core, and failed once at load 14)."""
     import time
 
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
+            best[i] = min(best[i], time.thread_time() - t0)
     return best
 
 
