@@ -430,9 +430,15 @@ class Verdict:
     rounds: int
 
 
-def _program(function: str, *args: Any) -> str:
-    """The sandbox program: the harness, then one of its entry points on JSON arguments."""
-    return f"{_HARNESS}\n{function}(*__import__('json').loads({json.dumps(list(args))!r}))\n"
+def _tests_program(spec: dict[str, Any]) -> str:
+    """The tests sandbox's program: the harness, then ``run_tests`` on the spec (as JSON)."""
+    return f"{_HARNESS}\nrun_tests(__import__('json').loads({json.dumps(spec)!r}))\n"
+
+
+def _answer_program(source: str, calls: list[str]) -> str:
+    """The answer sandbox's program: the harness, then ``run_answer`` on Python literals (the
+    calls come from the tests sandbox as JSON; their arguments are the tests' own values)."""
+    return f"{_HARNESS}\nrun_answer({source!r}, {[json.loads(c) for c in calls]!r})\n"
 
 
 def _canonical(entry: Any) -> list:
@@ -448,14 +454,15 @@ def _canonical(entry: Any) -> list:
     raise ValueError(f"not a call result: {str(entry)[:80]}")
 
 
-def _reply(r: SandboxResult, who: str) -> tuple[dict | None, str]:
-    """The JSON object a sandbox replied with, or (None, why not)."""
+def _reply(r: SandboxResult, who: str, literal: bool = False) -> tuple[dict | None, str]:
+    """The object a sandbox replied with (JSON, or a Python literal read by ``ast.literal_eval``,
+    which builds literals only), or (None, why not)."""
     if r.status != "ok":
         tail = r.stderr.strip()[-300:]
         return None, f"{who} stopped: {r.detail or r.status}" + (f" ({tail})" if tail else "")
     try:
-        reply = json.loads(r.stdout)
-    except (ValueError, RecursionError) as e:
+        reply = ast.literal_eval(r.stdout) if literal else json.loads(r.stdout)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
         return None, f"{who} sent no valid reply ({type(e).__name__})"
     if not isinstance(reply, dict):
         return None, f"{who} sent no valid reply (not an object)"
@@ -465,7 +472,7 @@ def _reply(r: SandboxResult, who: str) -> tuple[dict | None, str]:
 def _answer_results(r: SandboxResult, n_calls: int) -> tuple[list | None, str]:
     """The answer sandbox's results, strictly checked: exactly one per call, each plain data, a
     non-data marker or an exception name; else (None, why)."""
-    reply, why = _reply(r, "the answer's program")
+    reply, why = _reply(r, "the answer's program", literal=True)
     if reply is None:
         return None, why
     if set(reply) != {"load_error", "results"}:
@@ -502,7 +509,7 @@ def _record(spec: dict[str, Any], limits: SandboxLimits) -> tuple[dict | None, S
             _RECORDS.move_to_end(key)
             return _RECORDS[key], None
     seed = secrets.randbits(32)
-    run = run_python(_program("run_tests", {**spec, "seed": seed, "known": []}), limits)
+    run = run_python(_tests_program({**spec, "seed": seed, "known": []}), limits)
     reply, why = _tests_reply(run)
     if reply is None or reply["harness_error"]:
         return None, dataclasses.replace(run, detail=why or reply["harness_error"])
@@ -593,14 +600,14 @@ class CodeEnv(ToolEnv):
         source = self.answer_source(strip_fence(answer), task)
         answer_run = tests_run = None
         for rnd in range(1, MAX_ROUNDS + 1):
-            answer_run = run_python(_program("run_answer", source, calls), self.test_limits)
+            answer_run = run_python(_answer_program(source, calls), self.test_limits)
             results, why = _answer_results(answer_run, len(calls))
             if results is None:
                 return Verdict(False, why, answer_run, tests_run, len(calls), rnd)
             if rnd == 1 and rec["passed"] and results == rec["outs"] and ["r"] not in results:
                 return Verdict(True, "", answer_run, None, len(calls), rnd)
-            tests_run = run_python(_program("run_tests", {**spec, "seed": rec["seed"],
-                                                          "known": [list(p) for p in zip(calls, results)]}),
+            tests_run = run_python(_tests_program({**spec, "seed": rec["seed"],
+                                                   "known": [list(p) for p in zip(calls, results)]}),
                                    self.tests_limits)
             reply, why = _tests_reply(tests_run)
             if reply is None:

@@ -95,20 +95,19 @@ def {name}(*args, **kwargs):
 """
 
 
-def forged_reply(name: str) -> str:  # write what a harness reply might look like, then leave
+def forged_reply(name: str) -> str:  # a well-formed reply, one result per call, written to every fd
     return f"""
-import os, sys, json
+import os, sys
 def {name}(*args, **kwargs):
     return None
-msg = json.dumps({{"load_error": None, "results": [["v", True]] * 500, "passed": [True] * 50, "matched": True,
-                  "calls": [], "outs": [], "why": None, "harness_error": None, "reference_error": None}})
+f = sys._getframe(1)  # the harness's frame that runs this program, when there is one
+n = len(f.f_locals.get('calls', ())) or 50
+reply = ascii({{'load_error': None, 'results': [['v', True]] * n}})
 for fd in range(1, 20):
     try:
-        os.write(fd, msg.encode())
+        os.write(fd, reply.encode())
     except OSError:
         pass
-print(msg)
-sys.stdout.flush()
 os._exit(0)
 """
 
