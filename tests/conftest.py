@@ -1,6 +1,11 @@
 import os
 from pathlib import Path
 
+# Before any test module imports torch (they import it before `trainers`, which sets the same):
+# two xdist workers with two torch threads each on two cores spin at OpenMP barriers otherwise
+# (docs/results.md, "Threads on a busy machine").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
