@@ -375,8 +375,12 @@ _owner_pid = os.getpid()
 
 
 def _forget_after_fork() -> None:
-    """A forked child must not share its parent's workers (their pipes): it starts its own."""
+    """A forked child must not share its parent's workers: it closes its copies of their pipes (so
+    that they still see their parent's exit) and starts its own."""
     global _idle, _idle_lock, _owner_pid, _starting
+    for w in _idle:
+        for f in (w.proc.stdin, w.proc.stdout):
+            f.close()
     _idle, _idle_lock, _owner_pid, _starting = [], threading.Condition(), os.getpid(), 0
 
 
@@ -465,6 +469,9 @@ def check_answer(predicted: str, gold: str, timeout: float | None = None) -> tup
             worker.kill()
             if attempt == 2:
                 return False, "crashed"
+        except BaseException:  # KeyboardInterrupt while waiting: the check is abandoned, so is its worker
+            worker.kill()
+            raise
     if verdict is None:
         worker.kill()
         return False, "timeout"

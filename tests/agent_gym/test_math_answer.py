@@ -125,6 +125,21 @@ def test_a_worker_killed_from_outside_is_replaced():
 
 
 @pytest.mark.timeout(120)
+def test_a_forked_child_uses_workers_of_its_own():
+    assert check_answer("\\frac{2}{4}", "0.5") == (True, "math_verify")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers are not its to use
+        ok = math_answer._idle == [] and check_answer("\\frac{3}{6}", "0.5") == (True, "math_verify")
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert check_answer("\\frac{4}{8}", "0.5") == (True, "math_verify")
+
+
+@pytest.mark.timeout(120)
 def test_hostile_answers_are_never_evaluated_as_python(tmp_path):
     marker = tmp_path / "pwned"
     for pred in (f"__import__('os').system('touch {marker}')", "eval(1)", "(1).__class__", "1e9999999",
