@@ -748,7 +748,7 @@ def _run(code: str, limits: SandboxLimits, python: str) -> SandboxResult:
                 elif fd == info_r:
                     chunk = os.read(fd, 4096)
                     info += chunk
-                    if not chunk or ns is None:
+                    if ns is None:
                         try:
                             ns = _Namespace(json.loads(bytes(info)))
                         except ValueError:
