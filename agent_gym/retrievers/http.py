@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -48,11 +49,88 @@ from agent_gym.datasets.base import normalize_doc
 
 from .base import Passage, Retriever, RetrieverError, check_k
 
-__all__ = ["HTTPRetriever", "RetrievalServer", "passage_to_document"]
+__all__ = ["BadRequest", "HTTPRetriever", "RetrievalServer", "ServerLimits", "parse_request", "passage_to_document", "render_result"]
 
 
 def passage_to_document(p: Passage) -> dict[str, Any]:
     return {"id": p.id, "contents": p.contents, "title": p.title, "text": p.text}
+
+
+DEFAULT_MAX_QUERIES = 4096
+"""The most queries one request may carry (a larger batch is answered 413)."""
+
+
+class BadRequest(ValueError):
+    """A request body the server refuses: ``status`` is 400 (not the wire format) or 413 (too many
+    queries); the message says what was wrong and what the wire format is."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the uvicorn server (`agent_gym.retrievers.server`, whose docstring explains each) accepts. Every field is a CLI flag of `serve`."""
+
+    max_body_bytes: int = 1 << 20
+    drain_bytes: int = 16 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_header_bytes: int = 16 << 10
+    limit_concurrency: int = 1024
+    backlog: int = 2048
+    search_threads: int = 2
+    max_queries: int = DEFAULT_MAX_QUERIES
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keep_alive_s", "max_header_bytes",
+                     "limit_concurrency", "backlog", "search_threads", "max_queries"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ServerLimits.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.drain_bytes < 0:
+            raise ValueError(f"ServerLimits.drain_bytes must be >= 0, got {self.drain_bytes!r}")
+
+
+def parse_request(body: bytes, default_topk: int, max_topk: int,
+                  max_queries: int = DEFAULT_MAX_QUERIES) -> tuple[list[str], int, bool]:
+    """A ``/retrieve`` body -> ``(queries, topk, return_scores)``, or ``BadRequest`` naming what
+    was wrong. Shared by both servers. JSON nested too deep for the decoder (``RecursionError``),
+    bytes that are not UTF-8 and integers too long to convert are 400s like any other bad JSON.
+    ``topk`` omitted, null or 0 means ``default_topk``; a larger one than ``max_topk`` is clipped."""
+    fmt = 'expected {"queries": [str, ...], "topk": int (optional), "return_scores": bool (optional)}'
+    try:
+        req = json.loads(body or b"null")
+    except RecursionError:
+        raise BadRequest(f"bad request: JSON nested too deep to decode; {fmt}") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer too long
+        raise BadRequest(f"bad request: body is not JSON ({err}); {fmt}") from None
+    if not isinstance(req, dict):
+        raise BadRequest(f"bad request: body must be a JSON object, got {type(req).__name__}; {fmt}")
+    queries = req.get("queries")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise BadRequest(f"bad request: 'queries' must be a list of strings; {fmt}")
+    if len(queries) > max_queries:
+        raise BadRequest(f"{len(queries)} queries in one request, over the server's max_queries={max_queries}; "
+                         "send them in smaller batches", status=413)
+    topk = req.get("topk") or default_topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        raise BadRequest(f"bad request: 'topk' must be a positive integer, got {_short.repr(topk)}; {fmt}")
+    with_scores = req.get("return_scores", False)
+    if with_scores is None:
+        with_scores = False
+    if not isinstance(with_scores, bool):
+        raise BadRequest(f"bad request: 'return_scores' must be true or false, got {_short.repr(with_scores)}; {fmt}")
+    return queries, min(topk, max_topk), with_scores
+
+
+def render_result(results: list[list[Passage]], with_scores: bool) -> dict[str, Any]:
+    """Search results -> the answer's JSON object (module docstring)."""
+    if with_scores:
+        return {"result": [[{"document": passage_to_document(p), "score": p.score} for p in hits]
+                           for hits in results]}
+    return {"result": [[passage_to_document(p) for p in hits] for hits in results]}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -83,9 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             length = int(self.headers.get("Content-Length") or 0)
-            req = json.loads(self.rfile.read(length) or b"null")
-            queries, topk, with_scores = self._parse(req)
-        except (ValueError, TypeError) as err:
+            queries, topk, with_scores = parse_request(
+                self.rfile.read(length), self.server.default_topk, self.server.max_topk)
+        except BadRequest as err:
+            self._send(err.status, {"error": str(err)})
+            return
+        except ValueError as err:  # a Content-Length that is not a number
             self._send(400, {"error": f"bad request: {err}"})
             return
         try:
@@ -93,24 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as err:  # noqa: BLE001  (report any retriever failure to the client)
             self._send(500, {"error": f"{type(err).__name__}: {err}"})
             return
-        out = []
-        for hits in results:
-            if with_scores:
-                out.append([{"document": passage_to_document(p), "score": p.score} for p in hits])
-            else:
-                out.append([passage_to_document(p) for p in hits])
-        self._send(200, {"result": out})
+        self._send(200, render_result(results, with_scores))
 
-    def _parse(self, req: Any) -> tuple[list[str], int, bool]:
-        if not isinstance(req, dict):
-            raise ValueError("body must be a JSON object")
-        queries = req.get("queries")
-        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-            raise ValueError("'queries' must be a list of strings")
-        topk = req.get("topk") or self.server.default_topk
-        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-            raise ValueError("'topk' must be a positive integer")
-        return queries, min(topk, self.server.max_topk), bool(req.get("return_scores", False))
 
 
 class _Server(ThreadingHTTPServer):
@@ -447,12 +512,48 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--topk", type=int, default=3, help="default topk when a request omits it")
+    s.add_argument("--max-topk", type=int, default=100, help="a larger topk is clipped to this")
     s.add_argument("--verbose", action="store_true", help="log every request")
+    s.add_argument("--server", choices=("uvicorn", "stdlib"), default="uvicorn",
+                   help="uvicorn (default; FastAPI on uvicorn with the limits below, extra `serve`) or stdlib "
+                        "(the old ThreadingHTTPServer: no limits, kept for comparison and for environments without "
+                        "uvicorn)")
+    s.add_argument("--workers", type=int, default=1, help="uvicorn: worker processes forked after the index is built")
+    lim = ServerLimits()
+    for name, typ, what in [
+        ("max_body_bytes", int, "a larger request body gets 413"),
+        ("drain_bytes", int, "a refused body up to this size is read and dropped before the 413, not reset"),
+        ("header_timeout_s", float, "a request's headers must arrive within this long"),
+        ("body_timeout_s", float, "a request's body must arrive within this long of its headers (else 408)"),
+        ("keep_alive_s", float, "an idle keep-alive connection is closed after this long"),
+        ("max_header_bytes", int, "longer request headers get 400"),
+        ("limit_concurrency", int, "connections plus requests per worker before 503"),
+        ("backlog", int, "the listen backlog"),
+        ("search_threads", int, "searches at once per worker"),
+        ("max_queries", int, "more queries in one request get 413"),
+    ]:
+        s.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(lim, name),
+                       help=f"uvicorn: {what} (default %(default)s)")
     args = parser.parse_args(argv)
 
     kwargs = {k: getattr(args, k) for k in ("corpus", "index", "prebuilt", "model") if getattr(args, k)}
+    if args.server == "uvicorn":
+        try:
+            from .server import serve
+        except ImportError as err:
+            parser.error(f"--server uvicorn needs fastapi and uvicorn ({err}): pip install -e '.[serve]', "
+                         "or pass --server stdlib")
+        limits = ServerLimits(**{f: getattr(args, f) for f in ServerLimits.__dataclass_fields__})
+        retriever = make_retriever(args.kind, **kwargs)
+        try:
+            serve(retriever, host=args.host, port=args.port, workers=args.workers, default_topk=args.topk,
+                  max_topk=args.max_topk, limits=limits, verbose=args.verbose, announce=args.kind)
+        except KeyboardInterrupt:
+            pass
+        return 0
     retriever = make_retriever(args.kind, **kwargs)
-    server = RetrievalServer(retriever, host=args.host, port=args.port, default_topk=args.topk, verbose=args.verbose)
+    server = RetrievalServer(retriever, host=args.host, port=args.port, default_topk=args.topk,
+                             max_topk=args.max_topk, verbose=args.verbose)
     print(f"serving {args.kind} on {server.url}/retrieve", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
