@@ -106,7 +106,9 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
         kwargs.update(max_turns=args.max_turns, max_context_tokens=args.max_context)
     eid = env_id(cond, dataset)
     t0 = time.perf_counter()
-    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", args.max_turn_tokens)
+    decode = "sample" if args.temperature > 0 else "greedy"
+    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", args.max_turn_tokens,
+                                       decode=decode, temperature=args.temperature or 1.0, seed=args.seed)
     wall = time.perf_counter() - t0
     probe = gym.make(eid, tokenizer=tok, **kwargs).unwrapped
     m = summarize(episodes)
@@ -125,7 +127,7 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     system_prompt = probe.system_prompt
     probe.close()
     return {
-        "condition": cond, "dataset": dataset, "env": eid, "rows": len(episodes),
+        "condition": cond, "dataset": dataset, "env": eid, "rows": len(episodes), "temperature": args.temperature,
         "em": m.get("rollout/em", 0.0), "f1": m.get("rollout/f1", 0.0), "answered": m["rollout/answered_rate"],
         "calls_per_episode": calls / len(episodes), "valid_call_rate": (ok / calls) if calls else None,
         "episodes_with_valid_call": sum(e.call_statuses.get("ok", 0) > 0 for e in episodes) / len(episodes),
@@ -133,6 +135,41 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
         "generated_tokens_per_episode": cost["decode/generated_tokens_per_episode"], "wall_s": wall,
         "system_prompt": system_prompt,
     }
+
+
+def failure_class(rec: dict[str, Any]) -> str:
+    """A trajectory's failure class, from its record (rules in order; ``gold`` = the gold answer or
+    an alias appears in the model's replies)."""
+    em, f1 = rec["answer_scores"].get("em", 0.0), rec["answer_scores"].get("f1", 0.0)
+    statuses = rec.get("call_statuses") or {}
+    if rec.get("answer") is not None:
+        if em == 1.0:
+            return "correct"
+        return "answered, partly right (F1 > 0)" if f1 > 0 else "answered, wrong"
+    if statuses.get("ok", 0) > 0:
+        return "valid calls, never answered"
+    if sum(statuses.values()) > 0:
+        return "only malformed or unknown calls"
+    return "free text, no tags or calls" + (" (gold in text)" if rec.get("gold_in_text") else "")
+
+
+def classify(out_dir: Path, n: int, seed: int = 0) -> dict[str, Any]:
+    """``n`` trajectories sampled (seeded) from every condition file in ``out_dir``, classified."""
+    import random
+    from collections import Counter
+
+    recs = [json.loads(x) for f in sorted(out_dir.glob("*__*.jsonl")) for x in f.read_text().splitlines()]
+    sample = random.Random(seed).sample(recs, min(n, len(recs)))
+    counts = Counter(failure_class(r) for r in sample)
+    by_cond: dict[str, Counter] = {}
+    for r in sample:
+        by_cond.setdefault(r["condition"], Counter())[failure_class(r)] += 1
+    examples = {}
+    for r in sample:
+        examples.setdefault(failure_class(r), {"condition": r["condition"], "gold": r["gold"],
+                                               "reply": r["agent_text"][:300]})
+    return {"n": len(sample), "classes": dict(counts.most_common()), "by_condition": {k: dict(v) for k, v in by_cond.items()},
+            "examples": examples}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,8 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=4, help="tool env turns")
     ap.add_argument("--max-context", type=int, default=2048, help="tool env max_context_tokens")
     ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: one sample per turn")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature)")
     ap.add_argument("--out", default="runs/smollm_baselines")
+    ap.add_argument("--classify", type=int, metavar="N",
+                    help="classify N trajectories sampled from the condition files already in --out, and stop")
     args = ap.parse_args(argv)
+    if args.classify:
+        c = classify(Path(args.out), args.classify)
+        print(json.dumps(c, indent=1))
+        (Path(args.out) / "failure_classes.json").write_text(json.dumps(c, indent=1))
+        return 0
     if not (DATA / "hotpotqa" / "dev_sample.jsonl").is_file():
         raise SystemExit(f"error: the shared dev rows are not at {DATA} (set AGENT_GYM_SHARED_DATA)")
     import torch
