@@ -71,7 +71,8 @@ from typing import Any
 import numpy as np
 
 from agent_gym.env import ToolEnv
-from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, check_available, extract_answer, last_boxed, normalize
+from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, extract_answer, last_boxed, normalize
+from agent_gym.math_answer import check_available as check_math_verify_available
 from agent_gym.registration import register_env
 from agent_gym.sandbox import PythonTool, check_available
 
@@ -266,7 +267,7 @@ class MathEnv(ToolEnv):
             raise ValueError(f"num_tasks must be a positive integer, got {num_tasks!r}")
         if isinstance(answer_timeout, bool) or not isinstance(answer_timeout, (int, float)) or not answer_timeout > 0:
             raise ValueError(f"answer_timeout must be a positive number of seconds, got {answer_timeout!r}")
-        check_available()  # math-verify: fail here, naming the fix, rather than at the first answer
+        check_math_verify_available()  # fail here, naming the fix, rather than at the first answer
         self.answer_timeout = float(answer_timeout)
         self.data_path, self.split, self.seed = data_path, split, int(seed)
         self.tasks = load_math(data_path, split, limit) if data_path is not None else None

@@ -227,3 +227,11 @@ def test_math_task_from_reset_options_keeps_its_other_keys(env):
     assert env.task["answer"] == "4" and env.task["program"] == "print(4)" and env.task["question"] == "Compute 2+2."
     with pytest.raises(ValueError, match="answer_timeout must be a positive number"):
         gym.make("AgentR1/Math-v0", python_tool=False, answer_timeout=0)
+
+
+def test_math_env_without_math_verify_fails_at_construction_naming_the_fix(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="pip install math-verify"):
+        gym.make("AgentR1/Math-v0", python_tool=False)
