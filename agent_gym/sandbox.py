@@ -16,11 +16,18 @@ does not protect against is in ``docs/sandbox.md``. In short, each call:
   site-packages (``-I -S``: the standard library only);
 - runs as an unprivileged user: as root, a fresh uid drawn per call from a range no account
   uses (so process counts of concurrent calls never mix); otherwise the caller's own uid;
-- has hard resource limits set in the child before ``bwrap`` starts (``prlimit``): CPU seconds,
-  address space, processes (``RLIMIT_NPROC``), file size, open files, no core dumps;
-- is read with a wall-clock deadline and an output cap: past either, the whole sandbox is
-  killed (the outer ``bwrap`` gets ``SIGKILL``; its pid-1 reaper dies with it by
-  ``--die-with-parent``, and with it every process of the pid namespace).
+- runs under a seccomp filter (``DENIED_SYSCALLS``; compiled with pyseccomp/libseccomp, loaded by
+  bwrap's ``--seccomp`` in the program and in bwrap's pid-1 reaper): no ptrace, no other
+  process's memory, no keyrings, no namespaces or mounts, no SysV IPC or memfd, ...;
+- is set up in the child before ``bwrap`` starts: it joins the call's cgroups (memory and pids
+  limits for the whole call, where ``cgroup_plan()`` finds them), drops to the call's uid, joins a
+  new empty session keyring, mounts its private tmpfs (size and inode bound) in a user and mount
+  namespace of its own, and sets hard rlimits: CPU seconds, address space, processes, file size,
+  open files, no core dumps;
+- is read with a wall-clock deadline and an output cap; at its end, however it ended, the whole
+  call is ended: SIGKILL to its pid namespace's pid 1 through a pidfd (the kernel then ends every
+  process of the namespace), then a check by the kernel's own lists (the pidfd of pid 1, the
+  cgroup's ``cgroup.procs``) that nothing of it is left.
 """
 
 from __future__ import annotations
@@ -908,7 +915,8 @@ class PythonTool(Tool):
     def execute(self, code: str) -> ToolResult:
         r = run_python(code, self.limits, self.python)
         return ToolResult(format_result(r, self.max_result_chars), ok=r.ok,
-                          metadata={"status": r.status, "exit_code": r.exit_code, "wall_s": r.wall_s})
+                          metadata={"status": r.status, "exit_code": r.exit_code, "wall_s": r.wall_s,
+                                    "reason": r.reason})
 
 
 def format_result(r: SandboxResult, max_chars: int = 2000) -> str:

@@ -1,0 +1,133 @@
+"""Cost of one sandboxed call (issue 19): the sandbox before the issue (bubblewrap + prlimit, no
+seccomp, no cgroups), the sandbox now (seccomp filter, per-call cgroups, private tmpfs with an
+inode bound, pid-namespace teardown), and a bare ``python3 -I -S`` start with no sandbox (the floor).
+
+    python benchmarks/sandbox_cost.py                     # 5 rounds x 20 calls per side
+    python benchmarks/sandbox_cost.py --rounds 3 --calls 10
+    python benchmarks/sandbox_cost.py --soak 1000         # also: 1,000 hostile calls in a row
+    python benchmarks/sandbox_cost.py --old-ref 722e39f^  # the "before" sandbox from another commit
+
+The sides are interleaved (bare, old, new, bare, old, new, ...) over ``--rounds`` rounds; each round
+times ``--calls`` calls of each, running an empty program. The old sandbox is
+``git show OLD_REF:agent_gym/sandbox.py`` imported as a separate module. Overhead = a side's
+per-call time minus bare's in the same round. Prints the medians and ranges, the ratio new/old and
+the load average; results go to ``benchmarks/results/sandbox_cost.json``. ``--soak N`` runs the
+hostile soak of ``tests/agent_gym/test_sandbox_hostile.py`` (the reaper hijack every 50th call)
+and records the host's state before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent_gym import sandbox as new  # noqa: E402
+
+# The last commit whose sandbox predates issue 19.
+DEFAULT_OLD_REF = "e5dff7d"
+
+
+def load_old(ref: str):
+    src = subprocess.run(["git", "show", f"{ref}:agent_gym/sandbox.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    if "seccomp" in src:
+        raise SystemExit(f"{ref}:agent_gym/sandbox.py already has the seccomp filter: pass --old-ref "
+                         "a commit from before issue 19")
+    path = Path(tempfile.mkdtemp()) / "old_sandbox.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("old_sandbox", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["old_sandbox"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--old-ref", default=DEFAULT_OLD_REF)
+    ap.add_argument("--soak", type=int, default=0, help="also run this many hostile calls in a row")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox_cost.json"))
+    args = ap.parse_args()
+    if args.rounds < 3 or args.calls < 1:
+        raise SystemExit("--rounds must be at least 3 and --calls at least 1")
+    old = load_old(args.old_ref)
+    python = new.default_python()
+    new.check_available(python)
+    old.check_available(python)
+    limits = {"wall_s": 30}
+
+    def bare() -> None:
+        subprocess.run([python, "-I", "-S", "-u", "-"], input=b"", env={}, cwd="/", check=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run_old() -> None:
+        assert old.run_python("", limits).status == "ok"
+
+    def run_new() -> None:
+        r = new.run_python("", limits)
+        assert r.status == "ok", r
+
+    sides = {"bare": bare, "old": run_old, "new": run_new}
+    per_call: dict[str, list[float]] = {k: [] for k in sides}
+    loads = [os.getloadavg()[0]]
+    for _ in range(args.rounds):
+        for name, fn in sides.items():
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            per_call[name].append((time.perf_counter() - t0) / args.calls * 1000)
+        loads.append(os.getloadavg()[0])
+    overhead = {k: [per_call[k][i] - per_call["bare"][i] for i in range(args.rounds)] for k in ("old", "new")}
+    ratio = [per_call["new"][i] / per_call["old"][i] for i in range(args.rounds)]
+    res = {
+        "rounds": args.rounds, "calls_per_round": args.calls, "old_ref": args.old_ref,
+        "isolation": new.cgroup_plan().mode, "cgroup_plan": str(new.cgroup_plan()),
+        "per_call_ms": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_call.items()},
+        "overhead_ms": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in overhead.items()},
+        "ratio_new_over_old": {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)},
+        "load_avg": {"min": min(loads), "max": max(loads)}, "cpus": os.cpu_count(),
+    }
+    for k, v in res["per_call_ms"].items():
+        print(f"{k:>4}: {v['median']:7.1f} ms a call (range {v['min']:.1f}-{v['max']:.1f})")
+    for k, v in res["overhead_ms"].items():
+        print(f"overhead {k}: {v['median']:6.1f} ms a call over a bare python start (range {v['min']:.1f}-{v['max']:.1f})")
+    r = res["ratio_new_over_old"]
+    print(f"new / old: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f}); load average "
+          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; isolation {res['isolation']}")
+    if args.soak:
+        sys.path.insert(0, str(ROOT / "tests" / "agent_gym"))
+        import test_sandbox_hostile as hostile  # the hostile programs and host checks of the tests
+
+        t0 = time.monotonic()
+        before, after, reasons = hostile.soak(args.soak)
+        took = time.monotonic() - t0
+        leaks = {k: after[k] for k in ("processes", "files", "cgroups", "mount_point") if after[k]}
+        res["soak"] = {"calls": args.soak, "seconds": took, "reasons": reasons, "before": before, "after": after,
+                       "shmem_growth_mb": after["shmem_mb"] - before["shmem_mb"],
+                       "slab_unreclaimable_growth_mb": after["slab_unreclaimable_mb"] - before["slab_unreclaimable_mb"],
+                       "fd_growth": after["fds"] - before["fds"], "leaks": leaks,
+                       "load_avg_after": os.getloadavg()[0]}
+        print(f"soak: {args.soak} hostile calls in {took:.0f} s, ends {reasons}; host Shmem "
+              f"{before['shmem_mb']} -> {after['shmem_mb']} MiB, unreclaimable slab {before['slab_unreclaimable_mb']} -> "
+              f"{after['slab_unreclaimable_mb']} MiB, available {before['mem_available_mb']} -> "
+              f"{after['mem_available_mb']} MiB, descriptors {before['fds']} -> {after['fds']}, leaks {leaks or 'none'}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
