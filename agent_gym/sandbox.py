@@ -383,7 +383,27 @@ def _cgroup_plan(setting: str) -> CgroupPlan:
                         memory = (1, parent)
                     else:
                         pids = (1, parent)
-    return CgroupPlan(kill, memory, pids)
+    plan = CgroupPlan(kill, memory, pids)
+    _remove_stale(plan)
+    return plan
+
+
+def _remove_stale(plan: CgroupPlan) -> None:
+    """Remove call cgroups left by processes that died in the middle of a call (empty by then: the
+    kernel ended their processes with their namespace)."""
+    for parent in {plan.kill, *(w[1] for w in (plan.memory, plan.pids) if w)} - {None}:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            parts = name.split("-")
+            if len(parts) == 3 and parts[0] == "agent_gym" and parts[1].isdigit() and parts[2].isdigit() \
+                    and not os.path.exists(f"/proc/{parts[1]}"):
+                try:
+                    os.rmdir(os.path.join(parent, name))
+                except OSError:
+                    pass
 
 
 def call_memory_mb(limits: "SandboxLimits") -> int:

@@ -243,7 +243,7 @@ MANY_PROCESSES = textwrap.dedent("""\
             b = bytearray(100 << 20)  # 100 MiB each, under the 128 MiB address-space limit
             for i in range(0, len(b), 4096):
                 b[i] = 1
-            time.sleep(5)
+            time.sleep(1)  # all five alive at once
             os._exit(0)
     killed = [os.wait()[1] for _ in range(5)]
     raise SystemExit(f'children ended by {killed}' if any(killed) else 0)
@@ -415,7 +415,7 @@ SOAK_PROGRAMS = {  # name -> (program, the reasons it may end with)
     "fill_tmpfs": (POSIX_SHM_AND_FILES, {"exit"}),
     "inode_flood": (INODE_FLOOD, {"exit"}),
     "self_sigkill": ("import os\nopen('/tmp/x', 'wb').write(b'x' * (4 << 20))\nos.kill(os.getpid(), 9)", {"signal"}),
-    "many_processes": (MANY_PROCESSES.replace("time.sleep(5)", "pass"), {"exit", "memory"}),
+    "many_processes": (MANY_PROCESSES.replace("time.sleep(1)", "pass"), {"exit", "memory"}),
 }
 SOAK_LIMITS = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=128, max_procs=8, tmpfs_mb=16, max_inodes=500)
 
@@ -469,3 +469,20 @@ def test_soak_of_hostile_calls_leaves_the_host_as_it_was():
     assert after["mount_point"] == [] and after["fds"] == before["fds"]
     # one leaked call in seven would hold 8 x 120 / 7 = 137 MiB; other jobs on the machine move it a little
     assert after["shmem_mb"] - before["shmem_mb"] < 64, (before, after)
+
+
+def test_cgroups_left_by_a_dead_process_are_removed_at_detection():
+    plan = cgroup_plan("")
+    if plan.mode != "cgroup":
+        pytest.skip("no usable cgroup here")
+    parent = plan.kill or (plan.memory or plan.pids)[1]
+    dead = 2 ** 22 + 1  # above the largest pid_max (2**22): never a live process
+    stale = os.path.join(parent, f"agent_gym-{dead}-0")
+    os.mkdir(stale)
+    try:
+        sandbox._cgroup_plan.cache_clear()
+        assert cgroup_plan("") == plan
+        assert not os.path.exists(stale)
+    finally:
+        if os.path.exists(stale):
+            os.rmdir(stale)
