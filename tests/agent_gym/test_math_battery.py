@@ -32,7 +32,7 @@ def test_the_battery_covers_every_answer_type_both_ways():
     assert {c for c, _ in kinds} == categories
     assert all(kinds[(c, label)] >= 5 for c in categories for label in (True, False)), kinds
     part = Counter((r["category"], r["correct"]) for r in SUBSET)
-    assert all(half[(c, label)] >= 2 for c in categories for label in (True, False)), part
+    assert all(part[(c, label)] >= 2 for c in categories for label in (True, False)), part
 
 
 @pytest.mark.timeout(300)
