@@ -213,9 +213,9 @@ def _write_error(e: Exception, root: Path, target: Path, needed: int, exact: boo
     no_space = isinstance(e, OSError) and e.errno in _NO_SPACE
     cause = ("no space left on device" if no_space
              else f"{e.strerror or e}" if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
-    space = (f" It needs {_mb(needed)}; {_mb(free)} is free there." if needed and exact
-             else f" It needs at least {_mb(needed)} (its tensors); {_mb(free)} is free there." if needed
-             else f" {_mb(free)} is free there.")
+    space = (f" It needs {format_bytes(needed)}; {format_bytes(free)} is free there." if needed and exact
+             else f" It needs at least {format_bytes(needed)} (its tensors); {format_bytes(free)} is free there." if needed
+             else f" {format_bytes(free)} is free there.")
     kept = [p.name for p in _iter_dirs(root)]
     previous = (f"The earlier checkpoints ({', '.join(kept)}) are intact" if kept else "No earlier checkpoint exists")
     hint = ("Free space on that file system (or lower keep_checkpoints, or move run_dir), then continue with "
@@ -231,7 +231,8 @@ def _free(path: Path) -> int:
         return 0
 
 
-def _mb(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``n`` bytes as MiB (KiB below one MiB), one decimal."""
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
@@ -372,5 +373,5 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "load_latest_checkpoint", "rng_state",
+__all__ = ["CheckpointError", "format_bytes", "latest_checkpoint", "load_checkpoint", "load_latest_checkpoint", "rng_state",
            "save_checkpoint", "set_rng_state", "tensor_bytes", "verify_checkpoint"]

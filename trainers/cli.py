@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 
 from trainers.config import ConfigError, load_config, parse_overrides
 
@@ -65,7 +66,7 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     """The exit status and message of a run that failed in a known way, or ``None`` (then the
     traceback is shown): 2 bad config, model or path; 3 a non-finite loss; 4 the run's files could
     not be written (a full disk, a checkpoint that failed; earlier checkpoints are intact)."""
-    from trainers.checkpoint import CheckpointError
+    from trainers.checkpoint import CheckpointError, format_bytes
     from trainers.models import ModelLoadError
     from trainers.trainer import NonFiniteLossError
 
@@ -83,10 +84,21 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     full = next((x for x in chain if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT)), None)
     if full is not None:
         try:
-            free = f"{shutil.disk_usage(run_dir).free / 2**20:.1f} MiB"
+            free = format_bytes(shutil.disk_usage(run_dir).free)
         except OSError:
-            free = "unknown"
-        return 4, (f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}); {free} is free "
-                   f"under {run_dir}. The checkpoints already written are intact: free space (or move run_dir), then "
-                   f"continue with --resume {run_dir}.")
+            free = "an unknown amount"
+        return 4, (f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}) in {_where(full)}; "
+                   f"{free} is free under {run_dir}. The checkpoints already written are intact: free space (or move "
+                   f"run_dir), then continue with --resume {run_dir}.")
     return None
+
+
+def _where(e: BaseException) -> str:
+    """The project's innermost frame of ``e``'s traceback, as ``path:line (function)`` (a write
+    error from ``file.write`` carries no file name)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(repo + os.sep)]
+    if not frames:
+        return "the run"
+    f = frames[-1]
+    return f"{os.path.relpath(f.filename, repo)}:{f.lineno} ({f.name})"

@@ -239,3 +239,35 @@ def test_saving_after_resuming_from_an_older_checkpoint_drops_the_abandoned_ones
     (ck / "iter_00009").mkdir()  # a later iteration of an abandoned timeline
     save_checkpoint(root, 6, _small_state(6), keep=2)
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("iter_")) == ["iter_00005", "iter_00006"]
+
+
+@pytest.mark.timeout(60)
+def test_any_full_disk_error_of_a_run_is_one_clear_line(small_fs):
+    """Besides checkpoints, a run writes metrics, trajectories and curves: a real ENOSPC from any
+    of them is reported with the file and the free space (exit 4), and a failed checkpoint
+    followed by a failure while closing the run reports the checkpoint first."""
+    from trainers.cli import _failure
+
+    fs = small_fs("64k")
+    with pytest.raises(OSError) as full:
+        with open(fs / "metrics.jsonl", "wb") as f:
+            for _ in range(1000):
+                f.write(b"x" * 4096)
+                f.flush()
+    assert full.value.errno == errno.ENOSPC
+    code, msg = _failure(full.value, str(fs))
+    # file.write's error carries no file name: the message says where in the code it failed
+    assert code == 4 and msg.startswith("the disk is full: could not write a file (No space left on device) in "
+                                        "tests/trainers/test_checkpoint_faults.py:"), msg
+    assert "KiB is free under" in msg and f"--resume {fs}" in msg
+    try:
+        try:
+            save_checkpoint(fs / "run", 0, {"policy": {"w": torch.zeros(2**16)}})  # 256 KiB: cannot fit
+        except CheckpointError:
+            with open(fs / "curves.png", "wb") as f:  # closing the run on the same full disk
+                f.write(b"x" * 2**17)
+    except OSError as e:
+        code, msg = _failure(e, str(fs))
+    assert code == 4 and msg.startswith(f"could not write checkpoint {fs / 'run' / 'checkpoints' / 'iter_00000'}: no space")
+    assert msg.endswith("(Then, while closing the run: OSError: [Errno 28] No space left on device.)"), msg
+    assert _failure(ValueError("a bug"), str(fs)) is None  # anything else keeps its traceback
