@@ -21,36 +21,37 @@ Answer
 Reward
     ``pass`` (weight 1 by default): 1.0 when the hidden tests (HumanEval: ``test`` and
     ``check(<entry point>)``; MBPP: every assertion of ``test_list`` and ``challenge_test_list``)
-    pass, else 0.0. The verdict is decided outside the answer's process (``verdict(answer,
-    task)`` returns it with its reason; the sandboxed side is ``envs/code_harness.py``):
-    (1) once per task (cached), the tests run in a sandbox with the task's reference solution
-    standing in for the answer's functions, recording the calls they make (name, arguments as
-    data); (2) the answer sandbox runs the answer's program (HumanEval: as above; MBPP: the code,
-    then ``test_setup_code``), then those calls, and sends back only data: each result as a plain
-    value (None, bool, int, float, complex, str, bytes, list, tuple, set, frozenset, dict; a
-    subclass's instance as its base type; an iterator as its items) or the name of the exception
-    it raised, decoded strictly in the env's process (anything else: 0); (3) the tests sandbox
-    runs trusted code only (the tests; HumanEval's prompt, MBPP's setup code and the reference's
-    imports; the reference) with the answer's functions replaced by proxies returning those
-    values, and the tests' own assertions decide. If the tests then call with arguments the answer
-    has not answered (their calls depend on the results), (2)-(3) repeat, at most 4 rounds. When
-    every result equals the reference's, type for type, the record (1) is that run and (3) is
-    skipped. The answer never sees a test or an expected value, and an object cannot stand in
-    for a value: printing a marker, ``sys.exit(0)`` or ``os._exit(0)``, an always-equal object or
-    an ``int``/``str`` subclass with a forged ``__eq__``, patched builtins or ``sys.excepthook``,
-    reading the expected value out of the calling test's bytecode, writing a fake reply: each
-    scores 0 (``tests/envs/test_code_verdicts.py``; the one-process harness before it paid 1.0
-    for 6 of these 9 tricks). Limits of the scheme: a result that is not data (an instance of the
-    answer's own class) can only be passed back to the answer's functions (as MBPP 601's tests do
-    with ``Pair``); comparing it, or calling its methods, fails; a test that passes a non-data
-    value (a lambda, a file) to the answer cannot be judged (0, with that reason; no HumanEval or
-    built-in MBPP test does); the tests do not see an argument the answer mutated; the tests'
-    random draws are seeded once per task and process (HumanEval/38, 50 and 53 draw unseeded); an
-    MBPP test may use the reference's imports and any standard module without importing it. Each
-    sandbox runs within ``test_sandbox``'s limits (default 10 s wall, 5 s CPU, 512 MiB; the
-    tests sandbox's output cap is at least 16 MiB, its reply lists every call); what the answer
-    prints goes to its stderr. Cost: one answer-sandbox run per answer whose results equal the
-    reference's, two otherwise, plus one record per task.
+    pass, else 0.0. The verdict is decided outside the answer's process (``verdict(answer, task)``
+    returns it with its reason; the sandboxed side is ``envs/code_harness.py``): (1) once per task
+    (cached), the tests run in a sandbox with the task's reference solution standing in for the
+    answer's functions, recording the calls they make (name, arguments as data); (2) the answer
+    sandbox runs the answer's program (HumanEval: as above; MBPP: the code, then
+    ``test_setup_code``), then those calls, and sends back only data: each result as a plain value
+    (None, bool, int, float, complex, str, bytes, list, tuple, set, frozenset, dict; a subclass's
+    instance as its base type; an iterator as its items; nested at most 64 deep) or the name of the
+    exception it raised, decoded strictly in the env's process (anything else: 0; an exception is
+    raised in the tests as its built-in type, StopIteration and any other as RuntimeError); (3) the
+    tests sandbox runs trusted code only (the tests; HumanEval's prompt, MBPP's setup code and the
+    reference's imports; the reference) with the answer's functions replaced by proxies returning
+    those values, and the tests' own assertions decide. If the tests then call with arguments the
+    answer has not answered (their calls depend on the results), (2)-(3) repeat, at most 4 rounds.
+    When every result equals the reference's, type for type, the record (1) is that run and (3) is
+    skipped. The answer never sees a test or an expected value, and an object cannot stand in for a
+    value: printing a marker, ``sys.exit(0)`` or ``os._exit(0)``, an always-equal object or an
+    ``int``/``str`` subclass with a forged ``__eq__``, patched builtins or ``sys.excepthook``,
+    reading the expected value out of the calling test's bytecode, writing a fake reply: each scores
+    0 (``tests/envs/test_code_verdicts.py``; the one-process harness before it paid 1.0 for 6 of
+    these 9 tricks). Limits of the scheme: a result that is not data (an instance of the answer's
+    own class) can only be passed back to the answer's functions (as MBPP 601's tests do with
+    ``Pair``); comparing it, or calling its methods, fails; a test that passes a non-data value (a
+    lambda, a file) to the answer cannot be judged (0, with that reason; no HumanEval or built-in
+    MBPP test does); the tests do not see an argument the answer mutated; the tests' random draws
+    are seeded once per task and process (HumanEval/38, 50 and 53 draw unseeded); an MBPP test may
+    use the reference's imports and any standard module without importing it. Each sandbox runs
+    within ``test_sandbox``'s limits (default 10 s wall, 5 s CPU, 512 MiB; the tests sandbox's
+    output cap is at least 16 MiB, its reply lists every call); what the answer prints goes to its
+    stderr. Cost: one answer-sandbox run per answer whose results equal the reference's, two
+    otherwise, plus one record per task.
     Success is ``pass``. Process components are 0 by default.
 Oracle
     ``demonstration(task)``: the canonical solution as the answer (HumanEval: prompt +
