@@ -8,10 +8,15 @@ Answer: `{"result": [per_query, ...]}`, where `per_query` is
 `doc` is a corpus row; Search-R1's wiki-18 rows are `{"id", "contents"}` with
 `contents = '"Title"\\ntext'`. This server also adds `title` and `text`; the client reads either.
 
-The server is stdlib `http.server.ThreadingHTTPServer` around any `Retriever`; no web framework
-is needed for one JSON endpoint. Also `GET /health` -> `{"status": "ok"}`. Run it with
+Two servers around any `Retriever`, with `GET /health` -> `{"status": "ok"}` too, run by
 
-    python -m agent_gym.retrievers.http serve --kind bm25 --corpus corpus.jsonl --port 8000
+    python -m agent_gym.retrievers.http serve --kind bm25 --corpus corpus.jsonl --port 8000 [--workers 2]
+
+The default is FastAPI on uvicorn (`agent_gym.retrievers.server`, extra `serve`): header and body
+deadlines, size limits, bounded concurrency and forked workers sharing one index. `--server
+stdlib` (and `RetrievalServer`, an in-thread server for tests) is `http.server.ThreadingHTTPServer`
+with none of those limits (its listen backlog is 5: under load it resets connections,
+docs/results.md). Both parse bodies with `parse_request`: anything but the wire format is 400.
 
 The client, `HTTPRetriever`, is a `Retriever`. Each attempt has one deadline (`timeout_s`) that
 covers the DNS lookup, connecting (every resolved address shares what is left of it), the TLS
@@ -49,7 +54,8 @@ from agent_gym.datasets.base import normalize_doc
 
 from .base import Passage, Retriever, RetrieverError, check_k
 
-__all__ = ["BadRequest", "HTTPRetriever", "RetrievalServer", "ServerLimits", "parse_request", "passage_to_document", "render_result"]
+__all__ = ["BadRequest", "HTTPRetriever", "RetrievalServer", "ServerLimits", "parse_request", "passage_to_document",
+           "render_result"]
 
 
 def passage_to_document(p: Passage) -> dict[str, Any]:
@@ -71,7 +77,8 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What the uvicorn server (`agent_gym.retrievers.server`, whose docstring explains each) accepts. Every field is a CLI flag of `serve`."""
+    """What the uvicorn server accepts (`agent_gym.retrievers.server`, whose docstring explains each
+    limit). Every field is a flag of the `serve` command."""
 
     max_body_bytes: int = 1 << 20
     drain_bytes: int = 16 << 20

@@ -90,7 +90,8 @@ class BodyLimits:
                 except ValueError:  # h11 refuses these before us; kept for other servers
                     await _send_json(send, 400, {"error": f"bad Content-Length {value!r}"})
                     return
-        too_big = f"request body over the server's max_body_bytes={self.max_body_bytes:,}; send fewer queries per request"
+        too_big = (f"request body over the server's max_body_bytes={self.max_body_bytes:,}; "
+                   "send fewer queries per request")
         if declared is not None and declared > self.max_body_bytes and declared > self.drain_bytes:
             await _send_json(send, 413, {"error": too_big})
             return
@@ -221,6 +222,18 @@ def _run_worker(app: Any, sock: socket.socket, limits: ServerLimits, verbose: bo
     uvicorn.Server(_config(app, limits, verbose)).run(sockets=[sock])
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (even by SIGKILL), so no worker outlives
+    the server; elsewhere nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
           default_topk: int = 3, max_topk: int = 100, limits: ServerLimits = ServerLimits(),
           verbose: bool = False, announce: str = "") -> None:
@@ -249,7 +262,7 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, worke
     def fork_worker() -> None:
         pid = os.fork()
         if pid == 0:  # the worker: uvicorn installs its own SIGINT/SIGTERM handlers
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _die_with_parent()
             code = 0
             try:
                 _run_worker(app, sock, limits, verbose)
