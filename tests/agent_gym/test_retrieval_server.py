@@ -126,14 +126,14 @@ def test_bad_bodies_get_400_not_a_reset(server, which):
     connection dropped with no answer; `return_scores: "yes"` was taken as true."""
     if which == "uvicorn":
         url = server[0]
-        check(url)
+        _check(url)
         return
     bm25 = make_retriever("bm25", corpus=str(CORPUS), cache=False)
     with RetrievalServer(bm25) as stdlib:
-        check(stdlib.url)
+        _check(stdlib.url)
 
 
-def check(url: str) -> None:
+def _check(url: str) -> None:
     for name, (body, status, words) in BAD_BODIES.items():
         got, answer = _post(url, body)
         assert (got, words in answer.get("error", "")) == (status, True), (name, got, answer)
