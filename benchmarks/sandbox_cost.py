@@ -6,6 +6,7 @@ inode bound, pid-namespace teardown), and a bare ``python3 -I -S`` start with no
     python benchmarks/sandbox_cost.py --rounds 3 --calls 10
     python benchmarks/sandbox_cost.py --soak 1000         # also: 1,000 hostile calls in a row
     python benchmarks/sandbox_cost.py --old-ref 722e39f^  # the "before" sandbox from another commit
+    python benchmarks/sandbox_cost.py --attacks           # the hostile tests' attacks, before and now
 
 The sides are interleaved (bare, old, new, bare, old, new, ...) over ``--rounds`` rounds; each round
 times ``--calls`` calls of each, running an empty program. The old sandbox is
@@ -13,7 +14,9 @@ times ``--calls`` calls of each, running an empty program. The old sandbox is
 per-call time minus bare's in the same round. Prints the medians and ranges, the ratio new/old and
 the load average; results go to ``benchmarks/results/sandbox_cost.json``. ``--soak N`` runs the
 hostile soak of ``tests/agent_gym/test_sandbox_hostile.py`` (the reaper hijack every 50th call)
-and records the host's state before and after.
+and records the host's state before and after. ``--attacks`` runs the attacks of that test file
+through the old and the new sandbox and prints what each achieved (what the tests' assertions
+would have found before the fix).
 """
 
 from __future__ import annotations
@@ -50,7 +53,60 @@ def load_old(ref: str):
     mod = importlib.util.module_from_spec(spec)
     sys.modules["old_sandbox"] = mod
     spec.loader.exec_module(mod)
+    mod.__ref__ = ref
     return mod
+
+
+def attacks(old) -> None:
+    """Each class of issue 19's attacks, through the old sandbox and the new one."""
+    sys.path.insert(0, str(ROOT / "tests" / "agent_gym"))
+    import test_sandbox_hostile as hostile
+
+    def survivors(mod) -> list[int]:
+        time.sleep(1)
+        mine = mod.issued_uids()
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _uid(p) in mine and _state(p) not in "ZX"]
+        for pid in pids:  # clean up after the old sandbox
+            os.kill(pid, 9)
+        return pids
+
+    big = {"wall_s": 20, "cpu_s": 10, "memory_mb": 128, "max_procs": 8}
+    for label, mod in (("before", old), ("now", new)):
+        r = mod.run_python(hostile.REAPER_HIJACK, {"wall_s": 2})
+        print(f"{label:>6} reaper hijack: {r.status}; live processes 1 s after the call: {len(survivors(mod))}")
+        print(f"{label:>6} ptrace/process_vm on the reaper: {mod.run_python(hostile.PTRACE_REAPER, big).stdout.strip()}")
+        for name in ("SYSV_SHM", "MEMFD"):
+            r = mod.run_python(getattr(hostile, name), big)
+            print(f"{label:>6} {name}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.status}")
+        flood = "import os\nn = 0\ntry:\n    while n < 30000:\n        os.mkdir(f'/tmp/d{n}')\n        n += 1\n" \
+                "except OSError as e:\n    print(e.strerror)\nprint('directories', n)"
+        print(f"{label:>6} inode flood: {mod.run_python(flood, big).stdout.strip().splitlines()[-1]}")
+        r = mod.run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", big)
+        print(f"{label:>6} self-SIGKILL: {r.status}, {r.detail}")
+        helper = hostile.KEYRING_HELPER
+        if mod is old:
+            helper = helper.replace("from agent_gym.sandbox import run_python",
+                                    f"import sys; sys.argv = ['x', '--old-ref', {old.__ref__!r}]; "
+                                    f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import sandbox_cost; "
+                                    "run_python = sandbox_cost.load_old(sys.argv[2]).run_python")
+        p = subprocess.run([sys.executable, "-c", helper], input=hostile.KEYRING_ATTACK, capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+        print(f"{label:>6} keyring: {p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-300:]}")
+
+
+def _uid(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+def _state(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "X"
 
 
 def main() -> None:
@@ -59,6 +115,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--old-ref", default=DEFAULT_OLD_REF)
     ap.add_argument("--soak", type=int, default=0, help="also run this many hostile calls in a row")
+    ap.add_argument("--attacks", action="store_true", help="run the hostile tests' attacks on old and new")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox_cost.json"))
     args = ap.parse_args()
     if args.rounds < 3 or args.calls < 1:
@@ -67,6 +124,9 @@ def main() -> None:
     python = new.default_python()
     new.check_available(python)
     old.check_available(python)
+    if args.attacks:
+        attacks(old)
+        return
     limits = {"wall_s": 30}
 
     def bare() -> None:
