@@ -33,12 +33,14 @@ does not protect against is in ``docs/sandbox.md``. In short, each call:
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import functools
 import itertools
 import json
 import os
 import random
+import resource
 import select
 import selectors
 import shutil
@@ -531,8 +533,6 @@ _MOUNT_POINT: list[str] = []
 def _libc() -> Any:
     global _LIBC
     if _LIBC is None:
-        import ctypes
-
         _LIBC = ctypes.CDLL(None, use_errno=True)
     return _LIBC
 
@@ -549,6 +549,7 @@ def _mount_point() -> str:
     return _MOUNT_POINT[0]
 
 
+@functools.lru_cache(maxsize=1)
 def _keyctl_nr() -> int:
     try:
         import pyseccomp as sc
@@ -565,10 +566,9 @@ def _child_setup(cgroups: "_CallCgroups | None", uid: int | None, limits: "Sandb
                  mount_point: str, keyctl_nr: int) -> None:
     """Runs in the child before it becomes bwrap: join the call's cgroups (still root), drop to the
     call's uid, leave the caller's session keyring for a new empty one, mount the call's tmpfs
-    (size and inode count bounded) in a private user and mount namespace, and set the rlimits."""
-    import ctypes
-    import resource
-
+    (size and inode count bounded) in a private user and mount namespace, and set the rlimits.
+    Everything it uses is imported and loaded in the parent: nothing is imported between fork and
+    exec."""
     libc = _libc()
     if cgroups is not None:
         cgroups.join()
@@ -706,6 +706,7 @@ class _Namespace:
 def _run(code: str, limits: SandboxLimits, python: str) -> SandboxResult:
     plan = cgroup_plan()
     bpf, _ = seccomp_filter()
+    _libc()  # loaded here, not in the child
     uid, nproc = _identity(limits)
     mount_point = _mount_point()
     cgroups = _CallCgroups(plan, limits) if plan.mode == "cgroup" else None
