@@ -1,0 +1,401 @@
+"""Serve any registered env over OpenEnv (``openenv-core``): HTTP and WebSocket, one env per session.
+
+    python -m agent_gym.serve AgentR1/FactChain-v0 --port 8000
+    python -m agent_gym.serve --config configs/factchain_ppo_stream.yaml --env-kwargs '{"num_kbs": 4}'
+
+The server is openenv-core's own (``openenv.core.env_server.create_app``, on uvicorn): each
+WebSocket connection to ``/ws`` gets its own :class:`AgentGymEnvironment` (a fresh
+``gym.make(env_id, **env_kwargs)``), at most ``--max-concurrent-envs`` at once; a closed or dropped
+connection closes its env. openenv-core's stateless ``POST /reset`` and ``POST /step`` build a
+throwaway env per request and are no use for a multi-turn episode; use the WebSocket (the client).
+
+The wire types (pydantic models, ``GET /schema`` lists them):
+
+- :class:`AgentGymAction`: exactly one of ``token_ids`` (the ids one assistant turn generated, stop
+  token included: the env's token-in/token-out contract, appended verbatim) or ``text`` (the reply
+  text, under :class:`agent_gym.wrappers.TextView`'s rules: encoded as one whole turn and closed with
+  the end-of-turn token; ``info["retokenized"]`` and ``info["retokenize_lossy"]`` say so).
+- :class:`AgentGymObservation`: ``token_ids`` holds the ids appended since this session's previous
+  observation (the **delta**; after a reset, the whole prompt), ``num_tokens`` the length of the whole
+  context, so a client rebuilds the full ``input_ids`` by appending the deltas and checks it against
+  ``num_tokens`` (:class:`RemoteToolEnv` does). ``text`` is TextView's observation (the whole context
+  decoded), filled only in a session reset with ``view="text"``. ``reward``, ``done`` (terminated or
+  truncated), ``terminated``, ``truncated``, ``info`` (the env's step or reset info, JSON-safe, without
+  the trajectory) and, on the step that ends the episode, ``episode``: the env's
+  :class:`agent_gym.episode.Episode` itself, which pydantic serializes and rebuilds as that dataclass.
+- :class:`AgentGymState`: env id, task, turn, context length, whether the episode is over.
+
+Errors: an action that is not an :class:`AgentGymAction` (both kinds, neither, a field of the wrong
+type, an unknown field) is openenv-core's ``VALIDATION_ERROR``; one the env refuses (ids outside the
+vocabulary, a step after the episode ended or before any reset) is an ``EXECUTION_ERROR`` with the
+env's message. Either way nothing is stepped (``ToolEnv.step`` is transactional) and the session goes
+on. The clients raise :class:`AgentGymServerError` for both, and :class:`ConnectionError` when the
+connection is gone (a server restart: the session and its episode are lost; connect again and reset).
+
+No torch here: the server needs only the env and openenv-core (the ``openenv`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient
+from openenv.core.env_server import Action, Environment, Observation, State, create_app
+
+from agent_gym.episode import Episode
+
+# -- wire types ------------------------------------------------------------------------------------
+
+
+class AgentGymAction(Action):
+    """One assistant turn: exactly one of ``token_ids`` or ``text``."""
+
+    token_ids: Optional[list[int]] = Field(
+        default=None, description="the ids of one assistant turn, stop token included (appended verbatim)")
+    text: Optional[str] = Field(
+        default=None, description="the reply text; encoded as one turn and closed with the end-of-turn token (TextView)")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "AgentGymAction":
+        if (self.token_ids is None) == (self.text is None):
+            # Not a ValueError: openenv-core 0.3.0 sends pydantic's ``errors()`` as JSON, and a
+            # ValueError there (in ``ctx``) cannot be serialized, so the server would drop the session.
+            raise PydanticCustomError(
+                "action_kind", "an action has exactly one of 'token_ids' (a list of int ids) or 'text' (a string); "
+                "got {got}", {"got": "both" if self.token_ids is not None else "neither"})
+        return self
+
+
+class AgentGymObservation(Observation):
+    """What the env returns after a reset or a step (see the module docstring for ``token_ids``)."""
+
+    token_ids: list[int] = Field(description="ids appended since the session's previous observation "
+                                             "(after a reset: the whole prompt)")
+    num_tokens: int = Field(description="length of the whole context (the full input_ids)")
+    text: Optional[str] = Field(default=None, description="the whole context decoded (view='text' sessions only)")
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = Field(default_factory=dict, description="the env's info, JSON-safe, without 'trajectory'")
+    episode: Optional[Episode] = Field(default=None, description="the finished episode, on its last step only")
+
+
+class AgentGymState(State):
+    env_id: str
+    task_id: Optional[str] = None
+    task_index: Optional[int] = None
+    turn: int = 0
+    num_tokens: int = 0
+    done: bool = True
+
+
+# -- the server side -------------------------------------------------------------------------------
+
+
+def _jsonable(x: Any) -> Any:
+    """``x`` with numpy values turned into Python ones; anything else not JSON-native is an error."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    raise TypeError(f"info value of type {type(x).__name__} cannot be sent as JSON: {x!r:.200}")
+
+
+class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGymState]):
+    """One session's env: ``gym.make(env_id, **env_kwargs)`` behind openenv-core's ``Environment``.
+
+    ``open_envs()`` counts the instances not yet closed; openenv-core closes a session's env when the
+    session ends, so it is the number of live sessions (plus any throwaway env of a stateless HTTP
+    call in flight). ``GET /agent_gym/sessions`` reports it.
+    """
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each session has its own gym env; nothing mutable is shared
+
+    _open = 0
+    _open_lock = threading.Lock()
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None):
+        super().__init__()
+        import gymnasium as gym
+
+        import agent_gym  # noqa: F401  (registers the ids)
+        from agent_gym.wrappers import TextView
+
+        self.env_id = env_id
+        self.env = gym.make(env_id, **(env_kwargs or {}))
+        self.text_view = TextView(self.env)
+        self.tool_env = self.text_view.tool_env
+        self.view: str = "tokens"
+        self._sent = 0  # ids of the context already sent to the client
+        self._info: dict[str, Any] = {}
+        self._closed = False
+        with AgentGymEnvironment._open_lock:
+            AgentGymEnvironment._open += 1
+
+    @classmethod
+    def open_envs(cls) -> int:
+        return cls._open
+
+    def _observation(self, reward: float | None, terminated: bool, truncated: bool,
+                     info: dict[str, Any]) -> AgentGymObservation:
+        ids = self.tool_env._obs()["input_ids"].tolist()
+        delta, self._sent = ids[self._sent:], len(ids)
+        episode = info.pop("trajectory", None)
+        return AgentGymObservation(
+            token_ids=delta, num_tokens=len(ids),
+            text=self.text_view._text({"input_ids": ids}) if self.view == "text" else None,
+            reward=reward, done=bool(terminated or truncated), terminated=bool(terminated), truncated=bool(truncated),
+            info=_jsonable(info), episode=episode)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task_index: Optional[int] = None,
+              task: Optional[dict[str, Any]] = None, view: Literal["tokens", "text"] = "tokens",
+              **kwargs: Any) -> AgentGymObservation:
+        """``seed``, and ``task_index`` or ``task`` (the env's reset options); ``view`` "text" adds
+        TextView's text to every observation of the episode. Anything else is refused by name."""
+        if kwargs:
+            raise ValueError(f"unknown reset argument(s) {sorted(kwargs)}; valid: seed, task_index, task, view, episode_id")
+        if view not in ("tokens", "text"):
+            raise ValueError(f"view must be 'tokens' or 'text', got {view!r}")
+        options = {k: v for k, v in (("task_index", task_index), ("task", task)) if v is not None}
+        _, info = self.env.reset(seed=seed, options=options or None)
+        self.view, self._sent = view, 0
+        return self._observation(None, False, False, info)
+
+    def step(self, action: AgentGymAction, timeout_s: Optional[float] = None, **kwargs: Any) -> AgentGymObservation:
+        if action.text is not None:
+            _, reward, term, trunc, info = self.text_view.step(action.text)
+        else:
+            _, reward, term, trunc, info = self.env.step(np.asarray(action.token_ids, dtype=np.int64))
+        return self._observation(float(reward), term, trunc, info)
+
+    @property
+    def state(self) -> AgentGymState:
+        te = self.tool_env
+        task = getattr(te, "task", None)
+        return AgentGymState(env_id=self.env_id, task_id=None if task is None else str(task.get("id", te.task_index)),
+                             task_index=getattr(te, "task_index", None), turn=getattr(te, "turn", 0),
+                             num_tokens=len(te._ids), done=bool(te._done), step_count=getattr(te, "turn", 0))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.env.close()
+        with AgentGymEnvironment._open_lock:
+            AgentGymEnvironment._open -= 1
+
+
+def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurrent_envs: int = 64,
+              session_timeout_s: float | None = None):
+    """openenv-core's FastAPI app serving ``env_id``; plus ``GET /agent_gym/sessions``.
+
+    One env is built here first, so a bad id or bad kwargs fail at start-up with the env's own error."""
+    import agent_gym
+
+    if env_id not in agent_gym.ENV_IDS:
+        raise ValueError(f"unknown env id {env_id!r}; registered: {sorted(agent_gym.ENV_IDS)}")
+    if not isinstance(max_concurrent_envs, int) or max_concurrent_envs < 1:
+        raise ValueError(f"max_concurrent_envs must be a positive integer, got {max_concurrent_envs!r}")
+    AgentGymEnvironment(env_id, env_kwargs).close()  # fail now, not in the first session
+    from openenv.core.env_server import ConcurrencyConfig
+
+    factory = functools.partial(AgentGymEnvironment, env_id, dict(env_kwargs or {}))
+    app = create_app(factory, AgentGymAction, AgentGymObservation, env_name=env_id,
+                     concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs,
+                                                          session_timeout=session_timeout_s))
+
+    @app.get("/agent_gym/sessions")
+    def sessions() -> dict[str, Any]:
+        return {"env_id": env_id, "open_envs": AgentGymEnvironment.open_envs(),
+                "max_concurrent_envs": max_concurrent_envs}
+
+    return app
+
+
+# -- the client side -------------------------------------------------------------------------------
+
+
+class AgentGymServerError(RuntimeError):
+    """The server refused a message (``code``: openenv-core's ``WSErrorCode``); the session goes on."""
+
+    def __init__(self, message: str, code: str, data: dict[str, Any]):
+        super().__init__(f"{message} (code: {code})")
+        self.code, self.data = code, data
+
+
+class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymState]):
+    """openenv-core's WebSocket client for this server (async; ``.sync()`` for a blocking one).
+
+        async with AgentGymClient(base_url="http://127.0.0.1:8000") as c:
+            r = await c.reset(seed=0)
+            r = await c.step(AgentGymAction(text="<answer>Paris</answer>"))
+
+    ``step`` also takes a list of ids or a string. Errors: :class:`AgentGymServerError` for a refused
+    message, :class:`ConnectionError` when the connection is gone (server stopped or restarted).
+    """
+
+    def _step_payload(self, action: Any) -> dict[str, Any]:
+        if isinstance(action, str):
+            action = AgentGymAction(text=action)
+        elif not isinstance(action, (AgentGymAction, dict)):
+            action = AgentGymAction(token_ids=np.asarray(action).tolist())
+        if isinstance(action, dict):  # sent as is: the server validates it
+            return action
+        return action.model_dump(exclude_none=True, exclude={"metadata"})
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[AgentGymObservation]:
+        obs = AgentGymObservation.model_validate(
+            {**payload.get("observation", {}), "reward": payload.get("reward"), "done": payload.get("done", False)})
+        return StepResult(observation=obs, reward=payload.get("reward"), done=bool(payload.get("done", False)))
+
+    def _parse_state(self, payload: dict[str, Any]) -> AgentGymState:
+        return AgentGymState.model_validate(payload)
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self._send(message)
+            response = await self._receive()
+        except (ConnectionClosed, OSError) as e:
+            self._ws = None
+            raise ConnectionError(
+                f"the connection to the agent_gym server at {self._ws_url} is gone ({type(e).__name__}: {e}); "
+                "its session and episode are lost (the server stopped or restarted). Connect again and reset.") from e
+        if response.get("type") == "error":
+            data = response.get("data", {})
+            msg = data.get("message", "unknown error")
+            if data.get("errors"):
+                msg += ": " + "; ".join(
+                    (f"{'.'.join(map(str, e['loc']))}: " if e.get("loc") else "") + str(e.get("msg")) for e in data["errors"])
+            raise AgentGymServerError(msg, str(data.get("code", "UNKNOWN")), data)
+        return response
+
+
+class RemoteToolEnv:
+    """A served env called like the in-process one (blocking): ``reset`` gives ``(obs, info)``,
+    ``step`` gives ``(obs, reward, terminated, truncated, info)``, ``obs = {"input_ids": int64 array}``
+    (the full context, rebuilt from the deltas), and ``info["trajectory"]`` the ``Episode`` at the end.
+    ``step`` takes ids (token-in/token-out) or a string (TextView's rules). ``text=True`` resets with
+    ``view="text"``: the observation is then TextView's string instead of the ids dict."""
+
+    def __init__(self, base_url: str, text: bool = False, message_timeout_s: float = 60.0):
+        self.client = AgentGymClient(base_url=base_url, message_timeout_s=message_timeout_s).sync()
+        self.client.connect()
+        self.text = text
+        self._ids: list[int] = []
+
+    def _unpack(self, obs: AgentGymObservation, reset: bool) -> tuple[Any, dict[str, Any]]:
+        self._ids = list(obs.token_ids) if reset else self._ids + list(obs.token_ids)
+        if len(self._ids) != obs.num_tokens:
+            raise RuntimeError(f"the rebuilt context has {len(self._ids)} ids, the server says {obs.num_tokens}: "
+                               "an observation was lost; reset to resynchronize")
+        info = dict(obs.info)
+        if obs.episode is not None:
+            info["trajectory"] = obs.episode
+        out = obs.text if self.text else {"input_ids": np.asarray(self._ids, dtype=np.int64)}
+        return out, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        kw: dict[str, Any] = {k: v for k, v in (options or {}).items()}
+        if seed is not None:
+            kw["seed"] = seed
+        if self.text:
+            kw["view"] = "text"
+        r = self.client.reset(**kw)
+        return self._unpack(r.observation, reset=True)
+
+    def step(self, action: Any):
+        r = self.client.step(action)
+        obs, info = self._unpack(r.observation, reset=False)
+        return obs, r.reward, r.observation.terminated, r.observation.truncated, info
+
+    def state(self) -> AgentGymState:
+        return self.client.state()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "RemoteToolEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
+    """A YAML/JSON mapping given inline or as a file path."""
+    import yaml
+
+    p = Path(text_or_path)
+    src = p.read_text() if p.suffix in (".yaml", ".yml", ".json") and p.is_file() else text_or_path
+    try:
+        value = yaml.safe_load(src)
+    except yaml.YAMLError as e:
+        raise SystemExit(f"error: {what} is not valid YAML/JSON: {e}")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SystemExit(f"error: {what} must be a mapping (YAML or JSON object), got {type(value).__name__}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, dict[str, Any]]:
+    ap = argparse.ArgumentParser(prog="python -m agent_gym.serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("env_id", nargs="?", help="a registered id (default: the config's env_id)")
+    ap.add_argument("--config", help="a YAML file with env_id and env_kwargs (a trainer config works; other keys are ignored)")
+    ap.add_argument("--env-kwargs", default=None, help="env kwargs as YAML/JSON, inline or a file; override the config's")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-concurrent-envs", type=int, default=64, help="sessions (one env each) at once")
+    ap.add_argument("--session-timeout-s", type=float, default=None, help="close sessions idle this long (default: never)")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+    if args.config and not Path(args.config).is_file():
+        raise SystemExit(f"error: --config {args.config} is not a file")
+    cfg = _load_mapping(args.config, "--config") if args.config else {}
+    env_id = args.env_id or cfg.get("env_id")
+    if not env_id:
+        raise SystemExit("error: name an env id (python -m agent_gym.serve AgentR1/FactChain-v0) or give a --config with env_id")
+    kwargs = dict(cfg.get("env_kwargs") or {})
+    if args.env_kwargs:
+        kwargs.update(_load_mapping(args.env_kwargs, "--env-kwargs"))
+    return args, env_id, kwargs
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    args, env_id, kwargs = parse_args(argv)
+    try:
+        app = build_app(env_id, kwargs, args.max_concurrent_envs, args.session_timeout_s)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"serving {env_id} on http://{args.host}:{args.port} (WebSocket /ws, "
+          f"{args.max_concurrent_envs} sessions at most)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+__all__ = ["AgentGymAction", "AgentGymClient", "AgentGymEnvironment", "AgentGymObservation", "AgentGymServerError",
+           "AgentGymState", "RemoteToolEnv", "build_app", "main"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""OpenEnv (openenv-core): ``python -m agent_gym.serve`` as a real server process on 127.0.0.1,
+driven by openenv-core's own WebSocket client (``agent_gym.serve.AgentGymClient`` subclasses its
+``EnvClient``; ``RemoteToolEnv`` wraps its ``.sync()`` client).
+
+Token-exact equality with the in-process env over fuzzed episodes (token and text actions), 64
+sessions at once, a client that drops mid-episode (its session is freed), malformed actions (clear
+errors, the session goes on) and a server restart (a clear ConnectionError, then a fresh session).
+One server process serves the module (about 10 s to start under load: openenv-core imports gradio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
+
+import gymnasium as gym  # noqa: E402
+
+import agent_gym  # noqa: E402,F401
+from agent_gym.serve import (AgentGymAction, AgentGymClient, AgentGymServerError, RemoteToolEnv,  # noqa: E402
+                             _jsonable, parse_args)
+from agent_gym.wrappers import TextView  # noqa: E402
+from tests.agent_gym.fuzz import fuzz_action  # noqa: E402
+
+ENV_ID = "AgentR1/FactChain-v0"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m agent_gym.serve`` in a subprocess; ``start`` waits for ``/health``."""
+
+    def __init__(self, port: int, log: Path):
+        self.port, self.log, self.proc = port, log, None
+        self.url = f"http://127.0.0.1:{port}"
+
+    def start(self, deadline_s: float = 120.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_gym.serve", ENV_ID, "--port", str(self.port), "--max-concurrent-envs", "70"],
+            cwd=ROOT, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2).read()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the server did not answer /health in {deadline_s} s: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def open_envs(self) -> int:
+        with urllib.request.urlopen(self.url + "/agent_gym/sessions", timeout=5) as r:
+            return json.load(r)["open_envs"]
+
+    def wait_open_envs(self, n: int, deadline_s: float = 20.0) -> int:
+        end = time.monotonic() + deadline_s
+        while (got := self.open_envs()) != n and time.monotonic() < end:
+            time.sleep(0.1)
+        return got
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(_free_port(), tmp_path_factory.mktemp("openenv") / "server.log")
+    s.start()
+    yield s
+    s.stop()
+
+
+def _same_step(remote, local):
+    """The remote (obs, reward, terminated, truncated, info) equals the local one exactly."""
+    r_obs, r_rew, r_term, r_trunc, r_info = remote
+    l_obs, l_rew, l_term, l_trunc, l_info = local
+    if isinstance(l_obs, dict):
+        assert r_obs["input_ids"].dtype == np.int64 and np.array_equal(r_obs["input_ids"], l_obs["input_ids"])
+    else:
+        assert r_obs == l_obs
+    assert (r_rew, r_term, r_trunc) == (l_rew, l_term, l_trunc)
+    assert type(r_rew) is float
+    l_info, r_info = dict(l_info), dict(r_info)
+    l_traj, r_traj = l_info.pop("trajectory", None), r_info.pop("trajectory", None)
+    assert r_info == _jsonable(l_info)
+    assert r_traj == l_traj  # the Episode dataclass itself, rebuilt by pydantic on the client
+    return l_term or l_trunc
+
+
+@pytest.mark.timeout(240)
+def test_token_exact_with_the_in_process_env_over_fuzzed_episodes(server):
+    local = gym.make(ENV_ID)
+    u = local.unwrapped
+    text_local = TextView(local)
+    rng = np.random.default_rng(0)
+    episodes = steps = text_steps = 0
+    with RemoteToolEnv(server.url) as remote:
+        while episodes < 30:
+            seed = 1000 + episodes
+            (r_obs, r_info), (l_obs, l_info) = remote.reset(seed=seed), local.reset(seed=seed)
+            assert np.array_equal(r_obs["input_ids"], l_obs["input_ids"]) and r_info == _jsonable(l_info)
+            done = False
+            while not done:
+                ids = fuzz_action(local, rng, u.task)
+                if rng.random() < 0.25 and len(ids) and ids[-1] == u.eot_id:  # the same turn as text (TextView)
+                    text = u.tokenizer.decode(ids[:-1].tolist(), skip_special_tokens=False)
+                    done = _same_step(remote.step(text), _text_step_as_ids(text_local, text))
+                    text_steps += 1
+                else:
+                    done = _same_step(remote.step(ids), local.step(ids))
+                steps += 1
+                assert steps < 2000
+            episodes += 1
+    assert text_steps > 5 and steps > 2 * episodes  # both action kinds, multi-turn episodes
+
+    # A session reset with view="text" sees TextView's observations.
+    with RemoteToolEnv(server.url, text=True) as remote:
+        for seed in (7, 8):
+            r_obs, _ = remote.reset(seed=seed)
+            l_obs, _ = text_local.reset(seed=seed)
+            assert isinstance(r_obs, str) and r_obs == l_obs
+            done = False
+            while not done:
+                ids = fuzz_action(local, rng, u.task)
+                text = u.tokenizer.decode(ids[:-1].tolist(), skip_special_tokens=False)
+                done = _same_step(remote.step(text), text_local.step(text))
+
+
+def _text_step_as_ids(text_view: TextView, text: str):
+    """TextView's step with its obs as the ids dict (the remote session is in the token view)."""
+    _, r, term, trunc, info = text_view.step(text)
+    return text_view.tool_env._obs(), r, term, trunc, info
+
+
+@pytest.mark.timeout(180)
+def test_64_concurrent_sessions_each_with_its_own_env(server):
+    n = 64
+    local = gym.make(ENV_ID)
+    u = local.unwrapped
+    expected = []
+    for i in range(n):
+        obs, _ = local.reset(seed=i, options={"task_index": i})
+        answer = f"<answer>{u.task['answer'] if i % 2 else 'wrong'}</answer>"
+        s_obs, s_rew, _, _, s_info = local.step(u.encode_turn(answer))
+        expected.append((obs["input_ids"].tolist(), answer, s_obs["input_ids"].tolist(), s_rew, s_info["trajectory"]))
+
+    async def main():
+        clients = [AgentGymClient(base_url=server.url) for _ in range(n)]
+        await asyncio.gather(*(c.connect() for c in clients))
+        resets = await asyncio.gather(*(c.reset(seed=i, task_index=i) for i, c in enumerate(clients)))
+        open_during = await asyncio.to_thread(server.open_envs)
+        steps = await asyncio.gather(*(c.step(AgentGymAction(text=expected[i][1])) for i, c in enumerate(clients)))
+        await asyncio.gather(*(c.close() for c in clients))
+        return resets, open_during, steps
+
+    resets, open_during, steps = asyncio.run(main())
+    assert open_during == n
+    for i, (reset, step) in enumerate(zip(resets, steps)):
+        prompt, _, full, reward, episode = expected[i]
+        assert reset.observation.token_ids == prompt
+        assert prompt + step.observation.token_ids == full and step.observation.num_tokens == len(full)
+        assert step.reward == reward and step.done and step.observation.episode == episode
+    assert sum(1 for s in steps if s.observation.episode.success) == n // 2
+    assert server.wait_open_envs(0) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_client_that_drops_mid_episode_frees_its_session(server):
+    from websockets.sync.client import connect
+
+    assert server.wait_open_envs(0) == 0
+    with connect(server.url.replace("http", "ws") + "/ws", open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+        ws.send(json.dumps({"type": "step", "data": {"text": "<tool_call>{\"name\": \"lookup\""}}))
+        step = json.loads(ws.recv(timeout=30))
+        assert step["type"] == "observation" and not step["data"]["done"]  # mid-episode
+        assert server.open_envs() == 1
+        ws.socket.shutdown(socket.SHUT_RDWR)  # the client vanishes mid-episode: no close frame
+        ws.socket.close()
+    assert server.wait_open_envs(0) == 0
+
+
+@pytest.mark.timeout(60)
+def test_malformed_actions_get_clear_errors_and_the_session_goes_on(server):
+    local = gym.make(ENV_ID)
+    u = local.unwrapped
+    with RemoteToolEnv(server.url) as remote:
+        with pytest.raises(AgentGymServerError, match=r"(before calling env\.reset\(\)|call reset\(\) first)") as e:
+            remote.step([1, 2, u.eot_id])
+        assert e.value.code == "EXECUTION_ERROR"
+        with pytest.raises(AgentGymServerError, match="unknown reset argument.*'colour'"):
+            remote.client.reset(seed=0, colour="red")
+        (r_obs, _), (l_obs, _) = remote.reset(seed=5), local.reset(seed=5)
+        bad = [
+            ({}, "VALIDATION_ERROR", "exactly one of 'token_ids'.*got neither"),
+            ({"token_ids": [1], "text": "hi"}, "VALIDATION_ERROR", "exactly one of 'token_ids'.*got both"),
+            ({"token_ids": "abc"}, "VALIDATION_ERROR", r"token_ids: Input should be a valid list"),
+            ({"token_ids": [1.5]}, "VALIDATION_ERROR", r"token_ids\.0: Input should be a valid integer"),
+            ({"text": 3}, "VALIDATION_ERROR", r"text: Input should be a valid string"),
+            ({"tokens": [1]}, "VALIDATION_ERROR", r"tokens: Extra inputs are not permitted"),
+            ({"token_ids": [-1]}, "EXECUTION_ERROR", r"token ids outside \[0, \d+\)"),
+            ({"token_ids": [u.vocab_size]}, "EXECUTION_ERROR", r"token ids outside \[0, \d+\)"),
+        ]
+        for payload, code, msg in bad:
+            with pytest.raises(AgentGymServerError, match=msg) as e:
+                remote.client.step(payload)
+            assert e.value.code == code, payload
+            assert remote.state().turn == 0  # nothing was stepped
+        # The session is intact: the next good action matches the in-process env token for token.
+        ids = u.encode_turn('<tool_call>{"name": "lookup", "arguments": {"entity": "x", "relation": "y"}}</tool_call>')
+        assert not _same_step(remote.step(ids), local.step(ids))
+        assert remote.state().turn == 1
+
+
+@pytest.mark.timeout(240)
+def test_a_server_restart_gives_clients_a_clear_error(server):
+    remote = RemoteToolEnv(server.url, message_timeout_s=30)
+    remote.reset(seed=0)
+    server.stop()
+    with pytest.raises(ConnectionError, match="is gone.*session and episode are lost.*Connect again and reset"):
+        remote.step("<answer>x</answer>")
+    server.start()
+    # The same client object reconnects to a new session, which has no episode yet.
+    with pytest.raises(AgentGymServerError, match=r"(before calling env\.reset\(\)|call reset\(\) first)"):
+        remote.step("<answer>x</answer>")
+    obs, _ = remote.reset(seed=0)
+    assert len(obs["input_ids"]) > 0
+    remote.close()
+    assert server.wait_open_envs(0) == 0
+
+
+@pytest.mark.timeout(60)
+def test_command_line_env_kwargs_from_a_config_and_flags(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("env_id: AgentR1/FactChain-v0\nenv_kwargs:\n  max_turns: 3\n  num_kbs: 2\nlr: 0.1\n")
+    _, env_id, kwargs = parse_args(["--config", str(cfg), "--env-kwargs", '{"max_turns": 5}'])
+    assert env_id == ENV_ID and kwargs == {"max_turns": 5, "num_kbs": 2}
+    kw = tmp_path / "kw.yaml"
+    kw.write_text("max_context_tokens: 512\n")
+    _, env_id, kwargs = parse_args(["AgentR1/FactChain-v0", "--env-kwargs", str(kw)])
+    assert kwargs == {"max_context_tokens": 512}
+    with pytest.raises(SystemExit, match="must be a mapping"):
+        parse_args([ENV_ID, "--env-kwargs", "[1, 2]"])
+    with pytest.raises(SystemExit, match="name an env id"):
+        parse_args([])
+    from agent_gym.serve import main
+
+    with pytest.raises(SystemExit, match="unknown env id 'AgentR1/Nope-v0'"):
+        main(["AgentR1/Nope-v0"])
+    with pytest.raises(SystemExit, match="max_turns must be a positive integer"):
+        main([ENV_ID, "--env-kwargs", "max_turns: 0"])
