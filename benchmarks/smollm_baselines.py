@@ -145,7 +145,8 @@ def failure_class(rec: dict[str, Any]) -> str:
     if rec.get("answer") is not None:
         if em == 1.0:
             return "correct"
-        return "answered, partly right (F1 > 0)" if f1 > 0 else "answered, wrong"
+        gold = " (gold in text)" if rec.get("gold_in_text") else ""
+        return ("answered, partly right (F1 > 0)" if f1 > 0 else "answered, wrong") + gold
     if statuses.get("ok", 0) > 0:
         return "valid calls, never answered"
     if sum(statuses.values()) > 0:
