@@ -27,6 +27,12 @@ are stale: every ``collect`` names the weights version it needs. Each slice is r
 ``rollout_retries`` times per iteration, then the run stops with ``RolloutWorkerError``. The
 restarts of an iteration are logged as ``rollout/worker_restarts``.
 
+A worker's vLLM engine that dies (killed, out of memory, crashed) is first restarted by the worker's
+own ``VLLMBackend`` (``vllm_kwargs: {max_restarts: N}``, default 1), which reloads the current
+weights and reruns the call, all inside the worker; a death beyond that raises ``EngineDiedError``
+in the worker, and the pool then restarts the worker (a fresh engine) and retries its slice as for a
+dead worker, within the same ``rollout_retries``.
+
 vLLM (``backend: vllm``): one engine per worker, not one engine actor shared by all workers.
 Generation is the part of a rollout that needs a GPU and scales with GPUs; an engine per worker
 (``rollout_worker_gpus: 1``) adds generation throughput with each worker, keeps a worker's slice
@@ -55,7 +61,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trainers.backends.base import SamplingConfig
+from trainers.backends.base import EngineDiedError, SamplingConfig
 from trainers.config import TrainConfig, to_dict
 from trainers.rollout import RolloutTimes, Trajectory, collect
 
@@ -209,8 +215,16 @@ class RolloutWorkerPool:
         self.version += 1
         self.weights_ref = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
         # max_task_retries=-1: a worker that died since the last rollout gets them once restarted.
-        ray.get([a.load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version) for a in self.actors],
-                timeout=self.cfg.rollout_timeout_s)
+        refs = [a.load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version) for a in self.actors]
+        deadline = time.monotonic() + self.cfg.rollout_timeout_s
+        for w, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except EngineDiedError:  # its engine died and its backend could not restart it: a new worker starts one
+                self.restarts += 1
+                ray.kill(self.actors[w], no_restart=False)
+                ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
+                        timeout=self.cfg.rollout_timeout_s)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
                 seed: int) -> tuple[list[Trajectory], RolloutTimes]:
@@ -243,6 +257,10 @@ class RolloutWorkerPool:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                 pending[self._retry(w, attempts, args, f"died ({type(e).__name__})")] = (w, time.monotonic())
                 continue
+            except EngineDiedError:  # its vLLM engine died beyond what its backend restarts: restart the worker
+                ray.kill(self.actors[w], no_restart=False)
+                pending[self._retry(w, attempts, args, "lost its vLLM engine (EngineDiedError, above)")] = (w, time.monotonic())
+                continue
             if out is None:  # restarted before the weights reached it
                 pending[self._retry(w, attempts, args, "was restarted")] = (w, time.monotonic())
                 continue
@@ -268,9 +286,9 @@ class RolloutWorkerPool:
         return self.actors[w].collect.remote(*args[w], self.version)
 
     def metrics(self) -> dict[str, float]:
-        """``rollout/worker_restarts``: worker restarts (deaths and timeouts) noticed during the last
-        collect (a worker that died and came back between two rollouts got the weights on its
-        restart and is not counted)."""
+        """``rollout/worker_restarts``: worker restarts (deaths, timeouts, engines lost) noticed during
+        the last collect and the weight sync after it (a worker that died and came back between two
+        rollouts got the weights on its restart and is not counted)."""
         return {"rollout/worker_restarts": float(self.restarts)}
 
     def pids(self) -> list[int]:

@@ -4,10 +4,10 @@
 ``trainers.backends.vllm_backend`` and imports vllm only when that module is imported.
 """
 
-from trainers.backends.base import Generation, GenerationBackend, SamplingConfig
+from trainers.backends.base import EngineDiedError, Generation, GenerationBackend, SamplingConfig
 from trainers.backends.hf_backend import HFBackend
 
-__all__ = ["Generation", "GenerationBackend", "HFBackend", "SamplingConfig"]
+__all__ = ["EngineDiedError", "Generation", "GenerationBackend", "HFBackend", "SamplingConfig"]
 
 
 def __getattr__(name: str):

@@ -10,6 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 
+class EngineDiedError(RuntimeError):
+    """A backend's inference engine died (killed, out of memory, crashed) and was not, or could not
+    be, restarted. The message names the engine's process, how it ended and what to do.
+
+    Defined here, without a vllm import, so that code that never imports vllm (the trainer, the Ray
+    rollout pool) can catch it; ``trainers.backends.vllm_backend`` raises it."""
+
+
 @dataclass
 class SamplingConfig:
     """How to sample one assistant turn.

@@ -61,6 +61,46 @@ def marked_pids(token: str) -> set[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, an exited child not reaped yet, counts as exited)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in (b"Z", b"X")
+
+
+def exit_status(pid: int) -> int | None:
+    """A zombie's exit status as ``os.waitpid`` reports it (``/proc/PID/stat`` field 52, Linux 3.5+),
+    or None when the process runs, was reaped already, or the field is not readable."""
+    stat = _stat(pid)
+    if stat is None or stat[0] != b"Z" or len(stat) < 50:
+        return None
+    return int(stat[49])  # field 52; the list starts at field 3 (state)
+
+
+def titled(token: str, prefix: bytes) -> dict[int, str]:
+    """Processes marked with ``token`` whose title (``/proc/PID/cmdline``'s first word, which
+    ``setproctitle`` sets, e.g. ``VLLM::Worker``) starts with ``prefix``: pid -> title."""
+    found = {}
+    for pid in marked_pids(token):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if title.startswith(prefix):
+            found[pid] = title.decode(errors="replace")
+    return found
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/PID/stat`` from field 3 (state) on, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def end_marked(token: str, grace_s: float = 5.0, kill_s: float = 30.0) -> set[int]:
     """End every process marked with ``token``; returns those still alive (empty on success).
 

@@ -45,6 +45,13 @@ token in its environment; ``close()``, a start-up that fails or is interrupted, 
 process that outlives a parent killed without closing all end every process with that token.
 The engine uses the ``spawn`` start method, so scripts that create a ``VLLMBackend`` need an
 ``if __name__ == "__main__":`` guard.
+
+A dead engine (issue 20): in vLLM 0.32 a call whose engine core is killed never returns (the
+client's cleanup leaves the caller waiting on a queue no one fills). ``_EngineWatch`` watches the
+engine's processes, wakes the caller with vLLM's ``EngineDeadError`` and records the death; the
+backend then restarts the engine (at most ``max_restarts`` times), loads the current weights and
+reruns the call, or raises ``EngineDiedError`` saying what died and what to do (docs/vllm.md,
+"A dead engine").
 """
 
 from __future__ import annotations
@@ -53,10 +60,15 @@ import atexit
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
+import time
 import uuid
 import weakref
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
 
 try:
     import vllm
@@ -70,11 +82,18 @@ except ImportError as e:  # pragma: no cover - exercised only where vllm is miss
     ) from e
 
 from trainers.backends import process_guard
-from trainers.backends.base import Generation, SamplingConfig
+from trainers.backends.base import EngineDiedError, Generation, SamplingConfig
 
 _STEP_TIMEOUT_VAR = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
 _CPU_STEP_TIMEOUT_S = 1800
 _DEFAULT_KV_CACHE_BYTES = 512 * 2**20
+_WATCH_INTERVAL_S = 0.1
+"""How often ``_EngineWatch`` looks at the engine's processes: the bound on noticing a death."""
+_DEATH_GRACE_S = 5.0
+"""After an engine call raised, how long to wait for the death that may have caused it to show
+(a worker's death reaches the client as a failed call a moment before vLLM marks the engine dead)."""
+
+_T = TypeVar("_T")
 
 
 class TiedEmbeddingsError(ValueError):
@@ -105,9 +124,15 @@ class VLLMBackend:
         gpu_memory_utilization: float | None = None,
         kv_cache_memory_bytes: int | None = None,
         enforce_eager: bool = True,
+        max_restarts: int = 1,
         **engine_kwargs: Any,
     ):
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0 (0: never restart a dead engine), got {max_restarts}")
         self.model_path = os.fspath(model_path)
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.deaths: list[EngineDeath] = []
         self.tie_word_embeddings = _reads_tied_embeddings(self.model_path)
         on_cpu = _is_cpu_platform()
         if gpu_memory_utilization is None and kv_cache_memory_bytes is None:
@@ -148,20 +173,18 @@ class VLLMBackend:
         env = {process_guard.ENV_VAR: self._token}
         if on_cpu:
             env[_STEP_TIMEOUT_VAR] = os.environ.get(_STEP_TIMEOUT_VAR, str(_CPU_STEP_TIMEOUT_S))
-        previous = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        self._engine_kwargs, self._engine_env = kwargs, env
+        self.llm: LLM | None = None
+        self._watch: _EngineWatch | None = None
+        self._weights_path: str | None = None  # the last weights pushed, replayed into a restarted engine
+        self._weights_replayable = True  # False once weights went in by a route that leaves no file (GPU IPC)
+        self._reload_weights = False  # the engine lacks the weights in _weights_path (new ones, or a restart)
+        self._dead: str | None = None  # why the engine is gone for good (EngineDiedError raised)
         try:
-            self.llm = LLM(**kwargs)
-        except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
-            process_guard.end_marked(self._token)
+            self._start_engine()
+        except BaseException:
             self._watchdog.release()
             raise
-        finally:
-            for k, v in previous.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self._tmpdir = tempfile.mkdtemp(prefix="vllm_weights_")
         self._closed = False
         # A weak reference, so atexit does not keep a closed-over backend alive forever.
@@ -187,8 +210,12 @@ class VLLMBackend:
             raise ValueError("every prompt needs at least one token")
         params = [self.sampling_params(sampling, None if seeds is None else int(s)) for s in (seeds or [None] * len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        return [_to_generation(o.outputs[0]) for o in outputs]
+
+        def run(llm: LLM) -> list[Generation]:
+            outputs = llm.generate(requests, sampling_params=params, use_tqdm=False)
+            return [_to_generation(o.outputs[0]) for o in outputs]
+
+        return self._call("generate", run)
 
     def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Push ``state_dict`` (HF names, e.g. ``model.layers.0.self_attn.q_proj.weight``) into
@@ -196,26 +223,132 @@ class VLLMBackend:
         self._check_open()
         if self.tie_word_embeddings:
             state_dict = _check_tied_head(state_dict)
-        path = write_state_dict(state_dict, os.path.join(self._tmpdir, "weights.safetensors"))
-        self.llm.collective_rpc("reload_weights_from_file", args=(path,))
-        self.llm.reset_prefix_cache()
+        # Kept after the sync: a restarted engine gets the current weights from this file.
+        self._weights_path = write_state_dict(state_dict, os.path.join(self._tmpdir, "weights.safetensors"))
+        self._weights_replayable = True
+        self._reload_weights = True
+        self._call("load_weights", lambda llm: None)  # _call loads the file first
 
     def close(self) -> None:
-        """Shut the engine core and its worker processes down. Idempotent."""
+        """Shut the engine core and its worker processes down. Idempotent; also after the engine died."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
         atexit.unregister(self._atexit_hook)
         try:
-            self.llm.llm_engine.engine_core.shutdown()
+            if self._watch is not None:
+                self._watch.stop()  # a shutdown is not a death
+            if self.llm is not None:
+                self.llm.llm_engine.engine_core.shutdown()
         finally:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
-            del self.llm
+            self.llm = None
             # Whatever vLLM's shutdown left running (a worker re-parented to init, a slow exit).
             left = process_guard.end_marked(self._token)
             self._watchdog.release()
             if left:
                 raise RuntimeError(f"VLLMBackend.close: engine processes {sorted(left)} survived SIGKILL")
+
+    # -- engine death and restart -------------------------------------------------------------
+
+    def _start_engine(self) -> None:
+        """Create the ``LLM`` (its processes inherit ``_engine_env``) and start watching it."""
+        previous = {k: os.environ.get(k) for k in self._engine_env}
+        os.environ.update(self._engine_env)
+        try:
+            llm = LLM(**self._engine_kwargs)
+        except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
+            process_guard.end_marked(self._token)
+            raise
+        finally:
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.llm = llm
+        self._watch = _EngineWatch(llm, self._token)
+
+    def _call(self, what: str, fn: Callable[[LLM], _T]) -> _T:
+        """``fn(self.llm)`` with the current weights; when the engine dies before or during it,
+        restart the engine (at most ``max_restarts`` times over the backend's life), put the current
+        weights back and run ``fn`` again, or raise ``EngineDiedError``. ``fn`` must be safe to run
+        again from the start: a generate call is (same prompts, same seeds, same weights)."""
+        while True:
+            self._check_open()
+            if self._dead is not None:
+                raise EngineDiedError(f"VLLMBackend.{what}: the vLLM engine died earlier and was not restarted: {self._dead}")
+            watch, cause = self._watch, None
+            if watch.check() is None:
+                try:
+                    if self._reload_weights:  # new weights, or a restarted engine
+                        self._sync_weights_file()
+                        self._reload_weights = False
+                    return fn(self.llm)
+                except Exception as e:
+                    if not _caused_by_death(watch, e):
+                        raise
+                    cause = e
+            self._after_death(what, watch, cause)
+
+    def _sync_weights_file(self) -> None:
+        if self._weights_path is not None:
+            self.llm.collective_rpc("reload_weights_from_file", args=(self._weights_path,))
+            self.llm.reset_prefix_cache()
+
+    def _after_death(self, what: str, watch: "_EngineWatch", cause: BaseException | None) -> None:
+        """Record the death, end what is left of the engine, then restart it or raise."""
+        self.deaths.append(EngineDeath(during=what, cause=watch.death or "?", noticed_at=watch.noticed_at or time.monotonic()))
+        self._discard_engine()
+        problem = None
+        if not self._weights_replayable:
+            problem = ("its weights come through CUDA IPC (make_gpu_ipc_weight_sender), which leaves no copy this "
+                       "backend could load into a new engine, so it does not restart it")
+        elif self.restarts >= self.max_restarts:
+            problem = (f"restarts are off (max_restarts=0)" if self.max_restarts == 0 else
+                       f"it was restarted {self.restarts} time(s) already (max_restarts={self.max_restarts})")
+        if problem is not None:
+            self._dead = f"{watch.death} during {what}; {problem}"
+            raise EngineDiedError(self._death_message(what, watch.death, problem)) from cause
+        self.restarts += 1
+        print(f"warning: VLLMBackend.{what}: the vLLM engine of {self.model_path} died ({watch.death}); restarting it "
+              f"(restart {self.restarts} of max_restarts={self.max_restarts}) with the current weights and running "
+              f"the {what} call again", file=sys.stderr, flush=True)
+        try:
+            self._start_engine()
+        except Exception as e:
+            self._dead = f"{watch.death} during {what}; restarting it failed ({type(e).__name__}: {e})"
+            raise EngineDiedError(self._death_message(
+                what, watch.death, f"restarting it failed ({type(e).__name__}: {e})")) from e
+        self._reload_weights = self._weights_path is not None
+
+    def _discard_engine(self) -> None:
+        """Stop watching the dead engine, let vLLM clean its client up, end its processes."""
+        self._watch.stop()
+        llm, self.llm = self.llm, None
+        try:
+            llm.llm_engine.engine_core.shutdown()  # no-op when vLLM's own monitor did it already
+        except Exception:
+            pass  # its processes are gone or going; end_marked below makes sure
+        del llm
+        # What is left of a dead engine is of no use: 1 s to exit by itself (a worker whose engine
+        # core died notices and exits), then SIGTERM and SIGKILL.
+        left = process_guard.end_marked(self._token, grace_s=1.0)
+        if left:
+            self._dead = f"engine processes {sorted(left)} survived SIGKILL"
+            raise EngineDiedError(f"VLLMBackend: the vLLM engine died and its processes {sorted(left)} survived "
+                                  "SIGKILL; end them by hand before starting another engine.")
+
+    def _death_message(self, what: str, death: str | None, problem: str) -> str:
+        return (
+            f"VLLMBackend.{what}: the vLLM engine serving {self.model_path} died: {death}; {problem}. "
+            "What to do: a trainer's last checkpoint is intact, so rerun the same command with --resume. "
+            "If the engine was killed for memory (SIGKILL from the kernel's OOM killer: `dmesg | grep -i "
+            "'out of memory'`), give it less to hold (vllm_kwargs: kv_cache_memory_bytes or max_model_len; "
+            "or a smaller batch_size) or run fewer processes beside it. If it crashed, vLLM's log above "
+            "(lines from EngineCore or Worker) shows why. vllm_kwargs: {max_restarts: N} lets the backend "
+            "restart it up to N times."
+        )
 
     def __enter__(self) -> "VLLMBackend":
         return self
@@ -244,6 +377,141 @@ class VLLMBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("VLLMBackend used after close()")
+
+
+@dataclass
+class EngineDeath:
+    """One death of the backend's engine, as ``VLLMBackend.deaths`` records it.
+
+    during: the call that noticed it (``generate``, ``load_weights``).
+    cause: which process ended and how, e.g. ``VLLM::EngineCore (pid 123) was killed by SIGKILL``.
+    noticed_at: ``time.monotonic()`` when the backend noticed it (for measuring detection time).
+    """
+
+    during: str
+    cause: str
+    noticed_at: float
+
+
+class _EngineWatch:
+    """Watches one ``LLM``'s processes from a daemon thread, and wakes a caller blocked in vLLM
+    when one of them dies.
+
+    Why: in vLLM 0.32 the offline ``LLM`` hangs forever when its engine core dies during a call.
+    The client's monitor thread notices the death ("engine core exited unexpectedly"), marks the
+    engine dead and closes the client, which stops the thread that fills the output queue; but
+    ``LLM.generate`` waits on that queue (``SyncMPClient.get_output``: ``outputs_queue.get()``)
+    and ``collective_rpc`` on a future, and nothing ever puts an error into either. So on a death
+    this watch puts vLLM's own ``EngineDeadError`` into the queue and into every pending utility
+    future, which is the same error vLLM raises when it hears of the death through the socket.
+
+    A death is any watched process gone or a zombie (the engine cores of the client's process
+    manager, and every process marked with the backend's token whose title starts with ``VLLM::``:
+    the workers), or vLLM's own ``engine_dead`` flag. The watch holds no reference to the ``LLM``
+    (only a weak one to its client), so an ``LLM`` dropped without ``close()`` is still collected.
+    """
+
+    def __init__(self, llm: "LLM", token: str):
+        client = llm.llm_engine.engine_core
+        self._client = weakref.ref(client)
+        self._resources = getattr(client, "resources", None)
+        manager = getattr(self._resources, "engine_manager", None)
+        self._core_procs = list(getattr(manager, "processes", None) or [])
+        self.pids = {p.pid: "VLLM::EngineCore" for p in self._core_procs if p.pid is not None}
+        self.pids.update(process_guard.titled(token, b"VLLM::"))
+        self.death: str | None = None
+        self.noticed_at: float | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="VLLMBackendEngineWatch", daemon=True)
+        self._thread.start()
+
+    def check(self) -> str | None:
+        """Why the engine is dead (which process, how it ended), or None while it lives."""
+        with self._lock:
+            if self.death is None and not self._stop.is_set():
+                why = self._probe()
+                if why is not None:
+                    self.death, self.noticed_at = why, time.monotonic()
+            return self.death
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(_WATCH_INTERVAL_S):
+            if self.check() is not None:
+                self._wake_callers()
+                return
+
+    def _probe(self) -> str | None:
+        # Every watched process found gone, named: one's death soon ends the others (a worker exits
+        # when its engine core dies, an engine core when a worker dies), and a probe can see both.
+        gone = [f"{title} (pid {pid}) {self._how_it_ended(pid)}"
+                for pid, title in self.pids.items() if not process_guard.alive(pid)]
+        if gone:
+            return "; ".join(gone)
+        if self._resources is not None and getattr(self._resources, "engine_dead", False):
+            return "vLLM reported its engine core dead (EngineDeadError: see its log above)"
+        return None
+
+    def _how_it_ended(self, pid: int) -> str:
+        status = process_guard.exit_status(pid)  # a zombie's status, readable until it is reaped
+        for proc in self._core_procs:  # our child: multiprocessing reaps it and keeps the code
+            if proc.pid == pid:
+                deadline = time.monotonic() + 1.0
+                while proc.exitcode is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                if proc.exitcode is not None:
+                    return _describe_exit(proc.exitcode)
+        if status is not None:
+            return _describe_exit(-(status & 0x7F) if status & 0x7F else status >> 8)
+        return "is gone (its exit status was not readable)"
+
+    def _wake_callers(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        client = self._client()
+        if client is None:
+            return
+        queue = getattr(client, "outputs_queue", None)
+        if queue is not None:
+            queue.put_nowait(EngineDeadError())
+        for future in list(getattr(client, "utility_results", {}).values()):
+            if not future.done():
+                try:
+                    future.set_exception(EngineDeadError())
+                except Exception:  # resolved meanwhile
+                    pass
+
+
+def _describe_exit(code: int) -> str:
+    """``multiprocessing``'s exit code (``-N``: killed by signal N) in words."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _caused_by_death(watch: _EngineWatch, error: Exception) -> bool:
+    """Whether ``error``, raised by an engine call, comes from the engine's death. A ValueError or
+    TypeError from a live engine is vLLM refusing the input; anything else gets ``_DEATH_GRACE_S``
+    for the death to show before it is taken as a plain error."""
+    if watch.check() is not None:
+        return True
+    if isinstance(error, (ValueError, TypeError)):
+        return False
+    deadline = time.monotonic() + _DEATH_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(_WATCH_INTERVAL_S)
+        if watch.check() is not None:
+            return True
+    return False
 
 
 def _to_generation(completion: Any) -> Generation:
@@ -353,6 +621,9 @@ def make_gpu_ipc_weight_sender(backend: VLLMBackend, module: Any) -> Any:
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
+    # The transfer engine lives in this engine's workers and the weights it sends leave no file:
+    # a restarted engine could get neither, so a death from now on is final (EngineDiedError).
+    backend._weights_replayable = False
     return WeightTransferTrainerFactory.trainer_init(
         IPCTrainerInitInfo(rank=0),
         client=_CollectiveRpcSyncClient(backend.llm),
