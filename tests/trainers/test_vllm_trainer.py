@@ -4,9 +4,14 @@ One engine serves both runs (an engine start is ~20 s of the 2 cores): the train
 ``make_backend`` is pointed at it, and it first syncs the trainer's initial policy into the
 engine with ``load_weights``, the same call every iteration's sync makes, so each run starts
 from its own weights exactly as with a fresh engine.
+
+The engine-death tests (issue 20) come last: they kill the module engine's processes, and the
+last one leaves the engine dead for good.
 """
 
 import json
+import signal
+import threading
 import time
 
 import pytest
@@ -87,7 +92,11 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     says why not one shared engine actor), generates its slice with it, and gets the learner's
     weights after every update. Two GRPO iterations give the in-process vLLM run's trajectories
     token for token (vLLM's sampler differs from the HF backend's, so a worker that fell back to HF
-    would not match), and after cleanup no engine process and no Ray cluster is left."""
+    would not match), and after cleanup no engine process and no Ray cluster is left.
+
+    The worker's engine core is SIGKILLed during the second rollout (issue 20: before, the worker
+    hung until rollout_timeout_s): its backend restarts the engine with the current weights and
+    reruns the batch, so the trajectories still match."""
     ray = pytest.importorskip("ray", reason="Ray is not in this venv (make vllm-cpu installs it)")
     import psutil
     import torch
@@ -103,7 +112,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
 
-    runs = {}
+    runs, killed = {}, []
     for name, extra in (("inproc", {}), ("ray", {"rollout_workers": 1, "rollout_timeout_s": 600})):
         if name == "inproc":
             monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
@@ -114,6 +123,10 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         seen, orig, engines = {}, tr.rollout, {}
 
         def rollout(it, tr=tr, seen=seen, orig=orig, engines=engines):
+            if it == 1 and tr.workers is not None:  # the worker's engine core dies during this rollout
+                core = next(p for p in psutil.Process(tr.workers.pids()[0]).children(recursive=True)
+                            if p.name().startswith("VLLM::Engine"))
+                killed.append(_kill_mid_call(core, delay_s=2.0))
             trajs, rt = orig(it)
             seen[it] = trajs
             if tr.workers is not None:  # the worker's own engine processes, while they run
@@ -129,6 +142,10 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         runs[name] = (seen, last, engines)
     (ref, ref_last, _), (got, last, engines) = runs["inproc"], runs["ray"]
     assert any("VLLM" in n for n in engines.values()), f"the worker started no vLLM engine: {engines}"
+    # The worker's backend replaced its killed engine core (a second one ran) without a worker restart.
+    [dead_core] = [k.pid for k in killed]
+    assert [n for p, n in engines.items() if n.startswith("VLLM::Engine") and p != dead_core], engines
+    assert last["rollout/worker_restarts"] == 0
     assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
     for it in (0, 1):
         assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
@@ -148,3 +165,131 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     while (left := [pid for pid in engines if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes of the worker's engine left behind: {[(p, engines[p]) for p in left]}"
+
+
+# -- a dead engine (issue 20) -------------------------------------------------------------------
+
+
+def _kill_mid_call(proc, delay_s: float) -> threading.Thread:
+    """Stop ``proc`` (a psutil.Process of an engine) now and SIGKILL it ``delay_s`` later: a call
+    made meanwhile waits on the stopped engine, so the kill lands while it runs. Returns the killer
+    thread, with ``pid`` set."""
+    proc.suspend()
+
+    def kill():
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGKILL)
+
+    t = threading.Thread(target=kill, daemon=True)
+    t.pid = proc.pid
+    t.start()
+    return t
+
+
+def _engine_process(engine, title: str):
+    """The process of ``engine`` whose title starts with ``title`` (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    import psutil
+
+    from trainers.backends import process_guard
+
+    [pid] = process_guard.titled(engine._token, title.encode())
+    return psutil.Process(pid)
+
+
+def _grpo_run(tmp_path, sft_model, engine, monkeypatch, name, before_rollout=None, before_sync=None, **kw):
+    """A GRPO run on the module's engine: ``before_rollout(it)``/``before_sync(it)`` run before
+    that step of iteration ``it``. Returns (trainer, {iteration: trajectories}, last metrics or the
+    exception that ended the run)."""
+    import trainers.trainer as trainer_mod
+    from trainers.trainer import Trainer
+
+    def module_engine(cfg, policy, tokenizer, run_dir):
+        engine.load_weights(policy.state_dict())
+        return _Shared(engine)
+
+    monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
+    tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, backend="vllm", vllm_kwargs=VLLM_KWARGS, **kw))
+    tr.setup()
+    seen, rollout, sync, syncs = {}, tr.rollout, tr.sync_weights, []
+
+    def hooked_rollout(it):
+        if before_rollout:
+            before_rollout(it)
+        trajs, rt = rollout(it)
+        seen[it] = trajs
+        return trajs, rt
+
+    def hooked_sync():  # once per iteration, after its update
+        if before_sync:
+            before_sync(len(syncs))
+        syncs.append(1)
+        sync()
+
+    tr.rollout, tr.sync_weights = hooked_rollout, hooked_sync
+    try:
+        out = tr.train()
+    except Exception as e:  # the caller checks it
+        out = e
+    finally:
+        tr.cleanup()
+    return tr, seen, out
+
+
+@pytest.mark.timeout(900)
+def test_engine_killed_mid_rollout_is_restarted_and_the_run_is_unchanged(tmp_path, sft_model, engine, monkeypatch):
+    """GRPO, the engine core SIGKILLed while iteration 1 generates (issue 20: the trainer then hung
+    with no error): the backend restarts the engine, loads the current weights and reruns the
+    batch with the same seeds, so every iteration's trajectories equal an undisturbed run's, token
+    for token, and the update after it is the same."""
+    engine.max_restarts = engine.restarts + 1
+    _, ref, ref_last = _grpo_run(tmp_path, sft_model, engine, monkeypatch, "undisturbed", iterations=3)
+    killed = []
+
+    def kill_core(it):
+        if it == 1:
+            killed.append(_kill_mid_call(_engine_process(engine, "VLLM::EngineCore"), delay_s=1.0))
+
+    restarts = engine.restarts
+    _, got, last = _grpo_run(tmp_path, sft_model, engine, monkeypatch, "killed", before_rollout=kill_core, iterations=3)
+    assert not isinstance(last, Exception), f"the run failed: {last!r}"
+    assert killed and engine.restarts == restarts + 1
+    death = engine.deaths[-1]
+    assert death.during == "generate" and f"VLLM::EngineCore (pid {killed[0].pid}) was killed by SIGKILL" in death.cause
+    assert _engine_process(engine, "VLLM::EngineCore").pid != killed[0].pid  # a new engine core serves
+    assert any(any(t.episode.step_rewards) for t in ref[1]), "no reward in iteration 1: the comparison would be weak"
+    for it in (0, 1, 2):
+        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
+               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
+        for a, b in zip(got[it], ref[it]):
+            assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
+    assert last["policy/loss"] == pytest.approx(ref_last["policy/loss"], abs=1e-6)
+
+
+# Last in the module: the engine stays dead.
+@pytest.mark.timeout(600)
+def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_checkpoint(tmp_path, sft_model, engine,
+                                                                                         monkeypatch):
+    """No restart left: the engine's worker SIGKILLed during iteration 1's weight sync ends the run
+    with EngineDiedError (before issue 20 a dead engine hung the call for good), naming the process,
+    the signal and what to do; iteration 0's checkpoint is intact and no engine process is left."""
+    from trainers.backends import EngineDiedError
+    from trainers.backends import process_guard
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint
+
+    engine.max_restarts = engine.restarts
+    killed = []
+
+    def kill_worker(it):
+        if it == 1:
+            killed.append(_kill_mid_call(_engine_process(engine, "VLLM::Worker"), delay_s=1.0))
+
+    tr, _, err = _grpo_run(tmp_path, sft_model, engine, monkeypatch, "dies", before_sync=kill_worker, iterations=3)
+    assert isinstance(err, EngineDiedError), f"expected EngineDiedError, got {err!r}"
+    msg = str(err)
+    assert f"VLLM::Worker (pid {killed[0].pid}) was killed by SIGKILL" in msg and "load_weights" in msg
+    assert "--resume" in msg and "max_restarts" in msg and str(engine.model_path) in msg
+    ckpt = latest_checkpoint(tr.run_dir)
+    assert ckpt is not None and load_checkpoint(ckpt)["iteration"] == 0
+    with pytest.raises(EngineDiedError, match="died earlier"):  # no silent second try on a dead engine
+        engine.generate([[5, 6, 7]], tr.sampling)
+    assert not process_guard.marked_pids(engine._token), "processes of the dead engine are left"
