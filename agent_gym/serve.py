@@ -338,6 +338,117 @@ class RemoteToolEnv:
         self.close()
 
 
+class RemoteVectorEnv:
+    """``n`` sessions on one server behind :class:`agent_gym.vector.ToolVectorEnv`'s interface, as the
+    project's rollout loop (``trainers.rollout.collect``) uses it: ``reset(seed=[...], options=...)``
+    with the same per-env options (``task_indices``/``tasks``, ``group_size``), ``step(actions)`` with
+    ``None`` for a finished slot, no autoreset, infos as one dict per slot (``info_format="list"``),
+    ``obs["input_ids"]`` a tuple of int64 arrays. The active slots step concurrently (openenv-core's
+    async client, one connection each, on one background event loop). A slot the server refuses
+    leaves it as it was (the env's step is transactional); the slots that stepped are recorded, then
+    :class:`agent_gym.vector.VectorStepError` is raised with every slot's result or error."""
+
+    info_format = "list"
+    autoreset = False
+
+    def __init__(self, base_url: str, num_envs: int, message_timeout_s: float = 120.0):
+        import asyncio
+
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        self.num_envs = num_envs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agent_gym-remote-vec", daemon=True)
+        self._thread.start()
+        self.clients = [AgentGymClient(base_url=base_url, message_timeout_s=message_timeout_s) for _ in range(num_envs)]
+        self._ids: list[list[int]] = [[] for _ in range(num_envs)]
+        self.active = np.zeros(num_envs, dtype=bool)
+        try:
+            self._run(*(c.connect() for c in self.clients))
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, *coros: Any, return_exceptions: bool = False) -> list[Any]:
+        import asyncio
+
+        async def gather():
+            return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+
+        return asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
+
+    def _obs(self) -> dict[str, tuple[np.ndarray, ...]]:
+        return {"input_ids": tuple(np.asarray(ids, dtype=np.int64) for ids in self._ids)}
+
+    def _take(self, i: int, obs: AgentGymObservation, reset: bool) -> dict[str, Any]:
+        self._ids[i] = list(obs.token_ids) if reset else self._ids[i] + list(obs.token_ids)
+        if len(self._ids[i]) != obs.num_tokens:
+            raise RuntimeError(f"slot {i}: the rebuilt context has {len(self._ids[i])} ids, the server says "
+                               f"{obs.num_tokens}; reset to resynchronize")
+        info = dict(obs.info)
+        if obs.episode is not None:
+            info["trajectory"] = obs.episode
+        return info
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None):
+        from agent_gym.vector import ToolVectorEnv
+
+        # ToolVectorEnv's own option rules (they read only num_envs), so both vector envs agree.
+        seeds = ToolVectorEnv._seeds(self, seed)  # type: ignore[arg-type]
+        per_env = ToolVectorEnv._per_env_options(self, options or {})  # type: ignore[arg-type]
+        results = self._run(*(c.reset(**({"seed": seeds[i]} if seeds[i] is not None else {}), **per_env[i])
+                              for i, c in enumerate(self.clients)))
+        infos = [self._take(i, r.observation, reset=True) for i, r in enumerate(results)]
+        self.active[:] = True
+        return self._obs(), infos
+
+    def step(self, actions: Any):
+        from agent_gym.vector import VectorStepError
+
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions (None for envs to skip), got {len(actions)}")
+        idx = [i for i, a in enumerate(actions) if a is not None]
+        for i in idx:
+            if not self.active[i]:
+                raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action or reset it.")
+        outs = self._run(*(self.clients[i].step(actions[i]) for i in idx), return_exceptions=True)
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        for i, out in zip(idx, outs):
+            if isinstance(out, BaseException):
+                errors[i] = out
+                continue
+            o = out.observation
+            infos[i] = self._take(i, o, reset=False)
+            rewards[i], terminated[i], truncated[i] = float(out.reward), o.terminated, o.truncated
+            self.active[i] = not o.done
+            results[i] = ({"input_ids": np.asarray(self._ids[i], dtype=np.int64)}, rewards[i], o.terminated,
+                          o.truncated, infos[i])
+        if errors:
+            raise VectorStepError(results, errors, []) from next(iter(errors.values()))
+        return self._obs(), rewards, terminated, truncated, infos
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(*(c.close() for c in self.clients), return_exceptions=True)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> "RemoteVectorEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 
@@ -395,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 __all__ = ["AgentGymAction", "AgentGymClient", "AgentGymEnvironment", "AgentGymObservation", "AgentGymServerError",
-           "AgentGymState", "RemoteToolEnv", "build_app", "main"]
+           "AgentGymState", "RemoteToolEnv", "RemoteVectorEnv", "build_app", "main"]
 
 if __name__ == "__main__":
     main()

@@ -28,12 +28,23 @@ import gymnasium as gym  # noqa: E402
 
 import agent_gym  # noqa: E402,F401
 from agent_gym.serve import (AgentGymAction, AgentGymClient, AgentGymServerError, RemoteToolEnv,  # noqa: E402
-                             _jsonable, parse_args)
+                             RemoteVectorEnv, _jsonable, parse_args)
 from agent_gym.wrappers import TextView  # noqa: E402
 from tests.agent_gym.fuzz import fuzz_action  # noqa: E402
 
 ENV_ID = "AgentR1/FactChain-v0"
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env_kwargs() -> dict:
+    """The served env's kwargs (the in-process twins use the same): the vocabulary of the tiny
+    model of the rollout test (``len(tokenizer)`` rounded up to 64, as ``build_tiny_qwen2`` does)."""
+    from agent_gym.tokenizer import load_tokenizer
+
+    return {"vocab_size": -(-len(load_tokenizer(None)) // 64) * 64, "max_turns": 4}
+
+
+ENV_KWARGS = _env_kwargs()
 
 
 def _free_port() -> int:
@@ -51,7 +62,8 @@ class Server:
 
     def start(self, deadline_s: float = 120.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_gym.serve", ENV_ID, "--port", str(self.port), "--max-concurrent-envs", "70"],
+            [sys.executable, "-m", "agent_gym.serve", ENV_ID, "--port", str(self.port), "--max-concurrent-envs", "70",
+             "--env-kwargs", json.dumps(ENV_KWARGS)],
             cwd=ROOT, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
@@ -111,13 +123,14 @@ def _same_step(remote, local):
 
 @pytest.mark.timeout(240)
 def test_token_exact_with_the_in_process_env_over_fuzzed_episodes(server):
-    local = gym.make(ENV_ID)
+    local = gym.make(ENV_ID, **ENV_KWARGS)
     u = local.unwrapped
     text_local = TextView(local)
     rng = np.random.default_rng(0)
-    episodes = steps = text_steps = 0
+    episodes = steps = text_steps = successes = 0
+    statuses: set[str] = set()
     with RemoteToolEnv(server.url) as remote:
-        while episodes < 30:
+        while episodes < 60:
             seed = 1000 + episodes
             (r_obs, r_info), (l_obs, l_info) = remote.reset(seed=seed), local.reset(seed=seed)
             assert np.array_equal(r_obs["input_ids"], l_obs["input_ids"]) and r_info == _jsonable(l_info)
@@ -126,14 +139,19 @@ def test_token_exact_with_the_in_process_env_over_fuzzed_episodes(server):
                 ids = fuzz_action(local, rng, u.task)
                 if rng.random() < 0.25 and len(ids) and ids[-1] == u.eot_id:  # the same turn as text (TextView)
                     text = u.tokenizer.decode(ids[:-1].tolist(), skip_special_tokens=False)
-                    done = _same_step(remote.step(text), _text_step_as_ids(text_local, text))
+                    out = remote.step(text)
+                    done = _same_step(out, _text_step_as_ids(text_local, text))
                     text_steps += 1
                 else:
-                    done = _same_step(remote.step(ids), local.step(ids))
+                    out = remote.step(ids)
+                    done = _same_step(out, local.step(ids))
+                statuses.update(c["status"] for c in out[4]["tool_calls"])
+                successes += bool(done and out[4]["trajectory"].success)
                 steps += 1
                 assert steps < 2000
             episodes += 1
-    assert text_steps > 5 and steps > 2 * episodes  # both action kinds, multi-turn episodes
+    # Both action kinds, multi-turn episodes, good and bad tool calls, right answers.
+    assert text_steps > 10 and steps > 2 * episodes and {"ok", "parse_error"} <= statuses and successes > 0
 
     # A session reset with view="text" sees TextView's observations.
     with RemoteToolEnv(server.url, text=True) as remote:
@@ -157,7 +175,7 @@ def _text_step_as_ids(text_view: TextView, text: str):
 @pytest.mark.timeout(180)
 def test_64_concurrent_sessions_each_with_its_own_env(server):
     n = 64
-    local = gym.make(ENV_ID)
+    local = gym.make(ENV_ID, **ENV_KWARGS)
     u = local.unwrapped
     expected = []
     for i in range(n):
@@ -186,6 +204,35 @@ def test_64_concurrent_sessions_each_with_its_own_env(server):
     assert server.wait_open_envs(0) == 0
 
 
+@pytest.mark.timeout(240)
+def test_the_rollout_loop_collects_the_same_batch_from_the_server_as_in_process(server):
+    """``trainers.rollout.collect`` (the project's trainer's rollout loop) with a tiny model: 4
+    sessions (2 GRPO groups of 2) on the server give the same trajectories as an in-process
+    ``ToolVectorEnv``: ids, loss masks, rewards, the sampler's log-probs."""
+    pytest.importorskip("torch")
+    from agent_gym.tokenizer import load_tokenizer
+    from trainers.backends.base import SamplingConfig
+    from trainers.backends.hf_backend import HFBackend
+    from trainers.rollout import collect
+    from trainers.tiny_model import build_tiny_qwen2
+    from trainers.trainer import make_vector_env
+
+    tok = load_tokenizer(None)
+    model = build_tiny_qwen2(tok, seed=0)
+    assert model.get_output_embeddings().weight.shape[0] == ENV_KWARGS["vocab_size"]
+    backend = HFBackend(model, pad_token_id=tok.pad_token_id)
+    sampling = SamplingConfig(max_new_tokens=24, temperature=1.0)
+    local = make_vector_env(ENV_ID, 4, ENV_KWARGS)
+    expected, _ = collect(local, backend, [3, 11], 2, sampling, seed=5)
+    local.close()
+    with RemoteVectorEnv(server.url, 4) as remote:
+        assert server.wait_open_envs(4) == 4  # a session's env is built just after its connection opens
+        got, _ = collect(remote, backend, [3, 11], 2, sampling, seed=5)
+    assert len(got) == 4 and got == expected  # Trajectory dataclasses: Episode, log-probs, group
+    assert sum(t.episode.turns for t in got) > 4  # multi-turn episodes went over the wire
+    assert server.wait_open_envs(0) == 0
+
+
 @pytest.mark.timeout(60)
 def test_a_client_that_drops_mid_episode_frees_its_session(server):
     from websockets.sync.client import connect
@@ -205,7 +252,7 @@ def test_a_client_that_drops_mid_episode_frees_its_session(server):
 
 @pytest.mark.timeout(60)
 def test_malformed_actions_get_clear_errors_and_the_session_goes_on(server):
-    local = gym.make(ENV_ID)
+    local = gym.make(ENV_ID, **ENV_KWARGS)
     u = local.unwrapped
     with RemoteToolEnv(server.url) as remote:
         with pytest.raises(AgentGymServerError, match=r"(before calling env\.reset\(\)|call reset\(\) first)") as e:
