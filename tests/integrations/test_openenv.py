@@ -319,3 +319,74 @@ def test_command_line_env_kwargs_from_a_config_and_flags(tmp_path):
         main(["AgentR1/Nope-v0"])
     with pytest.raises(SystemExit, match="max_turns must be a positive integer"):
         main([ENV_ID, "--env-kwargs", "max_turns: 0"])
+
+
+@pytest.mark.timeout(300)
+def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
+    """TRL's OpenEnv pattern: ``GRPOTrainer(rollout_func=...)`` whose rollout plays its episodes on
+    the server. ``EnvRollout`` (agent_gym.integrations.trl) with its vector env swapped for
+    :class:`RemoteVectorEnv`: TRL trains on exactly the ids and loss masks the server's envs built."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent_gym.integrations.trl import EnvRollout, env_reward
+    from agent_gym.tokenizer import load_tokenizer
+    from trainers.tiny_model import build_tiny_qwen2
+
+    class ServerRollout(EnvRollout):
+        remote = None
+
+        def _envs(self, n, vocab_size=None):
+            if vocab_size is None:  # EnvRollout.dataset renders the prompts with an in-process env
+                return super()._envs(n)
+            assert vocab_size == ENV_KWARGS["vocab_size"]  # the served env's vocabulary is the model's
+            if self.remote is None or self.remote.num_envs != n:
+                if self.remote is not None:
+                    self.remote.close()
+                self.remote = RemoteVectorEnv(server.url, n)
+            return self.remote
+
+    tok = load_tokenizer(None)
+    model = build_tiny_qwen2(tok, seed=0)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    rollout = ServerRollout(ENV_ID, env_kwargs={k: v for k, v in ENV_KWARGS.items() if k != "vocab_size"},
+                            tokenizer=tok, max_turn_tokens=12, seed=0)
+    episodes, seen = [], []
+
+    def rollout_func(prompts, trainer):
+        out = rollout(prompts, trainer)
+        episodes.extend(rollout.last_episodes)
+        return out
+
+    def shaping(completion_ids, **kwargs):  # breaks GRPO's reward ties, as in tests/integrations/test_trl.py
+        return [0.1 * sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+    class Recording(GRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            seen.append({k: inputs[k].detach().clone() for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                                 "completion_mask", "tool_mask")})
+            return super()._compute_loss(model, inputs)
+
+    args = GRPOConfig(output_dir=str(Path(server.log).parent / "trl"), per_device_train_batch_size=4,
+                      num_generations=2, max_steps=2, learning_rate=1e-3, beta=0.0, logging_steps=1,
+                      report_to="none", save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
+                      disable_tqdm=True, bf16=False, gradient_checkpointing=False)
+    trainer = Recording(model=model, reward_funcs=[env_reward, shaping], args=args, train_dataset=rollout.dataset(range(8)),
+                        processing_class=tok, rollout_func=rollout_func)
+    trainer.train()
+    rollout.remote.close()
+    assert len(seen) == 2 and len(episodes) == 8
+    trained_rows = []
+    for b in seen:
+        for i in range(b["completion_ids"].shape[0]):
+            real = b["completion_mask"][i].bool()
+            trained_rows.append((tuple(b["prompt_ids"][i][b["prompt_mask"][i].bool()].tolist()),
+                                 tuple(b["completion_ids"][i][real].tolist()),
+                                 tuple(int(m) for m in (b["completion_mask"][i] * b["tool_mask"][i])[real].tolist())))
+    env_rows = [(tuple(ep.token_ids[:ep.prompt_len]), tuple(ep.token_ids[ep.prompt_len:]),
+                 tuple(ep.loss_mask[ep.prompt_len:])) for ep in episodes]
+    assert sorted(trained_rows) == sorted(env_rows)
+    assert any(0 in m for _, _, m in env_rows)  # env tokens inside completions, masked out of the loss
+    assert any(not torch.equal(v.detach(), before[k]) for k, v in model.named_parameters())
+    assert server.wait_open_envs(0) == 0
