@@ -4,7 +4,8 @@ prompt/format conditions that decide whether the model gives the answer and tool
 can read ("foothold"). Prints a table and saves JSON (and each condition's trajectories).
 
     python benchmarks/smollm_baselines.py --rows 30                      # the Table-2-like baselines
-    python benchmarks/smollm_baselines.py --foothold --rows 16           # the prompt/format conditions
+    python benchmarks/smollm_baselines.py --foothold --rows 8 --max-turns 2   # the prompt/format conditions
+    python benchmarks/smollm_baselines.py --out runs/smollm_baselines --classify 20   # failure classes
     python benchmarks/smollm_baselines.py --conditions naiverag-text --datasets hotpotqa --rows 8
 
 Data: the shared dev rows (``../shared/data/<dataset>/dev_sample.jsonl``, rows 0..N-1) with BM25
@@ -107,7 +108,8 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     eid = env_id(cond, dataset)
     t0 = time.perf_counter()
     decode = "sample" if args.temperature > 0 else "greedy"
-    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", args.max_turn_tokens,
+    turn_tokens = args.max_turn_tokens or (48 if spec["env"] == "tool" else 64)
+    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", turn_tokens,
                                        decode=decode, temperature=args.temperature or 1.0, seed=args.seed)
     wall = time.perf_counter() - t0
     probe = gym.make(eid, tokenizer=tok, **kwargs).unwrapped
@@ -180,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", nargs="+", choices=list(CONDITIONS))
     ap.add_argument("--foothold", action="store_true", help=f"the foothold conditions {FOOTHOLD} (default: {BASELINES})")
     ap.add_argument("--passage-tokens", type=int, default=128, help="max tokens per passage (env max_result_tokens)")
-    ap.add_argument("--max-turn-tokens", type=int, default=64)
-    ap.add_argument("--max-turns", type=int, default=4, help="tool env turns")
+    ap.add_argument("--max-turn-tokens", type=int, help="default: 64 for Naive RAG, 48 for the tool env")
+    ap.add_argument("--max-turns", type=int, default=3, help="tool env turns")
     ap.add_argument("--max-context", type=int, default=2048, help="tool env max_context_tokens")
-    ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--torch-threads", type=int, default=1, help="1: far faster than 2 on a loaded 2-core machine")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: one sample per turn")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature)")
     ap.add_argument("--out", default="runs/smollm_baselines")
