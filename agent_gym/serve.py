@@ -102,10 +102,12 @@ class AgentGymState(State):
 
 
 def _jsonable(x: Any) -> Any:
-    """``x`` with numpy values turned into Python ones; anything else not JSON-native is an error."""
+    """``x`` with numpy values turned into Python ones, tuples and sets into lists; any other value
+    that is not JSON-native becomes its ``repr`` (raising here would lose a step the env has
+    already taken, leaving the client out of step with its session)."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, (list, tuple, set, frozenset)):
         return [_jsonable(v) for v in x]
     if isinstance(x, np.ndarray):
         return x.tolist()
@@ -113,7 +115,7 @@ def _jsonable(x: Any) -> Any:
         return x.item()
     if x is None or isinstance(x, (str, int, float, bool)):
         return x
-    raise TypeError(f"info value of type {type(x).__name__} cannot be sent as JSON: {x!r:.200}")
+    return repr(x)
 
 
 class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGymState]):
