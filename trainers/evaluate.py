@@ -175,7 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=100, help="evaluate tasks 0..N-1")
     ap.add_argument("--max-turn-tokens", type=int, help="default: the checkpoint's max_turn_tokens, else 256")
     ap.add_argument("--out", default="runs/eval")
+    oa = ap.add_argument_group("OpenAI-compatible server as the policy (agent_gym/integrations/openai_policy.py)")
+    oa.add_argument("--openai-base-url", help="e.g. http://127.0.0.1:8000/v1: --model names the served model; "
+                                              "the API key is read from OPENAI_API_KEY (none needed locally)")
+    oa.add_argument("--concurrency", type=int, default=8, help="episodes at once")
+    oa.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
+    oa.add_argument("--max-retries", type=int, default=4, help="retries of a request (429, 5xx, connection, timeout)")
+    oa.add_argument("--openai-same-tokenizer", action="store_true",
+                    help="the server's model uses the env's tokenizer (vLLM): send its stop_token_ids, keep special tokens")
+    oa.add_argument("--openai-extra-body", help="YAML mapping of extra request fields for the server")
     args = ap.parse_args(argv)
+    if args.openai_base_url:
+        from agent_gym.integrations.openai_policy import run_cli
+
+        return run_cli(args, ap)
     import agent_gym  # noqa: F401
     from trainers.rollout import summarize
     from trainers.trainer import episode_record, eval_keys
