@@ -286,7 +286,9 @@ def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_che
     tr, _, err = _grpo_run(tmp_path, sft_model, engine, monkeypatch, "dies", before_sync=kill_worker, iterations=3)
     assert isinstance(err, EngineDiedError), f"expected EngineDiedError, got {err!r}"
     msg = str(err)
-    assert f"VLLM::Worker (pid {killed[0].pid}) was killed by SIGKILL" in msg and "load_weights" in msg
+    # "was killed by SIGKILL" when the backend saw the zombie, "is gone" when the engine core had
+    # reaped it first (a reaped process's status is lost): both name the process.
+    assert f"VLLM::Worker (pid {killed[0].pid})" in msg and "load_weights" in msg
     assert "--resume" in msg and "max_restarts" in msg and str(engine.model_path) in msg
     ckpt = latest_checkpoint(tr.run_dir)
     assert ckpt is not None and load_checkpoint(ckpt)["iteration"] == 0
