@@ -180,3 +180,14 @@ def test_batch_64_x_64_is_fast(model, tok):
     elapsed = time.perf_counter() - t0
     assert sum(len(g.token_ids) for g in out) == 64 * 64
     assert elapsed < 3.0, f"batch 64 x 64 new tokens took {elapsed:.2f} s"
+
+
+def test_one_draw_per_row_is_the_per_token_stream():
+    """HFBackend draws each row's uniforms for a whole call at once (one torch.rand per row, not
+    per token); tokens stay those of one draw per token only because torch's generator fills a
+    tensor in order. Checked on the sizes a call uses."""
+    for n in (1, 7, 16, 64, 513):
+        g = torch.Generator().manual_seed(123)
+        one_by_one = torch.cat([torch.rand(1, generator=g) for _ in range(n)])
+        g = torch.Generator().manual_seed(123)
+        assert torch.equal(torch.rand(n, generator=g), one_by_one), n

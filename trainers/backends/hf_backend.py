@@ -89,7 +89,12 @@ class HFBackend:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         greedy = sampling.temperature == 0
-        generators = [] if greedy else self._generators(n, seeds)
+        # Each row's uniform draws for the whole call, from its own generator, in one call per
+        # row: the same stream as one draw per token (torch's CPU generator fills a tensor in
+        # order), so row i's tokens still depend only on seeds[i] and its own logits.
+        uniforms = None if greedy else torch.stack(
+            [torch.rand(sampling.max_new_tokens, generator=g, device=self.device) for g in self._generators(n, seeds)]
+        )  # (B, max_new_tokens)
         stop_ids = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long, device=self.device)
 
         input_ids, mask = self._left_pad(prompts)  # (B, L), (B, L)
@@ -103,7 +108,7 @@ class HFBackend:
         reasons: list[str] = ["length"] * n
         rows = torch.arange(n, device=self.device)  # (b,) original index of each live batch row
         for step in range(sampling.max_new_tokens):
-            tok, lp = _sample(logits, sampling, [generators[i] for i in rows.tolist()] if generators else None)
+            tok, lp = _sample(logits, sampling, None if uniforms is None else uniforms[rows, step])
             stopped = torch.isin(tok, stop_ids)  # (b,)
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 out_ids[r].append(t)
@@ -215,14 +220,14 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, t
 
 
 def _sample(
-    logits: torch.Tensor, s: SamplingConfig, generators: list[torch.Generator] | None
+    logits: torch.Tensor, s: SamplingConfig, u: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one id per row. Returns ids (b,) and their processed log-probs (b,)."""
+    """Pick one id per row: greedy when ``u`` is None, else by inverse CDF at the row's uniform
+    draw ``u`` (b,). Returns ids (b,) and their processed log-probs (b,)."""
     logp = processed_logprobs(logits, s.temperature, s.top_p, s.top_k)  # (b, V)
-    if generators is None:
+    if u is None:
         tok = logits.argmax(-1)  # (b,)
     else:
-        u = torch.cat([torch.rand(1, generator=g, device=logits.device) for g in generators])  # (b,)
         cdf = logp.exp().cumsum(-1)  # (b, V)
         target = (u * cdf[:, -1]).unsqueeze(-1).contiguous()  # (b, 1)
         # right=True gives the first id whose cdf exceeds the target: it has positive mass.
