@@ -65,6 +65,9 @@ class TrainConfig:
     device: str = "cpu"
     torch_threads: int | None = None
     """torch intra-op threads (None: torch's default). 1 is fastest for tiny models on a busy CPU."""
+    gc_freeze: bool = True
+    """After set-up, move every object alive to Python's permanent GC generation (``gc.freeze``), so
+    full collections during training skip the model, tokenizer and envs (trainers/gc_stats.py)."""
 
     # -- rollout -------------------------------------------------------------------------------
     backend: Literal["hf", "vllm"] = "hf"

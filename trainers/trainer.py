@@ -31,6 +31,7 @@ from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint, set_rng_state
 from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
+from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.rollout import RolloutBatch, Trajectory, build_batch, collect, summarize
@@ -136,6 +137,7 @@ class Trainer:
     def train(self) -> dict[str, float]:
         cfg = self.cfg
         last: dict[str, float] = {}
+        self.gc_stats = GcStats(freeze=cfg.gc_freeze)  # after set-up: freezes what set-up built
         for it in range(self.start_iteration, cfg.iterations):
             t0 = time.perf_counter()
             trajs, rt = self.rollout(it)
@@ -152,6 +154,7 @@ class Trainer:
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
             metrics.update(self.timing(rt, t_fb, total))
+            metrics.update(self.gc_stats.take())
             self.logger.log(it, metrics)
             self.logger.log_trajectories(it, self.trajectory_records(trajs[: cfg.log_trajectories]))
             last = metrics
@@ -162,6 +165,8 @@ class Trainer:
         return last
 
     def cleanup(self) -> None:
+        if getattr(self, "gc_stats", None) is not None:
+            self.gc_stats.close()
         if getattr(self, "workers", None) is not None:
             self.workers.shutdown()
         self.logger.close()

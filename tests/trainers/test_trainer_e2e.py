@@ -1,5 +1,6 @@
 """A few PPO and GRPO iterations on the tiny model, end to end."""
 
+import gc
 import json
 
 import pytest
@@ -29,8 +30,13 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
             expect[s:e] = 1
         assert torch.equal(batch.loss_mask[i], expect)
         assert torch.equal(batch.input_ids[i, : len(t.episode.token_ids)], torch.tensor(t.episode.token_ids))
+    frozen_before = gc.get_freeze_count()
     last = tr.train()
+    assert gc.get_freeze_count() > frozen_before  # gc_freeze (default): set-up's objects frozen
     tr.cleanup()
+    assert gc.get_freeze_count() == frozen_before  # and given back at cleanup
+    assert last["perf/gc_frozen_objects"] > 0 and last["perf/gc_s"] >= last["perf/gc_full_s"] >= 0
+    assert last["perf/gc_collections"] >= last["perf/gc_full_collections"] >= 0
     for k, v in tr.policy.named_parameters():
         assert not torch.equal(v, before[k]), f"policy parameter {k} did not change"
     for k, v in (tr.critic.named_parameters() if tr.critic else []):
