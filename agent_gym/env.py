@@ -35,7 +35,7 @@ from gymnasium import spaces
 
 from agent_gym.chat import ChatRenderer
 from agent_gym.episode import Episode
-from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, get_format
+from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, answer_from_text, get_format
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool, ToolResult, cap_result, check_arguments, run_tool
 
@@ -98,6 +98,9 @@ def _check_weight(where: str, w: Any) -> None:
         raise ValueError(f"{where} must be finite, got {w!r}")
 
 
+ANSWER_SOURCES = ("tags", "text", "reply")
+
+
 class ToolEnv(gym.Env):
     """Base class of every tool-using text env.
 
@@ -138,6 +141,14 @@ class ToolEnv(gym.Env):
         tools_in_prompt: pass the tool schemas to the chat template (formats that use it). False
             leaves them out, for small models trained on the format, where the schema block
             would be most of the context.
+        answer_source: what a turn with no answer tags and no tool call answers. ``"tags"``
+            (default): nothing; only ``<answer>...</answer>`` is scored. ``"text"``: the short
+            answer its plain text gives (:func:`agent_gym.formats.answer_from_text`: "The answer
+            is: 2009." -> "2009"), as the paper's Naive RAG reads a model's reply. ``"reply"``:
+            the whole reply, stripped, so a single-turn task's ``score_answer`` (its reward
+            function) scores every completion. An answer read this way ends the episode like a
+            tagged one but earns no ``format`` reward; ``info["answer_extracted"]`` is True on its
+            step. A subclass may override :meth:`untagged_answer` instead.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -161,7 +172,12 @@ class ToolEnv(gym.Env):
         tools_in_prompt: bool = True,
         max_calls_per_turn: int | None = None,
         max_tool_output_chars: int = 32_768,
+        answer_source: str = "tags",
     ):
+        if answer_source not in ANSWER_SOURCES:
+            raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
+                             "only <answer>...</answer>; 'text' also reads the short answer a reply without tags "
+                             "gives; 'reply' takes the whole reply as the answer")
         if max_calls_per_turn is None:
             max_calls_per_turn = max_tool_calls
         for name, v in (("max_turns", max_turns), ("max_context_tokens", max_context_tokens),
@@ -192,6 +208,7 @@ class ToolEnv(gym.Env):
         self.max_invalid_calls = int(max_invalid_calls)
         self.max_calls_per_turn = int(max_calls_per_turn)
         self.max_tool_output_chars = int(max_tool_output_chars)
+        self._answer_source = answer_source  # (the code envs have an answer_source() method)
         # A format written before ``max_calls`` existed parses every call; the env caps them after.
         self._parse_takes_limit = "max_calls" in inspect.signature(self.format.parse).parameters
         self.reward_cfg = RewardConfig.from_any(rewards)
@@ -241,6 +258,17 @@ class ToolEnv(gym.Env):
         """Whether an answer with these scores solves ``task`` (``Episode.success``). Default: exact
         match, ``answer_scores["em"] >= 1``; an env whose answers are judged otherwise overrides it."""
         return float(answer_scores.get("em", 0.0)) >= 1.0
+
+    def untagged_answer(self, text: str) -> str | None:
+        """The answer of a turn that has no answer tags and no tool call, or None (the turn then
+        counts as a turn without a call, as before). ``text`` is the turn's decoded text. By
+        ``answer_source``: ``"tags"`` None, ``"text"`` :func:`~agent_gym.formats.answer_from_text`,
+        ``"reply"`` the stripped reply. Public: override it to read answers another way."""
+        if self._answer_source == "text":
+            return answer_from_text(text)
+        if self._answer_source == "reply":
+            return text.strip() or None
+        return None
 
     def check_task(self, task: Any) -> dict[str, Any]:
         """A copy of ``task`` if it is a dict with every key in ``required_task_keys`` and a string
@@ -338,6 +366,10 @@ class ToolEnv(gym.Env):
             turn = self._append_action(action_ids)
             if turn.reason is None:  # the action fits the context budget
                 turn.parsed = self._parse(turn.text)
+                if turn.parsed.answer is None and not turn.parsed.calls and not turn.parsed.calls_skipped:
+                    untagged = self.untagged_answer(turn.text)
+                    if untagged is not None:
+                        turn.parsed.answer, turn.extracted = untagged, True
                 if turn.parsed.answer is not None:
                     self._score_answer(turn)
                 else:
@@ -387,7 +419,7 @@ class ToolEnv(gym.Env):
         turn.answer_scores = {k: float(v) for k, v in scores.items()}
         for k, w in self.reward_cfg.answer_weights.items():
             turn.comps[k] = w * turn.answer_scores.get(k, 0.0)
-        turn.comps["format"] = self.reward_cfg.format
+        turn.comps["format"] = 0.0 if turn.extracted else self.reward_cfg.format  # format pays for tags only
         self.answer = answer
         turn.terminated = True
 
@@ -459,6 +491,7 @@ class ToolEnv(gym.Env):
         if turn.terminated:
             info["answer"] = turn.parsed.answer
             info["answer_scores"] = turn.answer_scores
+            info["answer_extracted"] = turn.extracted
         self.step_spans.append(turn.span)
         self.step_rewards.append(reward)
         self.step_reward_components.append(dict(turn.comps))
@@ -628,6 +661,7 @@ class _Turn:
     terminated: bool = False
     truncated: bool = False
     reason: str | None = None
+    extracted: bool = False  # the answer came from untagged_answer, not from answer tags
 
 
 class _Missing:

@@ -20,6 +20,7 @@ turn of thousands of calls costs little more than ``k`` (``ToolEnv`` passes its
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -239,3 +240,70 @@ class SearchR1Format(ToolCallFormat):
         return ("To search, write <search> query </search>; the results come back between "
                 "<information> and </information>. When you know the answer, reply with "
                 "<answer>...</answer>.")
+
+
+@register_format("smollm2")
+class SmolLM2Format(HermesFormat):
+    """``tool_format: smollm2``: the layout SmolLM2's function-calling data used (the SmolLM2
+    instruct models were tuned on Argilla's Synth-APIGen; Ollama's published SmolLM2 template, for
+    all three sizes, spells it out): the tool signatures as JSON inside ``<tools></tools>`` in the
+    system prompt, a turn's calls as one JSON *list* inside ``<tool_call>...</tool_call>``, and
+    each result as a user message ``<tool_response>...</tool_response>``. A single object inside
+    the tags is read as one call too. The answer is read from ``<answer>...</answer>`` as in every
+    format. SmolLM2's chat template has no tool support, so nothing goes through its ``tools``
+    (docs/models/smollm2.md)."""
+
+    uses_template_tools = False
+
+    def parse(self, text: str, max_calls: int | None = None) -> ParsedTurn:
+        turn = ParsedTurn(text=text, answer=_parse_answer(text))
+        for _, b, e, _ in tag_spans(text, "<tool_call>", "</tool_call>"):
+            body = text[b:e]
+            try:
+                obj = json.loads(body.strip())
+            except (ValueError, RecursionError):
+                obj = None
+            if isinstance(obj, list):
+                turn.calls += [self._parse_call(json.dumps(o)) for o in obj]
+            else:
+                turn.calls.append(self._parse_call(body))
+        if text.count("<tool_call>") > text.count("</tool_call>"):
+            turn.calls.append(ToolCall(None, {}, text[text.rfind("<tool_call>"):], "unclosed <tool_call> tag"))
+        if max_calls is not None and len(turn.calls) > max_calls:  # the env's per-turn cap
+            turn.calls_skipped += len(turn.calls) - max_calls
+            del turn.calls[max_calls:]
+        return turn
+
+    def result_messages(self, outcomes: list[Any]) -> list[dict[str, str]]:
+        body = "\n".join(f"<tool_response>\n{o.result.content}\n</tool_response>" for o in outcomes)
+        return [{"role": "user", "content": body}]
+
+    def instructions(self, tools: list[Any]) -> str:
+        sigs = json.dumps([t.schema()["function"] if "function" in t.schema() else t.schema() for t in tools])
+        return ("You have access to the following tools:\n<tools>" + sigs + "</tools>\n"
+                "To call tools, write a list of calls in this format:\n"
+                '<tool_call>[{"name": "func_name", "arguments": {"argument1": "value1"}}]</tool_call>\n'
+                "When you know the answer, reply with <answer>...</answer>.")
+
+
+_ANSWER_LEAD = re.compile(r"(?:the\s+)?(?:final\s+|short\s+)?answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
+
+
+def answer_from_text(text: str) -> str | None:
+    """The short answer a reply without ``<answer>`` tags gives in plain text (``answer_source:
+    text``): "yes" or "no" when it starts with one; else the words after its last "answer is" /
+    "answer:" if it has one, else its first line; cut at the first sentence end (a period followed
+    by a space or the end) and stripped of quotes and markdown emphasis. None for a reply with no
+    text. E.g. "The answer is: 2009." -> "2009"."""
+    text = text.strip()
+    if not text:
+        return None
+    yes_no = re.match(r"(yes|no)\b", text, re.IGNORECASE)
+    if yes_no:  # "No, Scott Derrickson and Ed Wood were not ..." answers a yes/no question
+        return yes_no.group(1).lower()
+    leads = list(_ANSWER_LEAD.finditer(text))
+    rest = text[leads[-1].end():] if leads else text
+    line = rest.strip().split("\n", 1)[0]
+    end = re.search(r"\.(?:\s|$)", line)
+    out = (line[: end.start()] if end else line).strip().strip("*\"'` ").strip()
+    return out or None

@@ -47,12 +47,10 @@ Versions
 
 from __future__ import annotations
 
-import inspect
-import re
 from collections import OrderedDict
 from typing import Any
 
-from agent_gym.formats import ParsedTurn, ToolCallFormat
+from agent_gym.formats import answer_from_text  # noqa: F401  (re-exported: it used to live here)
 from agent_gym.registration import register_env
 from agent_gym.tools import Tool
 from envs.qa import MultiHopQAEnv
@@ -63,70 +61,14 @@ NAIVE_RAG_PROMPT = (
 )
 
 
-ANSWER_SOURCES = ("tags", "text")
-
-_LEAD = re.compile(r"(?:the\s+)?(?:final\s+|short\s+)?answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
-
-
-def answer_from_text(text: str) -> str | None:
-    """The answer a reply without ``<answer>`` tags gives in plain text (``answer_source: text``):
-    "yes" or "no" when it starts with one; else the words after its last "answer is" / "answer:"
-    if it has one, else its first line; cut at
-    the first sentence end (a period followed by a space or the end) and stripped of quotes and
-    markdown emphasis. None for a reply with no text. E.g. "The answer is: 2009." -> "2009"."""
-    text = text.strip()
-    if not text:
-        return None
-    yes_no = re.match(r"(yes|no)\b", text, re.IGNORECASE)
-    if yes_no:  # "No, Scott Derrickson and Ed Wood were not ..." answers a yes/no question
-        return yes_no.group(1).lower()
-    leads = list(_LEAD.finditer(text))
-    rest = text[leads[-1].end():] if leads else text
-    line = rest.strip().split("\n", 1)[0]
-    end = re.search(r"\.(?:\s|$)", line)
-    out = (line[: end.start()] if end else line).strip().strip("*\"'` ").strip()
-    return out or None
-
-
-class _TextAnswerFormat(ToolCallFormat):
-    """A format whose answer falls back to :func:`answer_from_text` when there are no tags;
-    ``extracted`` on the parsed turn marks the fallback."""
-
-    def __init__(self, inner: ToolCallFormat):
-        self.inner, self.name, self.uses_template_tools = inner, inner.name, inner.uses_template_tools
-
-    def parse(self, text: str, max_calls: int | None = None) -> ParsedTurn:
-        takes_limit = "max_calls" in inspect.signature(self.inner.parse).parameters
-        turn = self.inner.parse(text, max_calls=max_calls) if takes_limit else self.inner.parse(text)
-        turn.extracted = False
-        if turn.answer is None and not turn.calls:
-            turn.answer = answer_from_text(text)
-            turn.extracted = turn.answer is not None
-        return turn
-
-    def result_messages(self, outcomes):
-        return self.inner.result_messages(outcomes)
-
-    def instructions(self, tools):
-        return self.inner.instructions(tools)
-
-    def check_tools(self, tools):
-        return self.inner.check_tools(tools)
-
-    def nudge(self) -> str:
-        return self.inner.nudge()
-
-
 class NaiveRAGEnv(MultiHopQAEnv):
     """Single-turn QA over passages retrieved for the question; subclasses set ``dataset``."""
 
     _CACHE_SIZE = 10_000
-    episode_state = ("_extracted",)
 
-    def __init__(self, max_context_tokens: int = 4096, answer_source: str = "tags", **kwargs: Any):
-        if answer_source not in ANSWER_SOURCES:
-            raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
-                             "only <answer>...</answer>; 'text' also reads a reply without tags as its answer")
+    def __init__(self, max_context_tokens: int = 4096, **kwargs: Any):
+        # answer_source (ToolEnv): "text" reads the short answer of a reply without tags, as the
+        # paper's Naive RAG reads the model's text; the default stays "tags".
         if kwargs.get("max_turns", 1) != 1:
             raise ValueError(f"{self.env_id} is single-turn: max_turns is fixed at 1, got {kwargs['max_turns']!r}")
         if kwargs.get("lookup_tool"):
@@ -135,17 +77,7 @@ class NaiveRAGEnv(MultiHopQAEnv):
         self._passages: OrderedDict[str, tuple[str, list[str]]] = OrderedDict()
         self._retrieval_error = ""
         self._shown: list[str] = []
-        self._extracted = False
         super().__init__(max_context_tokens=max_context_tokens, **kwargs)
-        self.answer_source = answer_source
-        if answer_source == "text":
-            self.format = _TextAnswerFormat(self.format)
-
-    def _score_answer(self, turn: Any) -> None:
-        super()._score_answer(turn)
-        self._extracted = bool(getattr(turn.parsed, "extracted", False))
-        if self._extracted:
-            turn.comps["format"] = 0.0  # the format reward pays for tags only
 
     def default_system_prompt(self) -> str:
         return NAIVE_RAG_PROMPT
@@ -184,11 +116,10 @@ class NaiveRAGEnv(MultiHopQAEnv):
             # action was cut at the budget and never scored), so info and the trainer agree.
             info["truncation_reason"] = info["trajectory"].truncation_reason
             info["answer"], info["answer_scores"] = None, {}
-        info["answer_extracted"] = self._extracted
+        info.setdefault("answer_extracted", False)
         return obs, reward, terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        self._extracted = False
         obs, info = super().reset(seed=seed, options=options)
         supporting = set(self.task.get("supporting_titles") or ())
         self._found = supporting.intersection(self._shown)  # reported again by step()

@@ -12,8 +12,8 @@ TAGS = ["<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</s
 
 
 def test_registry_lists_valid_names():
-    assert {"hermes", "search_r1"} <= set(list_formats())
-    with pytest.raises(ValueError, match=r"unknown tool_format 'json'.*valid formats: \['hermes', 'search_r1'\]"):
+    assert {"hermes", "search_r1", "smollm2"} <= set(list_formats())
+    with pytest.raises(ValueError, match=r"unknown tool_format 'json'.*valid formats: \['hermes', 'search_r1', 'smollm2'\]"):
         get_format("json")
 
 
