@@ -14,7 +14,6 @@ ratios and the load average; results go to ``benchmarks/results/advantages_speed
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import save, spread  # noqa: E402
 from trainers.algos.advantages import _discounted_cumsum_on_mask  # noqa: E402
 
 
@@ -81,8 +81,7 @@ def main() -> None:
                 fn()
                 times[name].append(time.perf_counter() - t0)
         row = {"B": B, "T": T, "max_abs_diff_vs_loop": max_diff,
-               "ms": {k: {"median": 1e3 * statistics.median(v), "min": 1e3 * min(v), "max": 1e3 * max(v)}
-                      for k, v in times.items()},
+               "ms": {k: spread(v, 1e3) for k, v in times.items()},
                "loop_over_blocked": statistics.median(times["loop"]) / statistics.median(times["blocked"]),
                "blocked_over_lfilter": statistics.median(times["blocked"]) / statistics.median(times["lfilter"])}
         results.append(row)
@@ -93,10 +92,7 @@ def main() -> None:
     out = {"rounds": args.rounds, "threads": args.threads, "discount": args.discount, "load_before": load_before,
            "load_after": os.getloadavg(), "results": results}
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    path = ROOT / "benchmarks" / "results" / "advantages_speed.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    save("advantages_speed", out)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import save, spread  # noqa: E402
 
 
 def run(freeze: bool, iterations: int, tmp: Path) -> dict[str, float]:
@@ -53,8 +56,7 @@ def main() -> None:
             for name, freeze in (("freeze", True), ("no_freeze", False)):
                 runs[name].append(run(freeze, args.iterations, Path(d)))
                 print(f"round {r} {name}: {runs[name][-1]}", flush=True)
-    summary = {name: {k: {"median": statistics.median(x[k] for x in rs), "min": min(x[k] for x in rs),
-                          "max": max(x[k] for x in rs)} for k in rs[0]} for name, rs in runs.items()}
+    summary = {name: {k: spread(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
     out = {"rounds": args.rounds, "iterations": args.iterations, "load_before": load_before,
            "load_after": os.getloadavg(), "runs": runs, "summary": summary}
     for name, s in summary.items():
@@ -62,10 +64,7 @@ def main() -> None:
               f"[{s['gc_full_s']['min']:.3f}-{s['gc_full_s']['max']:.3f}], all GC {s['gc_s']['median']:.3f} s, "
               f"iteration {s['iteration_s_median']['median']:.3f} s, frozen {s['frozen_objects']['median']:.0f}")
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    path = ROOT / "benchmarks" / "results" / "gc_pauses.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    save("gc_pauses", out)
 
 
 if __name__ == "__main__":

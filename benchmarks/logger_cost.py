@@ -10,7 +10,6 @@ load average; results go to ``benchmarks/results/logger_cost.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import save, spread  # noqa: E402
 from trainers.logger import RunLogger  # noqa: E402
 
 METRICS = {f"group/metric_{i}": i * 0.5 for i in range(60)}  # about a real iteration's keys
@@ -48,16 +48,13 @@ def main() -> None:
         for name, every in sides.items():
             ms[name].append(per_call_ms(every, args.lines))
     out = {"rounds": args.rounds, "lines": args.lines, "load_before": load_before, "load_after": os.getloadavg(),
-           "ms_per_log": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in ms.items()}}
+           "ms_per_log": {k: spread(v) for k, v in ms.items()}}
     out["ratio_each_over_batched"] = statistics.median(ms["fsync_each_line"]) / statistics.median(ms["batched_30s"])
     for k, v in out["ms_per_log"].items():
         print(f"{k}: {v['median']:.3f} ms per log() [{v['min']:.3f}-{v['max']:.3f}]")
     print(f"ratio {out['ratio_each_over_batched']:.1f}x; load average before {load_before[0]:.2f}, "
           f"after {out['load_after'][0]:.2f}")
-    path = ROOT / "benchmarks" / "results" / "logger_cost.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    save("logger_cost", out)
 
 
 if __name__ == "__main__":

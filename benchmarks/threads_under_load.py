@@ -15,7 +15,6 @@ configuration, ratios to 1 thread, and the load average; writes
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -25,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import save, spread  # noqa: E402
 
 WORKER = r"""
 import os, sys, time
@@ -104,17 +106,14 @@ def main() -> None:
             h.join(5)
     base = statistics.median(secs["1_thread"])
     out = {"hogs": args.hogs, "rounds": args.rounds, "load_before": load_before, "load_after": os.getloadavg(),
-           "seconds_per_step": {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "all": v}
+           "seconds_per_step": {k: {**spread(v), "all": v}
                                 for k, v in secs.items()},
            "ratio_to_1_thread": {k: statistics.median(v) / base for k, v in secs.items()}}
     for k, v in out["seconds_per_step"].items():
         print(f"{k}: {v['median']:.3f} s per step [{v['min']:.3f}-{v['max']:.3f}], "
               f"{out['ratio_to_1_thread'][k]:.2f}x of 1 thread")
     print(f"hogs {args.hogs}; load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    path = ROOT / "benchmarks" / "results" / "threads_under_load.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    save("threads_under_load", out)
 
 
 if __name__ == "__main__":
