@@ -68,9 +68,21 @@ def sandbox_pids() -> list[int]:
 
 
 def own_children() -> list[int]:
+    """Children of this process (a bwrap or helper a call left behind), except the math checker's
+    worker pool (agent_gym/math_answer.py), which lives as long as the process by design: an
+    earlier Math-v0 test on the same xdist worker starts it, and it starts a spare in the
+    background, so it must not count as left behind by a sandbox call."""
     import psutil
 
-    return [c.pid for c in psutil.Process().children(recursive=True)]
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "_agent_gym_math_worker" in " ".join(c.cmdline()):
+                continue
+        except psutil.Error:  # gone meanwhile
+            continue
+        out.append(c.pid)
+    return out
 
 
 def wait_clean(deadline_s: float = 5.0) -> tuple[list[int], list[int]]:
