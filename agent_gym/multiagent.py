@@ -87,6 +87,16 @@ class Mailbox:
         return msgs
 
 
+@dataclasses.dataclass
+class _MailboxState:
+    """A copy of a :class:`Mailbox`'s contents (for the team's transactional reset)."""
+
+    pending: list[tuple[str, str, str]]
+    inbox: dict[str, list[tuple[str, str]]]
+    log: list[dict[str, Any]]
+    cycle: int
+
+
 class SendTool(Tool):
     name = "send"
     description = ("Send a text message to a teammate. It is delivered at the end of this round; the "
@@ -301,7 +311,41 @@ class MultiAgentToolEnv(ParallelEnv):
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start a team episode. ``options`` may pick the task: ``{"task": row}`` or
         ``{"task_index": k}``; other keys are ignored with a warning (PettingZoo's ``api_test``
-        passes ``{"options": 1}`` to check that ``options`` is accepted)."""
+        passes ``{"options": 1}`` to check that ``options`` is accepted).
+
+        Transactional for the whole team, like :meth:`ToolEnv.reset` for one env: if anything
+        raises (a bad task, a seat's reset, ``on_reset``, seats that start alike), every seat, the
+        mailbox, the team's attributes and its RNG are put back as they were, and :meth:`step`
+        refuses until a reset succeeds. (A seat failing after others had reset used to leave the
+        team half in the new episode.) What ``on_reset`` did to the tools is not undone, as for a
+        single env; the refusal keeps the old episode from running on with it."""
+        saved = (dict(self.__dict__), self._mailbox_state(),
+                 self.np_random.bit_generator.state, {a: s._reset_checkpoint() for a, s in self.seats.items()})
+        try:
+            out = self._reset(seed, options)
+        except BaseException as e:
+            attrs, mail, rng_state, seats = saved
+            self.__dict__.clear()
+            self.__dict__.update(attrs)
+            self._restore_mailbox(mail)
+            self.np_random.bit_generator.state = rng_state
+            for a, st in seats.items():
+                self.seats[a]._reset_rollback(st)
+                self.seats[a].__dict__["_reset_failed"] = f"the team's reset failed ({type(e).__name__})"
+            self._reset_failed = f"{type(e).__name__}: {str(e)[:300]}"
+            raise
+        self._reset_failed = None
+        return out
+
+    def _mailbox_state(self) -> "_MailboxState":
+        m = self.mailbox
+        return _MailboxState(list(m.pending), {k: list(v) for k, v in m.inbox.items()}, list(m.log), m.cycle)
+
+    def _restore_mailbox(self, st: "_MailboxState") -> None:
+        m = self.mailbox
+        m.pending, m.inbox, m.log, m.cycle = st.pending, st.inbox, st.log, st.cycle
+
+    def _reset(self, seed: int | None, options: dict[str, Any] | None):
         if seed is not None:
             self.np_random, self._np_random_seed = seeding.np_random(seed)
         options = dict(options or {})
@@ -356,6 +400,10 @@ class MultiAgentToolEnv(ParallelEnv):
         """One cycle: every live agent's turn, in ``possible_agents`` order, then the mailbox
         delivers. Every action is checked before any seat steps; a missing or extra agent raises
         ``ValueError`` naming it."""
+        failed = self.__dict__.get("_reset_failed")
+        if failed:
+            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
+                               "with whatever came before it; call reset() again and let it succeed first.")
         if self._broken:
             raise RuntimeError("a seat's step raised during the last cycle; call reset() before stepping again")
         if not self.agents:

@@ -297,3 +297,46 @@ def test_an_agent_that_leaves_on_its_own_leaves_the_others_playing():
     _, rew, term, trunc, infos = env.step({"agent_0": a0.encode_turn(f"<answer>{task['answer']}</answer>")})
     assert term == {"agent_0": True} and rew == {"agent_0": 1.0} and env.agents == []
     assert env.team_scores == {"em": 1.0} and infos["agent_0"]["trajectory"].success
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["second_seat", "on_reset", "bad_task_index"])
+def test_a_failed_team_reset_changes_nothing_and_step_refuses(where):
+    # A team reset is transactional like a single env's: a failure anywhere (here the second
+    # seat's own reset, after the first seat had reset; on_reset; a bad option) leaves every seat,
+    # the mailbox, the team's attributes and its RNG as they were, and step refuses until a reset
+    # succeeds. Before, the first seat was left in the new episode.
+    env = agent_gym.make_multiagent(ID, parallel=True, split="test")
+    obs, _ = env.reset(seed=3, options={"task_index": 0})
+    first, second = env.possible_agents
+    env.step({a: env.seats[a].encode_turn("thinking") for a in env.agents})
+    before = {a: list(env.seats[a]._ids) for a in env.possible_agents}
+    state = (env.task_index, env.cycle, list(env.agents), list(env.mailbox.log), env.mailbox.cycle,
+             env.np_random.bit_generator.state)
+    if where == "second_seat":
+        def boom(task):
+            raise RuntimeError("seat broke")
+        env.seats[second].task_messages = boom
+        options, err = {"task_index": 1}, RuntimeError
+    elif where == "on_reset":
+        env.on_reset = lambda task: (_ for _ in ()).throw(ValueError("on_reset broke"))
+        options, err = {"task_index": 1}, ValueError
+    else:
+        options, err = {"task_index": 10 ** 9}, ValueError
+    with pytest.raises(err):
+        env.reset(options=options)
+    assert {a: list(env.seats[a]._ids) for a in env.possible_agents} == before
+    assert (env.task_index, env.cycle, list(env.agents), list(env.mailbox.log), env.mailbox.cycle,
+            env.np_random.bit_generator.state) == state
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step({a: env.seats[a].encode_turn("x") for a in env.agents})
+    for a in env.possible_agents:  # the seats refuse too
+        with pytest.raises(RuntimeError, match="reset"):
+            env.seats[a].check_action([1])
+    if where == "second_seat":
+        del env.seats[second].task_messages
+    else:
+        env.__dict__.pop("on_reset", None)
+    obs, _ = env.reset(options={"task_index": 1})  # a good reset: the team plays again
+    out = env.step({a: env.seats[a].encode_turn("thinking") for a in env.agents})
+    assert set(out[0]) == set(env.possible_agents)
