@@ -92,7 +92,7 @@ def load_checkpoint_models(path: str | Path):
     ``path`` is a run directory (its latest checkpoint), a ``checkpoints/iter_*`` directory or
     its ``state.pt``. The policy is rebuilt from the run's config (``init_from`` must still exist)
     and takes the checkpoint's weights; the critic exists for runs that train one (PPO)."""
-    from trainers.checkpoint import latest_checkpoint, load_checkpoint
+    from trainers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     from trainers.config import from_dict
     from trainers.models import Critic, load_policy, load_tokenizer_for
 
@@ -101,7 +101,11 @@ def load_checkpoint_models(path: str | Path):
     if ckpt is None or not (ckpt / "state.pt").is_file():
         raise SystemExit(f"error: --checkpoint {path}: no checkpoint there; pass an RL run directory (with "
                          "checkpoints/), a checkpoints/iter_* directory or its state.pt")
-    state = load_checkpoint(ckpt)
+    try:
+        state = load_checkpoint(ckpt)
+    except CheckpointError as e:  # corrupt, partial or unreadable: say which and what to do
+        raise SystemExit(f"error: --checkpoint {path}: {e}. Pass the run directory to use its newest good "
+                         "checkpoint, or another checkpoints/iter_* directory") from None
     cfg = from_dict({**state["config"], "device": "cpu"}, str(ckpt / "state.pt"))
     tok = load_tokenizer_for(cfg)
     policy = load_policy(cfg, tok)

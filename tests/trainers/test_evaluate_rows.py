@@ -45,3 +45,9 @@ def test_checkpoint_on_rows_it_never_saw(tmp_path):
     assert summary["tasks"] == 1 and summary["env"] == "AgentR1/HotpotQA-v0" and summary["checkpoint"]
     row = json.loads(ROWS.read_text().splitlines()[0])
     assert all(row["question"] in q for q in _questions(out))
+    # A truncated state.pt named directly is refused with one clear line naming it, not a traceback.
+    ckpt = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    data = (ckpt / "state.pt").read_bytes()
+    (ckpt / "state.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SystemExit, match=r"error: --checkpoint .*iter_\d+: checkpoint .*Pass the run directory"):
+        evaluate.main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "eval2")])
