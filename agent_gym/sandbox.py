@@ -139,8 +139,11 @@ class SandboxResult:
     ``reason``, why it ended: ``exit`` (the program exited, with ``exit_code``), ``signal`` (a
     signal that no limit sent: a crash, or the program killing itself), ``wall``, ``cpu``,
     ``memory`` (the kernel's OOM killer at the call's memory cgroup limit), ``output``;
-    ``leftovers``: processes of the call still running when it ended, all killed (``None``
-    without cgroups: then the pid namespace's teardown ends them uncounted);
+    ``leftovers``: processes of the call still running when its end was seen, all killed (``None``
+    without cgroups: then the pid namespace's teardown ends them uncounted). Exact when a limit
+    ended the call (counted before anything is killed); when the program exited by itself, bwrap's
+    reaper dies with bwrap and the kernel is already killing the rest while they are counted, so
+    it is a lower bound (0 up to the true number on a loaded machine);
     ``memory_peak_mb``: the call's peak memory by the kernel's accounting (``None`` without a
     memory cgroup); ``isolation``: ``cgroup`` or ``namespace`` (see ``cgroup_plan()``)."""
 
