@@ -132,6 +132,12 @@ class ToolCallFormat:
     def check_tools(self, tools: list[Tool]) -> None:
         """Raise ValueError if this format cannot drive ``tools``."""
 
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """The text of an assistant turn that makes one call in this format (what scripted
+        policies and demonstrations write, so they teach the format the env parses); ``parse``
+        reads it back as that call. Raises ValueError for a call the format cannot express."""
+        raise NotImplementedError(f"tool format {self.name!r} does not say how to write a call")
+
     def nudge(self) -> str:
         """The message sent when a turn holds neither a call nor an answer."""
         return ("Your reply contained no tool call and no final answer. Call a tool, or give the "
@@ -204,6 +210,9 @@ class HermesFormat(ToolCallFormat):
     def result_messages(self, outcomes: list[CallOutcome]) -> list[dict[str, str]]:
         return [{"role": "tool", "content": o.result.content} for o in outcomes]
 
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
     def instructions(self, tools: list[Tool]) -> str:
         return ("Call tools with <tool_call>{\"name\": <tool name>, \"arguments\": {...}}</tool_call>. "
                 "When you know the answer, reply with <answer>...</answer>.")
@@ -229,6 +238,11 @@ class SearchR1Format(ToolCallFormat):
     def result_messages(self, outcomes: list[CallOutcome]) -> list[dict[str, str]]:
         body = "\n".join(o.result.content for o in outcomes)
         return [{"role": "user", "content": f"<information>{body}</information>"}]
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        if name != "search" or set(arguments) != {"query"}:
+            raise ValueError(f"tool_format 'search_r1' writes only search(query) calls, not {name}({sorted(arguments)})")
+        return f"<search>{arguments['query']}</search>"
 
     def check_tools(self, tools: list[Tool]) -> None:
         names = [t.name for t in tools]
@@ -273,6 +287,9 @@ class SmolLM2Format(HermesFormat):
             turn.calls_skipped += len(turn.calls) - max_calls
             del turn.calls[max_calls:]
         return turn
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        return "<tool_call>" + json.dumps([{"name": name, "arguments": arguments}]) + "</tool_call>"
 
     def result_messages(self, outcomes: list[Any]) -> list[dict[str, str]]:
         body = "\n".join(f"<tool_response>\n{o.result.content}\n</tool_response>" for o in outcomes)

@@ -64,8 +64,7 @@ from typing import Any
 import numpy as np
 
 from agent_gym.env import ToolEnv
-from agent_gym.registration import register_env
-from agent_gym.formats import CallOutcome
+from agent_gym.formats import CallOutcome, HermesFormat, ToolCallFormat
 from agent_gym.scoring import exact_match
 from agent_gym.tools import Tool, ToolResult
 
@@ -301,7 +300,7 @@ class FactChainEnv(ToolEnv):
         entity, turns = task["path"][0], []
         for _ in range(self.num_hops):
             relation = self.relations[int(rng.integers(len(self.relations)))]
-            turns.append(lookup_turn(entity, relation))
+            turns.append(lookup_turn(entity, relation, self.format))
             entity = self.facts(task)[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
@@ -314,7 +313,7 @@ class FactChainEnv(ToolEnv):
         chance). ``rng`` is unused; it is there for the common ``X_demonstration`` signature."""
         entity, turns = task["path"][0], []
         for relation in reversed(task["chain"]):
-            turns.append(lookup_turn(entity, relation))
+            turns.append(lookup_turn(entity, relation, self.format))
             entity = self.facts(task)[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
@@ -330,21 +329,23 @@ class FactChainEnv(ToolEnv):
         return {}
 
 
-def lookup_turn(entity: str, relation: str) -> str:
-    """The assistant turn (hermes format) that calls ``lookup(entity, relation)``."""
-    import json
-
-    call = {"name": "lookup", "arguments": {"entity": entity, "relation": relation}}
-    return f"<tool_call>{json.dumps(call)}</tool_call>"
+def lookup_turn(entity: str, relation: str, fmt: ToolCallFormat | None = None) -> str:
+    """The assistant turn that calls ``lookup(entity, relation)`` in the tool format ``fmt``
+    (hermes when none is given)."""
+    return (fmt or HermesFormat()).call_text("lookup", {"entity": entity, "relation": relation})
 
 
-def oracle_turns(task: dict[str, Any]) -> list[str]:
-    """The assistant turns of a correct episode (hermes format): one lookup per hop, then the answer.
-    Used for SFT demonstrations and for scripted-policy tests."""
-    return [lookup_turn(e, r) for e, r in zip(task["path"], task["chain"])] + [f"<answer>{task['answer']}</answer>"]
+def oracle_turns(task: dict[str, Any], fmt: ToolCallFormat | None = None) -> list[str]:
+    """The assistant turns of a correct episode in the tool format ``fmt`` (hermes when none is
+    given): one lookup per hop, then the answer. Used for SFT demonstrations and for
+    scripted-policy tests."""
+    return ([lookup_turn(e, r, fmt) for e, r in zip(task["path"], task["chain"])]
+            + [f"<answer>{task['answer']}</answer>"])
 
 
-FactChainEnv.demonstration = staticmethod(oracle_turns)
+def _demonstration(self: FactChainEnv, task: dict[str, Any]) -> list[str]:
+    """The oracle (``oracle_turns``) in this env's own tool format."""
+    return oracle_turns(task, self.format)
 
 
-register_env("AgentR1/FactChain-v0", f"{__name__}:FactChainEnv")
+FactChainEnv.demonstration = _demonstration

@@ -70,7 +70,6 @@ Versions
 
 from __future__ import annotations
 
-import json
 import re
 import zlib
 from typing import Any
@@ -78,7 +77,6 @@ from typing import Any
 import numpy as np
 
 from agent_gym.multiagent import MultiAgentToolEnv
-from agent_gym.registration import register_multiagent
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import ToolResult
 from envs.factchain import FactChainEnv, LookupTool, lookup_turn
@@ -201,7 +199,7 @@ class TeamOracle:
                 guess = env.source.entities[int(self.rng.integers(len(env.source.entities)))]
                 return f"<answer>{guess}</answer>"
             else:
-                return _call("send", {"to": holder, "text": f"hop {h + 1}: {result}"})
+                return env.seats[agent].format.call_text("send", {"to": holder, "text": f"hop {h + 1}: {result}"})
         if st["todo"] is None:
             m = self._MSG.findall(self._last_response(agent))
             if m:
@@ -209,8 +207,8 @@ class TeamOracle:
         if st["todo"] is not None:
             h, entity = st["todo"]
             st["todo"], st["looked_up"] = None, h
-            return lookup_turn(entity, chain[h])
-        return _call("receive", {})
+            return lookup_turn(entity, chain[h], env.seats[agent].format)
+        return env.seats[agent].format.call_text("receive", {})
 
     def reset(self) -> None:
         self.state = {}
@@ -218,9 +216,6 @@ class TeamOracle:
     def act(self, agent: str) -> np.ndarray:
         return self.env.seats[agent].encode_turn(self.text(agent))
 
-
-def _call(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def play_parallel(env: FactChainTeamEnv, policy: Any, task_index: int) -> dict[str, Any]:
@@ -248,6 +243,3 @@ def env(**kwargs: Any):
     from pettingzoo.utils.conversions import parallel_to_aec
 
     return parallel_to_aec(parallel_env(**kwargs))
-
-
-register_multiagent("AgentR1/FactChainTeam-v0", f"{__name__}:FactChainTeamEnv")

@@ -73,7 +73,6 @@ import numpy as np
 from agent_gym.env import ToolEnv
 from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, extract_answer, last_boxed, normalize
 from agent_gym.math_answer import check_available as check_math_verify_available
-from agent_gym.registration import register_env
 from agent_gym.sandbox import PythonTool, check_available
 
 SYSTEM_PROMPT = ("Solve the math problem. You may run Python programs with the python tool (print what you "
@@ -312,9 +311,5 @@ class MathEnv(ToolEnv):
         the tool), then the boxed gold answer."""
         turns = []
         if task.get("program") and "python" in self.tools:
-            turns.append("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": task["program"]}})
-                         + "</tool_call>")
+            turns.append(self.format.call_text("python", {"code": task["program"]}))
         return turns + [f"<answer>\\boxed{{{task['answer']}}}</answer>"]
-
-
-register_env("AgentR1/Math-v0", f"{__name__}:MathEnv")

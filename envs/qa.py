@@ -79,7 +79,6 @@ Parameters
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections import OrderedDict
@@ -624,12 +623,7 @@ class MultiHopQAEnv(ToolEnv):
         return [self._search_turn(title) for title in searches] + [f"<answer>{task['answer']}</answer>"]
 
     def _search_turn(self, query: str) -> str:
-        name = getattr(self.format, "name", "")
-        if name == "hermes":
-            return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query}}) + "</tool_call>"
-        if name == "search_r1":
-            return f"<search>{query}</search>"
-        raise NotImplementedError(f"{self.env_id}: no scripted search turn for tool format {name!r}")
+        return self.format.call_text("search", {"query": query})
 
     def score_answer(self, answer: str, task: dict[str, Any]) -> dict[str, float]:
         golds = [task["answer"], *task.get("aliases", [])]
