@@ -53,6 +53,7 @@ from openenv.core.env_client import EnvClient
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
 
 from agent_gym.episode import Episode
+from agent_gym.factory import jsonable as _jsonable  # (tests import the old name)
 
 # -- wire types ------------------------------------------------------------------------------------
 
@@ -99,23 +100,6 @@ class AgentGymState(State):
 
 
 # -- the server side -------------------------------------------------------------------------------
-
-
-def _jsonable(x: Any) -> Any:
-    """``x`` with numpy values turned into Python ones, tuples and sets into lists; any other value
-    that is not JSON-native becomes its ``repr`` (raising here would lose a step the env has
-    already taken, leaving the client out of step with its session)."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if x is None or isinstance(x, (str, int, float, bool)):
-        return x
-    return repr(x)
 
 
 class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGymState]):
@@ -204,7 +188,8 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
 
 def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurrent_envs: int = 64,
               session_timeout_s: float | None = None):
-    """openenv-core's FastAPI app serving ``env_id``; plus ``GET /agent_gym/sessions``.
+    """openenv-core's FastAPI app serving ``env_id``; plus ``GET /agent_gym/sessions`` and
+    ``GET /agent_gym/env`` (:func:`describe_env`).
 
     One env is built here first, so a bad id or bad kwargs fail at start-up with the env's own error."""
     import agent_gym
@@ -213,7 +198,11 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
         raise ValueError(f"unknown env id {env_id!r}; registered: {sorted(agent_gym.ENV_IDS)}")
     if not isinstance(max_concurrent_envs, int) or max_concurrent_envs < 1:
         raise ValueError(f"max_concurrent_envs must be a positive integer, got {max_concurrent_envs!r}")
-    AgentGymEnvironment(env_id, env_kwargs).close()  # fail now, not in the first session
+    probe = AgentGymEnvironment(env_id, env_kwargs)  # fail now, not in the first session
+    try:
+        env_info = describe_env(env_id, env_kwargs, probe.tool_env)
+    finally:
+        probe.close()
     from openenv.core.env_server import ConcurrencyConfig
 
     factory = functools.partial(AgentGymEnvironment, env_id, dict(env_kwargs or {}))
@@ -226,7 +215,25 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
         return {"env_id": env_id, "open_envs": AgentGymEnvironment.open_envs(),
                 "max_concurrent_envs": max_concurrent_envs}
 
+    @app.get("/agent_gym/env")
+    def env() -> dict[str, Any]:
+        """What this server's envs are: a client (``agent_gym.factory.EnvFactory``) checks them against its own."""
+        return env_info
+
     return app
+
+
+def describe_env(env_id: str, env_kwargs: dict[str, Any] | None, tool_env: Any) -> dict[str, Any]:
+    """``GET /agent_gym/env``: the id, the kwargs the server builds its envs with (JSON-safe), the
+    env's vocabulary size, task count (None when it has no fixed set) and tokenizer fingerprint."""
+    from agent_gym.factory import tokenizer_fingerprint
+
+    try:
+        num_tasks: int | None = int(tool_env.num_tasks())
+    except NotImplementedError:
+        num_tasks = None
+    return {"env_id": env_id, "env_kwargs": _jsonable(dict(env_kwargs or {})), "vocab_size": int(tool_env.vocab_size),
+            "num_tasks": num_tasks, "tokenizer": tokenizer_fingerprint(tool_env.tokenizer)}
 
 
 # -- the client side -------------------------------------------------------------------------------
@@ -359,6 +366,8 @@ class RemoteVectorEnv:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         self.num_envs = num_envs
+        self.base_url = base_url.rstrip("/")
+        self.message_timeout_s = message_timeout_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agent_gym-remote-vec", daemon=True)
         self._thread.start()
@@ -381,6 +390,17 @@ class RemoteVectorEnv:
 
     def _obs(self) -> dict[str, tuple[np.ndarray, ...]]:
         return {"input_ids": tuple(np.asarray(ids, dtype=np.int64) for ids in self._ids)}
+
+    def num_tasks(self) -> int:
+        """The served env's task count (``GET /agent_gym/env``); ``NotImplementedError`` if it has no fixed set."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(self.base_url + "/agent_gym/env", timeout=min(self.message_timeout_s, 30.0)) as r:
+            n = json.load(r).get("num_tasks")
+        if n is None:
+            raise NotImplementedError(f"the env served at {self.base_url} has no fixed task set")
+        return int(n)
 
     def _take(self, i: int, obs: AgentGymObservation, reset: bool) -> dict[str, Any]:
         self._ids[i] = list(obs.token_ids) if reset else self._ids[i] + list(obs.token_ids)
@@ -508,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 __all__ = ["AgentGymAction", "AgentGymClient", "AgentGymEnvironment", "AgentGymObservation", "AgentGymServerError",
-           "AgentGymState", "RemoteToolEnv", "RemoteVectorEnv", "build_app", "main"]
+           "AgentGymState", "RemoteToolEnv", "RemoteVectorEnv", "build_app", "describe_env", "main"]
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agent_gym.env import ToolEnv
+from agent_gym.factory import pad_token_id
 
 _CHARSET = frozenset(string.printable) | frozenset("\u2019\u2013\u2014")
 
@@ -147,7 +148,7 @@ class PaddedTokens(gym.Wrapper):
             raise ValueError(f"max_action_len must be positive, got {max_action_len}")
         self.max_action_len = int(max_action_len)
         tok = te.tokenizer
-        self.pad_id = int(pad_id if pad_id is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0))
+        self.pad_id = int(pad_id) if pad_id is not None else pad_token_id(tok, default=0)
         v = te.vocab_size
         self.observation_space = spaces.Dict({
             "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),

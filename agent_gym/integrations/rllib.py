@@ -32,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from agent_gym.factory import EnvFactory, pad_token_id
 from agent_gym.wrappers import tool_env_of
 
 RLLIB_ENV_NAME = "agent_gym_token_step"
@@ -82,7 +83,7 @@ class TokenStepEnv(gym.Wrapper):
                                  f"a turn by itself")
             self.action_ids = ids.astype(np.int64)
         tok = te.tokenizer
-        self.pad_id = int(pad_id if pad_id is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0))
+        self.pad_id = int(pad_id) if pad_id is not None else pad_token_id(tok, default=0)
         self.max_len = te.max_context_tokens + 1
         self.observation_space = spaces.Dict({
             "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),
@@ -144,7 +145,7 @@ def answer_vocab(tool_env: Any) -> list[int]:
 
 
 def make_token_step_env(env_config: dict[str, Any]) -> TokenStepEnv:
-    """The env creator RLlib calls in each env runner: ``gym.make(env_id, **env_kwargs)`` wrapped in
+    """The env creator RLlib calls in each env runner: ``EnvFactory(env_id, env_kwargs).make()`` wrapped in
     :class:`TokenStepEnv`. ``env_config`` keys: ``env_id`` (required), ``env_kwargs`` (dict),
     ``max_turn_tokens`` (default 32), ``vocab`` (``"full"``, the default, or ``"answer"``).
     RLlib may add its own keys (``num_envs``) to the context; those are ignored."""
@@ -156,7 +157,7 @@ def make_token_step_env(env_config: dict[str, Any]) -> TokenStepEnv:
     vocab = cfg.get("vocab", "full")
     if vocab not in VOCABS:
         raise ValueError(f"env_config['vocab'] must be one of {VOCABS}, got {vocab!r}")
-    env = gym.make(cfg["env_id"], **dict(cfg.get("env_kwargs") or {}))
+    env = EnvFactory(cfg["env_id"], cfg.get("env_kwargs")).make()
     ids = answer_vocab(env) if vocab == "answer" else None
     return TokenStepEnv(env, max_turn_tokens=int(cfg.get("max_turn_tokens", 32)), action_ids=ids)
 
