@@ -52,7 +52,7 @@ test-core: setup
 	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not vllm and not gpu and not rllib" tests
 
 test-vllm: vllm-cpu
-	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/trainers/test_vllm_smollm.py tests/integrations/test_openai_policy.py
+	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/trainers/test_vllm_smollm.py tests/trainers/test_rollout_async.py tests/integrations/test_openai_policy.py
 
 test-rllib: rllib
 	.venv-rllib/bin/python -m pytest -q --durations=5 -m rllib tests/integrations/test_rllib.py

@@ -2,8 +2,8 @@
 gamma * lambda != 1: the per-token Python loop it replaced, the blocked scan now in
 ``trainers/algos/advantages.py``, and ``scipy.signal.lfilter`` as the reference speed.
 
-    python benchmarks/advantages_speed.py                    # B=64,T=4096 and B=256,T=8192
-    python benchmarks/advantages_speed.py --rounds 5
+    python -m benchmarks.advantages_speed                    # B=64,T=4096 and B=256,T=8192
+    python -m benchmarks.advantages_speed --rounds 5
 
 The three sides are timed interleaved (loop, blocked, lfilter, loop, ...) over ``--rounds``
 rounds; each round times one call of each. lfilter runs per row on the packed agent tokens
@@ -16,15 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import save, spread  # noqa: E402
 from trainers.algos.advantages import _discounted_cumsum_on_mask  # noqa: E402

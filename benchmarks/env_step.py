@@ -27,13 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import agent_gym  # noqa: E402,F401
 from agent_gym.vector import ToolVectorEnv  # noqa: E402

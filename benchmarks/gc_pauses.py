@@ -1,6 +1,6 @@
 """Garbage-collection pauses in training: ``gc_freeze: true`` (the default) against ``false``.
 
-    python benchmarks/gc_pauses.py [--rounds 3] [--iterations 12]
+    python -m benchmarks.gc_pauses [--rounds 3] [--iterations 12]
 
 Each run is ``trainers/train_grpo.py --config configs/factchain_grpo.yaml`` on the tiny model from
 scratch (no warm start; evaluation only at the first and last iteration), in its own process,
@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import save, spread  # noqa: E402
 

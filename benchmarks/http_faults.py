@@ -1,8 +1,8 @@
 """How long `HTTPRetriever.search` takes against servers that misbehave, and how much memory an
 endless answer costs it (issue 20, item 3).
 
-    python benchmarks/http_faults.py                 # 3 rounds
-    python benchmarks/http_faults.py --rounds 5 --timeout 1.0 --retries 1
+    python -m benchmarks.http_faults                 # 3 rounds
+    python -m benchmarks.http_faults --rounds 5 --timeout 1.0 --retries 1
 
 Each case is a real loopback server (tests/agent_gym/fault_server.py) that reads the request and
 then answers badly, without end:
@@ -30,13 +30,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.retrievers import RetrieverError  # noqa: E402
 from agent_gym.retrievers.http import HTTPRetriever  # noqa: E402

@@ -1,7 +1,7 @@
 """Cost of RunLogger.log per iteration: fsync on every line (the old behaviour, ``fsync_every_s=0``)
 against the batched default (``fsync_every_s=30``), interleaved over rounds.
 
-    python benchmarks/logger_cost.py [--rounds 5] [--lines 50]
+    python -m benchmarks.logger_cost [--rounds 5] [--lines 50]
 
 Prints the median and range of milliseconds per ``log`` call for each side, their ratio and the
 load average; results go to ``benchmarks/results/logger_cost.json``.
@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import save, spread  # noqa: E402
 from trainers.logger import RunLogger  # noqa: E402

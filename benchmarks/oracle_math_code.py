@@ -22,8 +22,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import gymnasium as gym  # noqa: E402
 
 import agent_gym  # noqa: E402,F401

@@ -9,7 +9,7 @@ full (generation-2) garbage collection is counted apart: that pass walks every o
 process (tens of ms with transformers loaded) and would come at some allocation in any step; the
 parse is judged on the other calls (``max_ms_no_full_gc``), and the full collections are reported.
 
-    python benchmarks/parse_speed.py [--repeats 20] [--out benchmarks/results/parse_speed.json]
+    python -m benchmarks.parse_speed [--repeats 20] [--out benchmarks/results/parse_speed.json]
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_gym.formats import get_format, list_formats  # noqa: E402
 from benchmarks.passage_formatter import timed  # noqa: E402

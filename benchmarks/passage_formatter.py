@@ -20,12 +20,10 @@ import gc
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.retrievers import Passage  # noqa: E402
 from agent_gym.tokenizer import load_tokenizer  # noqa: E402

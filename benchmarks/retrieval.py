@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.datasets import load_corpus, load_qa  # noqa: E402
 from agent_gym.retrievers.base import Retriever  # noqa: E402

@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.retrievers import RetrieverError, make_retriever  # noqa: E402
 from agent_gym.retrievers.http import HTTPRetriever  # noqa: E402

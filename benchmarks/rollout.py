@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
 from trainers.backends import HFBackend, SamplingConfig  # noqa: E402

@@ -2,11 +2,11 @@
 seccomp, no cgroups), the sandbox now (seccomp filter, per-call cgroups, private tmpfs with an
 inode bound, pid-namespace teardown), and a bare ``python3 -I -S`` start with no sandbox (the floor).
 
-    python benchmarks/sandbox_cost.py                     # 5 rounds x 20 calls per side
-    python benchmarks/sandbox_cost.py --rounds 3 --calls 10
-    python benchmarks/sandbox_cost.py --soak 1000         # also: 1,000 hostile calls in a row
-    python benchmarks/sandbox_cost.py --old-ref 722e39f^  # the "before" sandbox from another commit
-    python benchmarks/sandbox_cost.py --attacks           # the hostile tests' attacks, before and now
+    python -m benchmarks.sandbox_cost                     # 5 rounds x 20 calls per side
+    python -m benchmarks.sandbox_cost --rounds 3 --calls 10
+    python -m benchmarks.sandbox_cost --soak 1000         # also: 1,000 hostile calls in a row
+    python -m benchmarks.sandbox_cost --old-ref 722e39f^  # the "before" sandbox from another commit
+    python -m benchmarks.sandbox_cost --attacks           # the hostile tests' attacks, before and now
 
 The sides are interleaved (bare, old, new, bare, old, new, ...) over ``--rounds`` rounds; each round
 times ``--calls`` calls of each, running an empty program. The old sandbox is
@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent_gym import sandbox as new  # noqa: E402
 
@@ -59,8 +58,7 @@ def load_old(ref: str):
 
 def attacks(old) -> None:
     """Each class of issue 19's attacks, through the old sandbox and the new one."""
-    sys.path.insert(0, str(ROOT / "tests" / "agent_gym"))
-    import test_sandbox_hostile as hostile
+    from tests.agent_gym import test_sandbox_hostile as hostile
 
     def survivors(mod) -> list[int]:
         time.sleep(1)
@@ -87,7 +85,7 @@ def attacks(old) -> None:
         if mod is old:
             helper = helper.replace("from agent_gym.sandbox import run_python",
                                     f"import sys; sys.argv = ['x', '--old-ref', {old.__ref__!r}]; "
-                                    f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import sandbox_cost; "
+                                    "from benchmarks import sandbox_cost; "
                                     "run_python = sandbox_cost.load_old(sys.argv[2]).run_python")
         p = subprocess.run([sys.executable, "-c", helper], input=hostile.KEYRING_ATTACK, capture_output=True,
                            text=True, timeout=60, cwd=ROOT)
@@ -168,8 +166,7 @@ def main() -> None:
     print(f"new / old: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f}); load average "
           f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; isolation {res['isolation']}")
     if args.soak:
-        sys.path.insert(0, str(ROOT / "tests" / "agent_gym"))
-        import test_sandbox_hostile as hostile  # the hostile programs and host checks of the tests
+        from tests.agent_gym import test_sandbox_hostile as hostile  # the hostile programs and host checks of the tests
 
         t0 = time.monotonic()
         before, after, reasons = hostile.soak(args.soak)

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DATASETS = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "musique": "MuSiQue"}

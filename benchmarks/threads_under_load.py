@@ -2,7 +2,7 @@
 ``OMP_WAIT_POLICY=PASSIVE``, on one step's worth of work (HF sampling of 16 prompts x 2 turns x
 32 tokens on the tiny Qwen2, then a forward/backward over the sampled rows).
 
-    python benchmarks/threads_under_load.py [--hogs 2] [--rounds 3]
+    python -m benchmarks.threads_under_load [--hogs 2] [--rounds 3]
 
 ``--hogs N`` starts N busy-loop processes for the duration (N=0: whatever else runs on the
 machine is the load). Every configuration runs in its own fresh process (the OpenMP wait policy
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import save, spread  # noqa: E402
 

@@ -1,6 +1,6 @@
 """TRL's ``GRPOTrainer`` and the project's GRPO trainer on the same tiny task: seconds per optimizer step.
 
-    python benchmarks/trl_compare.py [--threads 1|2] [--rounds 3] [--steps 4] [--warmup 1]
+    python -m benchmarks.trl_compare [--threads 1|2] [--rounds 3] [--steps 4] [--warmup 1]
 
 Both sides train the same randomly initialised tiny Qwen2 (``trainers.tiny_model.build_tiny_qwen2``
 with the built-in tokenizer, seed 0) with GRPO, single-turn, on the same prompts and the same reward
@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 ENV_ID = "AgentR1/BenchReplyReward-v0"
 SYSTEM = "Answer in one short sentence."

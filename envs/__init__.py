@@ -1,11 +1,10 @@
-"""Concrete environments, one module each. Each module's docstring is its card, and each module
-registers its own ids (``agent_gym.registration.register_env``) when imported; importing this
-package (which ``import agent_gym`` does) imports them all. The multi-agent (PettingZoo) envs are
-imported only where PettingZoo is installed (the ``pettingzoo`` and ``dev`` extras)."""
+"""Concrete environments, one module each; each module's docstring is its card.
 
-import importlib.util
+The ids are registered by ``import agent_gym`` from one table of entry-point strings
+(``agent_gym/builtin_envs.py``), not by these modules: ``gym.make(id)`` imports an env's module
+when the env is made, so importing this package, or any one env module, imports only that.
+Every env module imports ``agent_gym`` (its base classes), so ``import envs.factchain`` alone
+also registers every id; ``import envs`` does the same here.
+"""
 
-from envs import code, factchain, hotpotqa, math, musique, naiverag, twowiki  # noqa: F401  (each registers its ids)
-
-if importlib.util.find_spec("pettingzoo") is not None:
-    from envs import factchain_team  # noqa: F401  (registers AgentR1/FactChainTeam-v0 with register_multiagent)
+import agent_gym  # noqa: F401  (registers the built-in ids: envs -> agent_gym, never the other way)

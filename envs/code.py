@@ -109,7 +109,6 @@ from pathlib import Path
 from typing import Any
 
 from agent_gym.env import ToolEnv
-from agent_gym.registration import register_env
 from agent_gym.sandbox import PythonTool, SandboxLimits, SandboxResult, check_available, run_python
 from envs import code_harness
 
@@ -703,7 +702,3 @@ class MBPPEnv(CodeEnv):
         names, prelude = _mbpp_plan(task["answer"], setup, tuple(tests))
         return {"kind": "mbpp", "reference": f"{task['answer']}\n\n{setup}\n", "prelude": prelude, "tests": tests,
                 "names": list(names), "entry": None}
-
-
-register_env("AgentR1/HumanEval-v0", f"{__name__}:HumanEvalEnv")
-register_env("AgentR1/MBPP-v0", f"{__name__}:MBPPEnv")

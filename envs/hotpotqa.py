@@ -39,13 +39,9 @@ Versions
 
 from __future__ import annotations
 
-from agent_gym.registration import register_env
 from envs.qa import MultiHopQAEnv
 
 
 class HotpotQAEnv(MultiHopQAEnv):
     dataset = "hotpotqa"
     env_id = "AgentR1/HotpotQA-v0"
-
-
-register_env(HotpotQAEnv.env_id, f"{__name__}:HotpotQAEnv")

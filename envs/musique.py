@@ -36,13 +36,9 @@ Versions
 
 from __future__ import annotations
 
-from agent_gym.registration import register_env
 from envs.qa import MultiHopQAEnv
 
 
 class MuSiQueEnv(MultiHopQAEnv):
     dataset = "musique"
     env_id = "AgentR1/MuSiQue-v0"
-
-
-register_env(MuSiQueEnv.env_id, f"{__name__}:MuSiQueEnv")

@@ -51,7 +51,6 @@ from collections import OrderedDict
 from typing import Any
 
 from agent_gym.formats import answer_from_text  # noqa: F401  (re-exported: it used to live here)
-from agent_gym.registration import register_env
 from agent_gym.tools import Tool
 from envs.qa import MultiHopQAEnv
 
@@ -142,7 +141,3 @@ class TwoWikiMultiHopQANaiveRAGEnv(NaiveRAGEnv):
 class MuSiQueNaiveRAGEnv(NaiveRAGEnv):
     dataset = "musique"
     env_id = "AgentR1/MuSiQue-NaiveRAG-v0"
-
-
-for _cls in (HotpotQANaiveRAGEnv, TwoWikiMultiHopQANaiveRAGEnv, MuSiQueNaiveRAGEnv):
-    register_env(_cls.env_id, f"{__name__}:{_cls.__name__}")

@@ -36,13 +36,9 @@ Versions
 
 from __future__ import annotations
 
-from agent_gym.registration import register_env
 from envs.qa import MultiHopQAEnv
 
 
 class TwoWikiMultiHopQAEnv(MultiHopQAEnv):
     dataset = "2wikimultihopqa"
     env_id = "AgentR1/2WikiMultiHopQA-v0"
-
-
-register_env(TwoWikiMultiHopQAEnv.env_id, f"{__name__}:TwoWikiMultiHopQAEnv")

@@ -17,9 +17,7 @@ import os
 import random
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from agent_gym.datasets import load_qa  # noqa: E402
+from agent_gym.datasets import load_qa
 
 
 def main(argv: list[str] | None = None) -> int:

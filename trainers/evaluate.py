@@ -36,15 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import numpy as np
+import yaml
 
 
 def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
@@ -190,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     oa.add_argument("--openai-extra-body", help="YAML mapping of extra request fields for the server")
     args = ap.parse_args(argv)
     if args.openai_base_url:
-        from agent_gym.integrations.openai_policy import run_cli
+        from trainers.integrations.openai_eval import run_cli
 
         return run_cli(args, ap)
     import agent_gym  # noqa: F401

@@ -1,11 +1,6 @@
 """Train an agent with PPO: `python trainers/train_ppo.py --config configs/<name>.yaml [key=value ...]`."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainers.cli import script_main  # noqa: E402
+from trainers.cli import script_main
 
 if __name__ == "__main__":
     script_main("ppo")

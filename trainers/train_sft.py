@@ -4,13 +4,10 @@ Writes RUN_DIR/model (a HF directory) for ``init_from`` in an RL config.
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainers.config import ConfigError, load_config  # noqa: E402
-from trainers.sft import SFTConfig, run_sft  # noqa: E402
+from trainers.config import ConfigError, load_config
+from trainers.sft import SFTConfig, run_sft
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,8 @@ success...), whatever model and tokenizer the server runs.
 With ``same_tokenizer`` (vLLM serving the model whose tokenizer the env uses), the request also
 carries vLLM's ``stop_token_ids`` (the env's) and ``skip_special_tokens: false``, so the reply
 stops and reads as the in-process backend's would. Torch-free: it needs the ``openai`` package
-(``pip install -e .[openai]``).
+(``pip install -e .[openai]``). The command line (``trainers/evaluate.py --openai-base-url``,
+which also reuses the trainer's summaries) is ``trainers.integrations.openai_eval.run_cli``.
 """
 
 from __future__ import annotations
@@ -366,72 +367,3 @@ def episodes_of(records: list[dict[str, Any]]):
     from agent_gym.episode import Episode
 
     return [Episode(**r["episode"]) for r in records if r.get("status") == "ok"]
-
-
-def run_cli(args: Any, ap: Any) -> int:
-    """``trainers/evaluate.py --openai-base-url URL --model NAME``: evaluate, write ``summary.json``,
-    ``trajectories.jsonl`` (finished rows) and ``rows.jsonl`` to ``--out``; exit status 1 if any
-    row failed (a rerun retries those rows only)."""
-    import sys
-
-    import yaml
-
-    if args.checkpoint or args.backend != "hf" or args.decode not in ("greedy", "sample"):
-        ap.error("--openai-base-url runs the served model: --checkpoint, --backend and --decode "
-                 f"{args.decode} do not apply (use --decode greedy or sample)")
-    env_kwargs = yaml.safe_load(args.env_kwargs) or {}
-    if not isinstance(env_kwargs, dict):
-        ap.error("--env-kwargs must be a YAML mapping, e.g. '{split: test}'")
-    if args.concurrency < 1:
-        ap.error(f"--concurrency must be at least 1, got {args.concurrency}")
-    extra = yaml.safe_load(args.openai_extra_body or "{}") or {}
-    if not isinstance(extra, dict):
-        ap.error("--openai-extra-body must be a YAML mapping, e.g. '{top_k: 1}'")
-    temperature = 0.0 if args.decode == "greedy" else (1.0 if args.temperature is None else args.temperature)
-    env_id = args.env or "AgentR1/FactChain-v0"
-    try:
-        cfg = ClientConfig(base_url=args.openai_base_url, model=args.model, timeout=args.request_timeout,
-                           max_retries=args.max_retries, temperature=temperature,
-                           max_tokens=args.max_turn_tokens or 256, same_tokenizer=args.openai_same_tokenizer,
-                           extra_body=extra)
-    except ValueError as e:
-        ap.error(str(e))
-    import gymnasium as gym
-
-    import agent_gym  # noqa: F401
-    from trainers.evaluate import clamp_tasks
-    from trainers.rollout import summarize
-    from trainers.trainer import episode_record, eval_keys
-
-    probe = gym.make(env_id, **env_kwargs).unwrapped
-    try:
-        rows = clamp_tasks(list(range(args.tasks)), probe)
-        tok = probe.tokenizer
-    finally:
-        probe.close()
-    out = Path(args.out)
-    res = evaluate_rows(env_id, env_kwargs, rows, cfg, out, concurrency=args.concurrency, seed=args.seed)
-    records = res["records"]
-    episodes = episodes_of(records)
-    failed = [r for r in records if r.get("status") != "ok"]
-    summary: dict[str, Any] = eval_keys(summarize(episodes)) if episodes else {}
-    summary.update({"env": env_id, "policy": "openai", "model": args.model, "tasks": len(episodes),
-                    "decode": args.decode, "temperature": temperature, "seed": args.seed,
-                    "openai/base_url": cfg.base_url, "openai/concurrency": args.concurrency,
-                    "openai/rows": len(records), "openai/rows_failed": len(failed),
-                    "openai/failed_rows": [r["row"] for r in failed], "openai/rows_resumed": res["skipped"],
-                    "openai/requests": sum(r.get("requests", 0) for r in records),
-                    "openai/retries": sum(r.get("retries", 0) for r in records)})
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    with open(out / "trajectories.jsonl", "w") as f:
-        for ep in episodes:
-            f.write(json.dumps(episode_record(ep, tok)) + "\n")
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}, indent=1))
-    if failed:
-        for r in failed[:10]:
-            print(f"row {r['row']}: {r['error']}", file=sys.stderr)
-        print(f"error: {len(failed)} of {len(records)} rows failed (listed in {out / 'rows.jsonl'}); "
-              "the metrics are over the finished rows. Run the same command again to retry only those.",
-              file=sys.stderr)
-        return 1
-    return 0

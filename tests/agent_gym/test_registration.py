@@ -1,25 +1,48 @@
-"""Env ids are registered by their own modules; a taken id cannot be re-registered differently."""
+"""Env ids are registered from one table of entry-point strings; a taken id cannot be re-registered differently."""
 
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+import warnings
 
 import gymnasium as gym
 import pytest
 
 import agent_gym
+from agent_gym.builtin_envs import BUILTIN_ENVS, register_builtin_envs
 from agent_gym.registration import ENV_IDS, MULTIAGENT_IDS, register_env, register_multiagent
 
 
-def test_each_env_module_registers_its_own_ids():
-    assert len(ENV_IDS) == 10  # FactChain, 3 QA, 3 NaiveRAG, Math, HumanEval, MBPP
-    for env_id, (entry_point, _) in ENV_IDS.items():
+def test_the_builtin_table_registers_every_id_as_an_entry_point_string():
+    assert len(BUILTIN_ENVS) == 10  # FactChain, 3 QA, 3 NaiveRAG, Math, HumanEval, MBPP
+    for env_id, (entry_point, kwargs) in BUILTIN_ENVS.items():
+        assert ENV_IDS[env_id] == (entry_point, kwargs)
+        spec = gym.spec(env_id)
+        assert spec.entry_point == entry_point and isinstance(spec.entry_point, str)
+        assert spec.vector_entry_point is not None
         module, cls = entry_point.split(":")
-        mod = importlib.import_module(module)
-        assert module.startswith("envs.") and hasattr(mod, cls)
-        assert gym.spec(env_id).entry_point == entry_point
-    importlib.reload(importlib.import_module("envs.factchain"))  # importing a module again is a no-op
+        assert module.startswith("envs.") and hasattr(importlib.import_module(module), cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "overriding environment" warning from Gymnasium
+        register_builtin_envs()  # registering the table again is a no-op
+        importlib.reload(importlib.import_module("envs.factchain"))  # so is importing a module again
     assert ENV_IDS["AgentR1/FactChain-v0"][0] == "envs.factchain:FactChainEnv"
+
+
+@pytest.mark.timeout(120)
+def test_import_agent_gym_imports_no_env_module_and_gym_make_works():
+    """``import agent_gym`` alone registers the ids without importing ``envs`` (the framework does
+    not import its users), and ``gym.make`` imports the env's module when it is asked for."""
+    code = ("import sys, gymnasium as gym, agent_gym\n"
+            "before = sorted(m for m in sys.modules if m == 'envs' or m.startswith(('envs.', 'trainers', 'torch')))\n"
+            "env = gym.make('AgentR1/FactChain-v0')\n"
+            "vec = gym.make_vec('AgentR1/FactChain-v0', 2, vectorization_mode='vector_entry_point')\n"
+            "print(before, type(env.unwrapped).__module__, type(vec).__name__, 'envs.hotpotqa' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "envs.factchain", "ToolVectorEnv", "False"], out.stdout
 
 
 @pytest.fixture

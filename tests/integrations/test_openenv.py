@@ -324,13 +324,13 @@ def test_command_line_env_kwargs_from_a_config_and_flags(tmp_path):
 @pytest.mark.timeout(300)
 def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
     """TRL's OpenEnv pattern: ``GRPOTrainer(rollout_func=...)`` whose rollout plays its episodes on
-    the server. ``EnvRollout`` (agent_gym.integrations.trl) with its vector env swapped for
+    the server. ``EnvRollout`` (trainers.integrations.trl) with its vector env swapped for
     :class:`RemoteVectorEnv`: TRL trains on exactly the ids and loss masks the server's envs built."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from trl import GRPOConfig, GRPOTrainer
 
-    from agent_gym.integrations.trl import EnvRollout, env_reward
+    from trainers.integrations.trl import EnvRollout, env_reward
     from agent_gym.tokenizer import load_tokenizer
     from trainers.tiny_model import build_tiny_qwen2
 

@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer trains a tiny model on FactChain through ``rollout_func`` (agent_gym.integrations.trl).
+"""TRL's GRPOTrainer trains a tiny model on FactChain through ``rollout_func`` (trainers.integrations.trl).
 
 Real TRL, real env, real tiny Qwen2: the only addition is a ``GRPOTrainer`` subclass that records
 the batches its ``_compute_loss`` receives, so the test can compare what TRL trained on with what
@@ -32,7 +32,7 @@ def shaping_reward(completions, completion_ids, env_mask=None, **kwargs):
 def trained(tmp_path_factory):
     from trl import GRPOConfig, GRPOTrainer
 
-    from agent_gym.integrations.trl import EnvRollout, env_reward
+    from trainers.integrations.trl import EnvRollout, env_reward
     from agent_gym.tokenizer import load_tokenizer
     from trainers.tiny_model import build_tiny_qwen2
 
@@ -126,7 +126,7 @@ def test_trl_reward_is_the_env_return_and_weights_change(trained):
 
 
 def test_unknown_prompt_is_a_clear_error(trained):
-    from agent_gym.integrations.trl import EnvRollout
+    from trainers.integrations.trl import EnvRollout
 
     rollout = EnvRollout("AgentR1/FactChain-v0", env_kwargs=dict(ENV_KWARGS))
     with pytest.raises(ValueError, match="EnvRollout.dataset"):
@@ -137,7 +137,7 @@ def test_unknown_prompt_is_a_clear_error(trained):
 
 @pytest.mark.timeout(120)
 def test_dataset_prompts_key_their_tasks():
-    from agent_gym.integrations.trl import EnvRollout
+    from trainers.integrations.trl import EnvRollout
 
     # 4 entities, 1 relation, 1 hop: 4 distinct questions, so 10 tasks repeat some; a repeat is the
     # same task (one KB), and is kept.

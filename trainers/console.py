@@ -1,0 +1,94 @@
+"""The console scripts of ``pyproject.toml``'s ``[project.scripts]`` (installed by ``pip install -e .``,
+which ``make setup`` runs):
+
+    agent-gym-train --config configs/factchain_grpo.yaml [key=value ...]   # PPO or GRPO, from the config's algo
+    agent-gym-train-ppo / agent-gym-train-grpo ...                        # = python trainers/train_ppo.py / train_grpo.py
+    agent-gym-sft --config configs/factchain_sft.yaml                     # = python trainers/train_sft.py
+    agent-gym-eval --env AgentR1/FactChain-v0 --checkpoint RUN_DIR        # = python trainers/evaluate.py
+    agent-gym-serve AgentR1/FactChain-v0                                  # = python -m agent_gym.serve (OpenEnv)
+
+Each one calls the same ``main`` as the script it names, so flags, output and exit status are the
+same. The env-side commands that need no trainer (``agent-gym-serve``, ``agent-gym-retrieval-server``,
+``agent-gym-view``) point at ``agent_gym``'s own ``main`` functions directly.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def train_ppo() -> None:
+    from trainers.cli import script_main
+
+    script_main("ppo")
+
+
+def train_grpo() -> None:
+    from trainers.cli import script_main
+
+    script_main("grpo")
+
+
+def train() -> None:
+    """``agent-gym-train``: ``train_ppo`` for ``algo: ppo``, ``train_grpo`` for the group algorithms
+    (grpo, rloo, reinforce_pp); the algo is read from the overrides, the config file, or with
+    ``--resume RUN_DIR`` the run's own config.yaml."""
+    from trainers.cli import script_main
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print("usage: agent-gym-train (--config CONFIG | --resume RUN_DIR) [--plugin MODULE] [key=value ...]\n\n"
+              "Train with PPO or GRPO as the config's algorithm.algo says (ppo -> agent-gym-train-ppo, "
+              "grpo/rloo/reinforce_pp -> agent-gym-train-grpo); every other flag is theirs:\n")
+        script_main("grpo")  # prints train_grpo's own help and exits 0
+    try:
+        algo = config_algo(sys.argv[1:])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    script_main("ppo" if algo == "ppo" else "grpo")
+
+
+def config_algo(argv: list[str]) -> str:
+    """The ``algo`` a training command line asks for, without building the config: the last
+    ``algo=``/``algorithm.algo=`` override, else the config file's (``--config``, or ``--resume``'s
+    ``RUN_DIR/config.yaml``) ``algorithm: {algo: ...}`` or flat ``algo:`` (``ppo``, the config's default,
+    when the file names none). The training script then
+    checks it against the whole config, so a wrong guess here is an error there, never a silent switch."""
+    import yaml
+
+    algo, path = None, None
+    for i, a in enumerate(argv):
+        flag, eq, value = a.partition("=")
+        if flag in ("--config", "--resume"):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            path = Path(value) / "config.yaml" if flag == "--resume" else Path(value)
+        elif eq and flag in ("algo", "algorithm.algo"):
+            algo = yaml.safe_load(value)
+    if algo is None and path is not None:
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} not found (--config takes a YAML file, --resume a run "
+                             "directory that holds config.yaml)")
+        data: Any = yaml.safe_load(path.read_text()) or {}
+        section = data.get("algorithm") if isinstance(data, dict) else None
+        algo = (section or {}).get("algo") if isinstance(section, dict) else None
+        if algo is None and isinstance(data, dict):
+            algo = data.get("algo", "ppo")  # TrainConfig's default algo
+    if algo is None:
+        raise ValueError("agent-gym-train needs the algorithm: pass --config FILE (with algorithm: {algo: ...}), "
+                         "--resume RUN_DIR, or an override algorithm.algo=ppo|grpo|rloo|reinforce_pp; or run "
+                         "agent-gym-train-ppo / agent-gym-train-grpo")
+    return str(algo)
+
+
+def sft() -> None:
+    from trainers.train_sft import main
+
+    sys.exit(main())
+
+
+def evaluate() -> None:
+    from trainers.evaluate import main
+
+    sys.exit(main())
