@@ -100,6 +100,80 @@ class TiedEmbeddingsError(ValueError):
     """A state dict unties what the engine's model ties; syncing it would not match."""
 
 
+def _engine_settings(model_path: str, seed: int, dtype: str, max_model_len: int,
+                     gpu_memory_utilization: float | None, kv_cache_memory_bytes: int | None,
+                     enforce_eager: bool, engine_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's arguments (for ``vllm.LLM`` or ``AsyncEngineArgs``) and the environment its
+    processes inherit, shared by ``VLLMBackend`` and ``AsyncVLLMBackend`` (arguments as there)."""
+    on_cpu = _is_cpu_platform()
+    if gpu_memory_utilization is None and kv_cache_memory_bytes is None:
+        if on_cpu:
+            kv_cache_memory_bytes = _DEFAULT_KV_CACHE_BYTES
+        else:
+            gpu_memory_utilization = 0.9
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        seed=seed,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",
+        # Sampling comes only from our SamplingParams, never from generation_config.json.
+        generation_config="vllm",
+        worker_extension_cls=f"{__name__}.WeightSyncExtension",
+    )
+    if on_cpu and "enable_chunked_prefill" not in engine_kwargs:
+        # vLLM 0.32 CPU bug: when a chunked prefill discards the token sampled for a seeded
+        # request, the model runner rewinds its generator with `set_offset`, which only CUDA
+        # generators support, and the engine dies ("CPU Generator does not use offset").
+        # Whole-prompt prefills never discard a sample.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
+    if gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    kwargs.update(engine_kwargs)
+    # Inherited by every engine process (with the caller's process_guard token): on the CPU a longer
+    # deadline for one model step (vLLM's default, 300 s, killed the engine with "RPC call to
+    # sample_tokens timed out" on its first step when four engines started at once on a busy
+    # 2-core machine). A value the user set is kept.
+    env: dict[str, str] = {}
+    if on_cpu:
+        env[_STEP_TIMEOUT_VAR] = os.environ.get(_STEP_TIMEOUT_VAR, str(_CPU_STEP_TIMEOUT_S))
+    return kwargs, env
+
+
+def _with_env(env: dict[str, str], fn: Callable[[], _T]) -> _T:
+    """``fn()`` with ``env`` set in ``os.environ`` (inherited by the processes it starts), restored after."""
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None) -> None:
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+
+
+def _close_at_exit(backend: Any) -> Callable[[], Any]:
+    """Register ``backend.close()`` with atexit; returns the hook (for ``atexit.unregister``). A weak
+    reference, so atexit does not keep a closed-over backend alive forever."""
+    ref = weakref.ref(backend)
+    hook = lambda: (b := ref()) is not None and b.close()  # noqa: E731
+    atexit.register(hook)
+    return hook
+
+
 class VLLMBackend:
     """``GenerationBackend`` over an offline ``vllm.LLM`` engine.
 
@@ -134,45 +208,12 @@ class VLLMBackend:
         self.restarts = 0
         self.deaths: list[EngineDeath] = []
         self.tie_word_embeddings = _reads_tied_embeddings(self.model_path)
-        on_cpu = _is_cpu_platform()
-        if gpu_memory_utilization is None and kv_cache_memory_bytes is None:
-            if on_cpu:
-                kv_cache_memory_bytes = _DEFAULT_KV_CACHE_BYTES
-            else:
-                gpu_memory_utilization = 0.9
-        kwargs: dict[str, Any] = dict(
-            model=self.model_path,
-            seed=seed,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",
-            # Sampling comes only from our SamplingParams, never from generation_config.json.
-            generation_config="vllm",
-            worker_extension_cls=f"{__name__}.WeightSyncExtension",
-        )
-        if on_cpu and "enable_chunked_prefill" not in engine_kwargs:
-            # vLLM 0.32 CPU bug: when a chunked prefill discards the token sampled for a seeded
-            # request, the model runner rewinds its generator with `set_offset`, which only CUDA
-            # generators support, and the engine dies ("CPU Generator does not use offset").
-            # Whole-prompt prefills never discard a sample.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
-        if gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        kwargs.update(engine_kwargs)
+        kwargs, env = _engine_settings(self.model_path, seed, dtype, max_model_len, gpu_memory_utilization,
+                                       kv_cache_memory_bytes, enforce_eager, engine_kwargs)
         self._closed = True  # until the engine is up: close() has nothing to do before
         self._token = uuid.uuid4().hex
+        env[process_guard.ENV_VAR] = self._token
         self._watchdog = process_guard.start_watchdog(self._token)
-        # Inherited by every engine process: the token that marks them, and on the CPU a longer
-        # deadline for one model step (vLLM's default, 300 s, killed the engine with "RPC call to
-        # sample_tokens timed out" on its first step when four engines started at once on a busy
-        # 2-core machine). A value the user set is kept.
-        env = {process_guard.ENV_VAR: self._token}
-        if on_cpu:
-            env[_STEP_TIMEOUT_VAR] = os.environ.get(_STEP_TIMEOUT_VAR, str(_CPU_STEP_TIMEOUT_S))
         self._engine_kwargs, self._engine_env = kwargs, env
         self.llm: LLM | None = None
         self._watch: _EngineWatch | None = None
@@ -187,10 +228,7 @@ class VLLMBackend:
             raise
         self._tmpdir = tempfile.mkdtemp(prefix="vllm_weights_")
         self._closed = False
-        # A weak reference, so atexit does not keep a closed-over backend alive forever.
-        ref = weakref.ref(self)
-        self._atexit_hook = lambda: (b := ref()) is not None and b.close()
-        atexit.register(self._atexit_hook)
+        self._atexit_hook = _close_at_exit(self)
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -202,12 +240,9 @@ class VLLMBackend:
     ) -> list[Generation]:
         """One continuation per prompt, in prompt order."""
         self._check_open()
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        _check_prompts(prompts, seeds)
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         params = [self.sampling_params(sampling, None if seeds is None else int(s)) for s in (seeds or [None] * len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
 
@@ -253,19 +288,11 @@ class VLLMBackend:
 
     def _start_engine(self) -> None:
         """Create the ``LLM`` (its processes inherit ``_engine_env``) and start watching it."""
-        previous = {k: os.environ.get(k) for k in self._engine_env}
-        os.environ.update(self._engine_env)
         try:
-            llm = LLM(**self._engine_kwargs)
+            llm = _with_env(self._engine_env, lambda: LLM(**self._engine_kwargs))
         except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
             process_guard.end_marked(self._token)
             raise
-        finally:
-            for k, v in previous.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self.llm = llm
         self._watch = _EngineWatch(llm, self._token)
 
@@ -377,6 +404,180 @@ class VLLMBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("VLLMBackend used after close()")
+
+
+class AsyncVLLMBackend:
+    """``GenerationBackend`` over vLLM's asynchronous engine (``vllm.v1.engine.async_llm.AsyncLLM``,
+    which ``vllm.AsyncLLMEngine`` names in vLLM 0.32), for ``rollout: async``
+    (``trainers.rollout_async``): each request is a coroutine, ``agenerate``, and the engine batches
+    whatever requests are in flight (continuous batching), so a trajectory that waits on its tool
+    holds no one up.
+
+    The engine, its arguments and its requests are those of ``VLLMBackend`` (same ``SamplingParams``
+    per request, same ``processed_logprobs``, same CPU settings; arguments as there, and
+    ``max_restarts`` is accepted for the same config but must be 0, see below). The ``AsyncLLM``
+    lives on an event loop of its own, in a daemon thread: ``run(coro)`` runs a coroutine there and
+    waits for it, which is how ``collect_async`` runs its trajectories and how the synchronous
+    protocol methods (``generate``, ``load_weights``) are served, so evaluation's lockstep rollout
+    and the trainer's weight sync work on this backend unchanged.
+
+    Weight sync: as ``VLLMBackend``'s CPU route (a safetensors file, ``collective_rpc`` of
+    ``reload_weights_from_file``, then the prefix cache dropped), awaited on the engine's loop; the
+    trainer calls it between rollouts, when no request is in flight.
+
+    A dead engine: unlike ``VLLMBackend``, this backend does not restart it. ``AsyncLLM``'s output
+    handler propagates the engine core's death to every pending request as ``EngineDeadError``,
+    which ``agenerate`` raises as ``EngineDiedError`` naming the engine; rerun with ``--resume``.
+    ``close()`` ends every process the engine started (the process_guard token and watchdog, as
+    ``VLLMBackend``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool = True,
+        max_restarts: int = 0,
+        **engine_kwargs: Any,
+    ):
+        import asyncio
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if max_restarts != 0:
+            raise ValueError(f"AsyncVLLMBackend does not restart a dead engine (max_restarts={max_restarts} asked): "
+                             "pass max_restarts: 0 in vllm_kwargs, or use rollout: lockstep, whose VLLMBackend "
+                             "restarts it")
+        self.model_path = os.fspath(model_path)
+        self.tie_word_embeddings = _reads_tied_embeddings(self.model_path)
+        kwargs, env = _engine_settings(self.model_path, seed, dtype, max_model_len, gpu_memory_utilization,
+                                       kv_cache_memory_bytes, enforce_eager, engine_kwargs)
+        kwargs.setdefault("disable_log_stats", True)  # as vllm.LLM does; AsyncEngineArgs logs every 10 s
+        self._closed = True
+        self._token = uuid.uuid4().hex
+        env[process_guard.ENV_VAR] = self._token
+        self._watchdog = process_guard.start_watchdog(self._token)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="AsyncVLLMBackendLoop", daemon=True)
+        self._thread.start()
+
+        async def start() -> "AsyncLLM":  # on the loop: the client's sockets and output handler belong to it
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+        try:
+            self.engine = _with_env(env, lambda: self.run(start()))
+        except BaseException:
+            process_guard.end_marked(self._token)
+            self._stop_loop()
+            self._watchdog.release()
+            raise
+        self._tmpdir = tempfile.mkdtemp(prefix="vllm_weights_")
+        self._closed = False
+        self._atexit_hook = _close_at_exit(self)
+
+    # -- asynchronous API ------------------------------------------------------------------------
+
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the engine's event loop and return its result (blocking this thread)."""
+        import asyncio
+
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("AsyncVLLMBackend.run called from the engine's own loop; await the coroutine instead")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None = None) -> Generation:
+        """One continuation of ``prompt`` (token ids), as one engine request; await it on the engine's
+        loop (``run``). ``seed`` seeds this request alone."""
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self._check_open()
+        if len(prompt) == 0:
+            raise ValueError("every prompt needs at least one token")
+        params = VLLMBackend.sampling_params(sampling, None if seed is None else int(seed))
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, not one per token
+        final = None
+        try:
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params,
+                                                  request_id=uuid.uuid4().hex):
+                final = out
+        except EngineDeadError as e:
+            raise EngineDiedError(
+                f"AsyncVLLMBackend: the vLLM engine serving {self.model_path} died during a request ({e}); this "
+                "backend does not restart it. A trainer's last checkpoint is intact: rerun the same command with "
+                "--resume (vLLM's log above shows why it died; for memory, lower vllm_kwargs kv_cache_memory_bytes "
+                "or max_model_len).") from e
+        assert final is not None and final.finished
+        return _to_generation(final.outputs[0])
+
+    # -- protocol --------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        """One continuation per prompt, in prompt order: every request in flight at once."""
+        import asyncio
+
+        self._check_open()
+        _check_prompts(prompts, seeds)
+
+        async def all_of() -> list[Generation]:
+            return list(await asyncio.gather(*(self.agenerate(p, sampling, None if seeds is None else seeds[i])
+                                               for i, p in enumerate(prompts))))
+
+        return self.run(all_of()) if prompts else []
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None:
+        """As ``VLLMBackend.load_weights``: in place through the workers, then drop the prefix cache."""
+        self._check_open()
+        if self.tie_word_embeddings:
+            state_dict = _check_tied_head(state_dict)
+        path = write_state_dict(state_dict, os.path.join(self._tmpdir, "weights.safetensors"))
+
+        async def sync() -> None:
+            await self.engine.collective_rpc("reload_weights_from_file", args=(path,))
+            await self.engine.reset_prefix_cache()
+
+        self.run(sync())
+
+    def close(self) -> None:
+        """Shut the engine and its processes down, stop the loop. Idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        atexit.unregister(self._atexit_hook)
+        try:
+            self.engine.shutdown()
+        finally:
+            self.engine = None  # its __del__ shuts down again now, not at interpreter exit (when that fails)
+            self._stop_loop()
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            left = process_guard.end_marked(self._token)
+            self._watchdog.release()
+            if left:
+                raise RuntimeError(f"AsyncVLLMBackend.close: engine processes {sorted(left)} survived SIGKILL")
+
+    def __enter__(self) -> "AsyncVLLMBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("AsyncVLLMBackend used after close()")
 
 
 @dataclass
@@ -638,6 +839,7 @@ def sync_weights_gpu_ipc(backend: VLLMBackend, sender: Any) -> None:
 
 
 __all__ = [
+    "AsyncVLLMBackend",
     "TiedEmbeddingsError",
     "VLLMBackend",
     "WeightSyncExtension",
