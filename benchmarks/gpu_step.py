@@ -60,10 +60,11 @@ def build_random_model(shapes: dict, tokenizer, path: Path, device: str) -> tupl
     ``path``. Returns the directory and N, the parameter count without the embedding table."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from agent_gym.factory import pad_token_id
     from trainers.models import save_policy
 
     eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = pad_token_id(tokenizer)
     cfg = Qwen2Config(**shapes, eos_token_id=eos, pad_token_id=pad, bos_token_id=eos)
     if shapes["vocab_size"] < len(tokenizer):
         raise ValueError(f"vocab_size {shapes['vocab_size']} < the tokenizer's {len(tokenizer)}")

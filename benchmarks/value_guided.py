@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import agent_gym  # noqa: F401
+    from agent_gym.factory import pad_token_id
     from trainers.checkpoint import load_checkpoint
     from trainers.evaluate import load_checkpoint_models, model_episodes
     from trainers.rollout import summarize
@@ -117,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append({"decode": mode, "k": k, "seed": seed, "success_rate": m["rollout/success_rate"],
                      "turns_mean": m["rollout/turns_mean"], **cost, "wall_s_total": time.perf_counter() - t0})
         if mode == "sample":  # the policy's own samples, unselected: how well does the critic rank them?
-            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            runs[-1]["critic_ranking"] = critic_ranking(critic, eps, pad)
+            runs[-1]["critic_ranking"] = critic_ranking(critic, eps, pad_token_id(tok))
         load.append(os.getloadavg()[0])
         print(f"{mode:>12} k={k} seed={seed}: success {m['rollout/success_rate']:.3f}  "
               f"({cost['decode/wall_s']:.1f} s)", flush=True)

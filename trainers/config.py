@@ -95,6 +95,10 @@ class TrainConfig:
     """How often one worker's slice is retried in one iteration after the worker died or timed out."""
     rollout_timeout_s: float = 600.0
     """A worker whose slice takes longer is killed (Ray restarts it) and the slice retried."""
+    env_server: str | None = None
+    """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
+    run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
+    None: the envs live in this process (docs/integrations.md, "OpenEnv")."""
 
     # -- algorithm -----------------------------------------------------------------------------
     adv_estimator: str | None = None
@@ -228,6 +232,14 @@ def check_rollout_workers(cfg: "TrainConfig") -> None:
         raise ConfigError(f"rollout_retries must be >= 0, got {cfg.rollout_retries}")
     if cfg.rollout_timeout_s <= 0:
         raise ConfigError(f"rollout_timeout_s must be positive, got {cfg.rollout_timeout_s}")
+    if cfg.env_server is not None:
+        import agent_gym
+
+        if not cfg.env_server.startswith(("http://", "https://")):
+            raise ConfigError(f"env_server must be the http(s):// URL of a `python -m agent_gym.serve` process "
+                              f"(e.g. http://127.0.0.1:8000), got {cfg.env_server!r}")
+        if cfg.env_id in agent_gym.MULTIAGENT_IDS:
+            raise ConfigError(f"env_server serves single-agent envs; {cfg.env_id!r} is a multi-agent id: unset env_server")
 
 
 def check_registered(cfg: "TrainConfig") -> None:

@@ -61,9 +61,9 @@ def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
 def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:
     """``clamp_tasks`` on one env built with the evaluation's arguments (QA envs share their rows
     and retriever within a process, so the probe costs little)."""
-    import gymnasium as gym
+    from agent_gym.factory import EnvFactory
 
-    env = gym.make(env_id, **{"tokenizer": tok, **env_kwargs}).unwrapped
+    env = EnvFactory(env_id, env_kwargs, tok).make().unwrapped
     try:
         return clamp_tasks(tasks, env)
     finally:
@@ -71,11 +71,10 @@ def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, task
 
 
 def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: str):
-    import gymnasium as gym
-
+    from agent_gym.factory import EnvFactory
     from trainers.sft import play
 
-    env = gym.make(env_id, **env_kwargs).unwrapped
+    env = EnvFactory(env_id, env_kwargs).make().unwrapped
     tasks = clamp_tasks(tasks, env)
     if policy == "oracle" and not hasattr(type(env), "demonstration"):
         raise SystemExit(f"error: {type(env).__name__} has no demonstration(task); use --policy model or wrong")
@@ -123,18 +122,18 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
     (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
     import time
 
+    from agent_gym.factory import EnvFactory
     from trainers.backends.base import SamplingConfig
     from trainers.config import TrainConfig
     from trainers.decoding import BestOfK
     from trainers.rollout import collect
-    from trainers.trainer import make_backend, make_vector_env
+    from trainers.trainer import make_backend
 
     cfg = TrainConfig(backend=backend, eval_tasks=len(tasks), seed=seed)
-    vocab = policy.get_input_embeddings().num_embeddings
-    envs = make_vector_env(env_id, len(tasks), {"tokenizer": tok, "vocab_size": vocab, **env_kwargs})
+    factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
+    envs = factory.make_vector(len(tasks))
     be = make_backend(cfg, policy, tok, Path(".cache/evaluate"))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    wrapped = BestOfK(be, k, decode, critic, pad_token_id=pad) if decode in ("value-guided", "random-of-k") else be
+    wrapped = BestOfK(be, k, decode, critic, pad_token_id=factory.pad_id) if decode in ("value-guided", "random-of-k") else be
     sampling = SamplingConfig(max_new_tokens=max_turn_tokens, temperature=0.0 if decode == "greedy" else temperature)
     try:
         t0 = time.perf_counter()

@@ -83,10 +83,10 @@ class RolloutWorker:
     """One Ray actor: a ``ToolVectorEnv`` slice, a policy copy and its backend (the class is made
     remote by ``RolloutWorkerPool``, so importing this module does not need Ray)."""
 
-    def __init__(self, cfg_dict: dict[str, Any], worker_index: int, num_envs: int, use_gpu: bool):
+    def __init__(self, cfg_dict: dict[str, Any], worker_index: int, num_envs: int, use_gpu: bool, env_factory: Any):
         from trainers.config import from_dict
         from trainers.models import load_policy, load_tokenizer_for
-        from trainers.trainer import make_backend, make_vector_env
+        from trainers.trainer import make_backend
 
         # With vLLM the engine takes the worker's GPU; the HF copy only seeds the engine, on the CPU.
         device = "cuda" if use_gpu and cfg_dict["backend"] == "hf" else "cpu"
@@ -95,9 +95,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.tokenizer = load_tokenizer_for(cfg)
         policy = load_policy(cfg, self.tokenizer).eval()
-        vocab = policy.get_input_embeddings().num_embeddings
-        self.envs = make_vector_env(cfg.env_id, num_envs, {"tokenizer": self.tokenizer, "vocab_size": vocab,
-                                                           **cfg.env_kwargs}, cfg.num_envs_threads)
+        self.envs = env_factory.make_vector(num_envs)  # the learner's EnvFactory (env_server: sessions there)
         self.backend = make_backend(cfg, policy, self.tokenizer, Path(cfg.run_dir) / f"rollout_worker_{worker_index}")
         self.policy = policy if cfg.backend == "hf" else None  # the HF backend samples from this module
         self.version = -1  # no weights from the learner yet
@@ -130,7 +128,7 @@ _CLOSE_TIMEOUT_S = 60.0
 class RolloutWorkerPool:
     """N ``RolloutWorker`` actors and the learner's side of the protocol (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, state_dict: dict[str, torch.Tensor]):
+    def __init__(self, cfg: TrainConfig, state_dict: dict[str, torch.Tensor], env_factory: Any):
         ray = _ray()
         self.cfg = cfg
         self.n = cfg.rollout_workers
@@ -143,7 +141,8 @@ class RolloutWorkerPool:
         cfg_dict = to_dict(cfg)
         self.actors = [remote_cls.options(num_cpus=cfg.rollout_worker_cpus, num_gpus=cfg.rollout_worker_gpus,
                                           max_restarts=-1, max_task_retries=0)
-                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.group_size, cfg.rollout_worker_gpus > 0)
+                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.group_size, cfg.rollout_worker_gpus > 0,
+                               env_factory)
                        for w in range(self.n)]
         try:
             ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout_timeout_s)
@@ -335,10 +334,11 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutWorkerPool:
+def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module, env_factory: Any) -> RolloutWorkerPool:
+    """``env_factory``: the learner's ``agent_gym.factory.EnvFactory``, sent (pickled) to every worker."""
     from trainers.scale import inference_state_dict  # plain HF names (merged under LoRA), as the workers load
 
-    return RolloutWorkerPool(cfg, inference_state_dict(policy))
+    return RolloutWorkerPool(cfg, inference_state_dict(policy), env_factory)
 
 
 __all__ = ["RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers", "worker_gpus"]

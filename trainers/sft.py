@@ -148,14 +148,13 @@ def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> t
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
-    import gymnasium as gym
-
+    from agent_gym.factory import EnvFactory
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
     from trainers.config import TrainConfig
     from trainers.logger import RunLogger
     from trainers.models import load_policy, load_tokenizer_for, save_policy
-    from trainers.trainer import evaluate_greedy, make_vector_env
+    from trainers.trainer import evaluate_greedy
 
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
@@ -165,17 +164,15 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
                        tiny_layers=cfg.tiny_layers, seed=cfg.seed)
     tok = load_tokenizer_for(mcfg)
     model = load_policy(mcfg, tok)
-    vocab = model.get_input_embeddings().num_embeddings
-    env = gym.make(cfg.env_id, tokenizer=tok, vocab_size=vocab, **cfg.env_kwargs).unwrapped
+    envs = EnvFactory(cfg.env_id, cfg.env_kwargs, tok, vocab_size=model.get_input_embeddings().num_embeddings)
+    env = envs.make().unwrapped
     rng = np.random.default_rng(cfg.seed)
     demos = demonstrations(env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(),
                            cfg.demo_policy, rng)
-    eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {"tokenizer": tok, "vocab_size": vocab,
-                                                             **cfg.env_kwargs, **cfg.eval_env_kwargs})
-    eval_sets = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {"tokenizer": tok, "vocab_size": vocab,
-                                                                    **cfg.env_kwargs, **kw})
-                 for name, kw in cfg.eval_sets.items()}
-    backend = HFBackend(model, pad_token_id=tok.pad_token_id)
+    eval_envs = envs.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
+    eval_sets = {name: envs.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
+    pad_id = envs.pad_id
+    backend = HFBackend(model, pad_token_id=pad_id)
     logger = RunLogger(run_dir, cfg.steps, tensorboard=False, progress_bar=False)
     greedy = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=0.0)
 
@@ -188,7 +185,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         model.train()
-        loss = episodes_loss(model, [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)], tok.pad_token_id)
+        loss = episodes_loss(model, [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)], pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -35,8 +35,10 @@ def build_tiny_qwen2(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from agent_gym.factory import pad_token_id
+
     eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    pad_id = pad_token_id(tokenizer)
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos_id
     config = Qwen2Config(
         vocab_size=_round_up(len(tokenizer), 64),

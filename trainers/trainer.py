@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 import yaml
 
 import agent_gym  # noqa: F401  (registers the env ids)
 from agent_gym.episode import Episode
+from agent_gym.factory import EnvFactory, pad_token_id
 from agent_gym.vector import ToolVectorEnv
 from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
@@ -42,18 +42,22 @@ class NonFiniteLossError(RuntimeError):
 
 
 def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any], threads: int = 0) -> ToolVectorEnv:
-    spec = gym.spec(env_id)
-    kwargs = {**(spec.kwargs or {}), **env_kwargs}
-    return ToolVectorEnv.from_entry_point(spec.entry_point, num_envs=num_envs, num_threads=threads,
-                                          info_format="list", **kwargs)
+    """Kept for callers of the old name: ``EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)``."""
+    return EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)
+
+
+def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory:
+    """The run's one env factory: its env id and kwargs, the policy's tokenizer and vocabulary, and
+    ``env_server`` (remote rollout envs) when set."""
+    return EnvFactory(cfg.env_id, cfg.env_kwargs, tokenizer, vocab_size=vocab_size, num_threads=cfg.num_envs_threads,
+                      server=cfg.env_server)
 
 
 def make_backend(cfg: TrainConfig, policy: torch.nn.Module, tokenizer: Any, run_dir: Path):
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if cfg.backend == "hf":
         from trainers.backends.hf_backend import HFBackend
 
-        return HFBackend(policy, pad_token_id=pad, device=cfg.device)
+        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=cfg.device)
     from trainers.backends.vllm_backend import VLLMBackend
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
@@ -94,16 +98,15 @@ class Trainer:
         warm = lambda step: lr_multiplier(step, cfg.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
-        vocab = self.policy.get_input_embeddings().num_embeddings
-        env_kwargs = {"tokenizer": self.tokenizer, "vocab_size": vocab, **cfg.env_kwargs}
-        self.envs, self.eval_envs, self.eval_set_envs = self.make_envs(env_kwargs)
-        self.num_tasks = self.envs.envs[0].num_tasks()
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.env_factory = env_factory(cfg, self.tokenizer, self.policy.get_input_embeddings().num_embeddings)
+        self.envs, self.eval_envs, self.eval_set_envs = self.make_envs(self.env_factory.kwargs())
+        self.num_tasks = EnvFactory.num_tasks(self.envs)
+        self.pad_id = self.env_factory.pad_id
         self.workers = None
         if cfg.rollout_workers:  # Ray actors collect the rollout; the learner's HF backend only evaluates
             from trainers.ray_rollout import start_rollout_workers
 
-            self.workers = start_rollout_workers(cfg, self.policy)
+            self.workers = start_rollout_workers(cfg, self.policy, self.env_factory)
         self.backend = make_backend(dataclasses.replace(cfg, backend="hf") if self.workers else cfg, self.policy,
                                     self.tokenizer, self.run_dir)
         self.sampling = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
@@ -118,12 +121,14 @@ class Trainer:
         """Shard the models across processes (``FSDPTrainer``); one process keeps them whole."""
 
     def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        """The rollout, evaluation and eval-set envs (trainers.multiagent overrides it)."""
-        cfg = self.cfg
-        envs = make_vector_env(cfg.env_id, cfg.batch_size // self.world, env_kwargs, cfg.num_envs_threads)
-        eval_envs = make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs}, cfg.num_envs_threads)
-        eval_sets = {name: make_vector_env(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}, cfg.num_envs_threads)
-                     for name, kw in cfg.eval_sets.items()}
+        """The rollout, evaluation and eval-set envs (trainers.multiagent overrides it), from
+        ``self.env_factory``: the rollout's on ``env_server`` when set, evaluation's in this process
+        (its env kwargs overrides cannot reach a served env)."""
+        cfg, factory = self.cfg, self.env_factory
+        envs = factory.make_vector(cfg.batch_size // self.world)
+        evals = factory.local()
+        eval_envs = evals.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
+        eval_sets = {name: evals.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
         return envs, eval_envs, eval_sets
 
     def _on_sigint(self, *_: Any) -> None:

@@ -61,12 +61,12 @@ class TinyChatServer:
         import torch  # noqa: F401
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from agent_gym.factory import pad_token_id
         from trainers.backends import HFBackend
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        self.backend = HFBackend(model, pad_token_id=pad, num_threads=1)
+        self.backend = HFBackend(model, pad_token_id=pad_token_id(self.tok), num_threads=1)
         self.lock = threading.Lock()
         self.requests = 0
         server = self

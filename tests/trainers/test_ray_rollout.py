@@ -69,7 +69,7 @@ def test_workers_that_do_not_start_in_time_give_a_clear_error_and_stop_ray(tmp_p
     cfg = _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0.001)
     with pytest.raises(RolloutWorkerError, match=r"did not start within rollout_timeout_s=0.001 s.*"
                                                  r"ray.cluster_resources\(\): \{.*'CPU'"):
-        RolloutWorkerPool(cfg, {})  # no weights are pushed: the workers never start
+        RolloutWorkerPool(cfg, {}, None)  # no weights are pushed: the workers never start
     assert not ray.is_initialized()
 
 

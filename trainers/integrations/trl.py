@@ -77,14 +77,21 @@ class EnvRollout:
         max_turn_tokens: the most tokens sampled in one assistant turn (the env's
             ``max_context_tokens`` bounds the whole episode).
         seed: sampling seeds derive from ``(seed, trainer.state.global_step, call)``.
+        env_server: ``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id``
+            with these env kwargs and the model's vocabulary size: the episodes are played there
+            (TRL's OpenEnv pattern); the prompts of :meth:`dataset` are still rendered in-process.
+
+    The envs come from one ``agent_gym.factory.EnvFactory`` (``self.env_factory``); an existing one
+    is passed with :meth:`from_factory`.
 
     After each call, ``last_episodes`` holds the episodes it returned, in order.
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, tokenizer: Any = None,
-                 max_turn_tokens: int = 64, seed: int = 0):
+                 max_turn_tokens: int = 64, seed: int = 0, env_server: str | None = None):
         import gymnasium as gym
 
+        from agent_gym.factory import EnvFactory
         from agent_gym.tokenizer import load_tokenizer
 
         if env_id not in gym.registry:
@@ -99,6 +106,7 @@ class EnvRollout:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.tokenizer = load_tokenizer(tokenizer)
+        self.env_factory = EnvFactory(env_id, self.env_kwargs, self.tokenizer, server=env_server)
         self._checked_tokenizer: Any = None
         self.max_turn_tokens = max_turn_tokens
         self.seed = int(seed)
@@ -107,6 +115,13 @@ class EnvRollout:
         self._prompt_to_task: dict[str, int] = {}
         self._calls = 0
         self.last_episodes: list[Episode] = []
+
+    @classmethod
+    def from_factory(cls, env_factory: Any, max_turn_tokens: int = 64, seed: int = 0) -> "EnvRollout":
+        """An ``EnvRollout`` on an existing ``EnvFactory``'s id, env kwargs, tokenizer and server (its
+        ``vocab_size`` is not used: it comes from the model TRL trains)."""
+        return cls(env_factory.env_id, env_factory.env_kwargs, env_factory.tokenizer, max_turn_tokens=max_turn_tokens,
+                   seed=seed, env_server=env_factory.server)
 
     # -- the dataset TRL iterates --------------------------------------------------------------
 
@@ -155,8 +170,7 @@ class EnvRollout:
                                   top_p=float(args.top_p), top_k=int(args.top_k) if args.top_k else -1)
         model = trainer.accelerator.unwrap_model(trainer.model)
         self._check_tokenizer(trainer.processing_class)
-        tok = self.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        pad = self.env_factory.pad_id
         vocab = int(model.get_output_embeddings().weight.shape[0])
         was_training = model.training  # HFBackend puts the model in eval mode; TRL reads .training after us
         seed = int(np.random.SeedSequence([self.seed, trainer.state.global_step, self._calls]).generate_state(1)[0])
@@ -181,15 +195,14 @@ class EnvRollout:
         return out
 
     def _envs(self, n: int, vocab_size: int | None = None):
+        """The rollout's vector env (on ``env_server`` when set), or with ``vocab_size=None`` an
+        in-process one that renders :meth:`dataset`'s prompts."""
         if self._vec_key != (n, vocab_size):
-            from trainers.trainer import make_vector_env
-
             if self._vec is not None:
                 self._vec.close()
-            kwargs = {**self.env_kwargs, "tokenizer": self.tokenizer}
-            if vocab_size is not None:
-                kwargs["vocab_size"] = vocab_size
-            self._vec, self._vec_key = make_vector_env(self.env_id, n, kwargs), (n, vocab_size)
+            factory = self.env_factory.replace(vocab_size=vocab_size)
+            self._vec = (factory.local() if vocab_size is None else factory).make_vector(n)
+            self._vec_key = (n, vocab_size)
         return self._vec
 
     def _check_tokenizer(self, processing_class: Any) -> None:
