@@ -117,13 +117,12 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None):
         super().__init__()
-        import gymnasium as gym
-
         import agent_gym  # noqa: F401  (registers the ids)
+        from agent_gym.factory import EnvFactory
         from agent_gym.wrappers import TextView
 
         self.env_id = env_id
-        self.env = gym.make(env_id, **(env_kwargs or {}))
+        self.env = EnvFactory(env_id, env_kwargs).make()
         self.text_view = TextView(self.env)
         self.tool_env = self.text_view.tool_env
         self.view: str = "tokens"
@@ -494,7 +493,8 @@ def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, dict[str, Any]]:
     ap = argparse.ArgumentParser(prog="python -m agent_gym.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("env_id", nargs="?", help="a registered id (default: the config's env_id)")
-    ap.add_argument("--config", help="a YAML file with env_id and env_kwargs (a trainer config works; other keys are ignored)")
+    ap.add_argument("--config", help="a YAML file with env_id and env_kwargs, at the top or under rollout: (a trainer "
+                                     "config works; other keys are ignored)")
     ap.add_argument("--env-kwargs", default=None, help="env kwargs as YAML/JSON, inline or a file; override the config's")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -505,6 +505,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, 
     if args.config and not Path(args.config).is_file():
         raise SystemExit(f"error: --config {args.config} is not a file")
     cfg = _load_mapping(args.config, "--config") if args.config else {}
+    if isinstance(cfg.get("rollout"), dict):  # a sectioned trainer config: the env is the rollout section's
+        cfg = {**cfg["rollout"], **{k: v for k, v in cfg.items() if k in ("env_id", "env_kwargs")}}
     env_id = args.env_id or cfg.get("env_id")
     if not env_id:
         raise SystemExit("error: name an env id (python -m agent_gym.serve AgentR1/FactChain-v0) or give a --config with env_id")

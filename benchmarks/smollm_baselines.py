@@ -93,8 +93,7 @@ def gold_in_text(text: str, task: dict[str, Any]) -> bool:
 
 def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, args: argparse.Namespace,
                   out_dir: Path) -> dict[str, Any]:
-    import gymnasium as gym
-
+    from agent_gym.factory import EnvFactory
     from trainers.evaluate import model_episodes
     from trainers.rollout import summarize
     from trainers.trainer import episode_record
@@ -111,7 +110,7 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", turn_tokens,
                                        decode=decode, temperature=args.temperature or 1.0, seed=args.seed)
     wall = time.perf_counter() - t0
-    probe = gym.make(eid, tokenizer=tok, **kwargs).unwrapped
+    probe = EnvFactory(eid, kwargs, tok).make().unwrapped
     m = summarize(episodes)
     calls = sum(sum(e.call_statuses.values()) for e in episodes)
     ok = sum(e.call_statuses.get("ok", 0) for e in episodes)

@@ -35,28 +35,26 @@ def _cfg(run_dir, **kw):
     return TrainConfig(**base)
 
 
-def _one_iteration(cfg):
-    """(iteration 0's rollout, the metrics of one whole iteration) of a fresh trainer."""
+def _one_iteration(cfg, server, sessions):
+    """(iteration 0's rollout, the metrics of one whole iteration) of a fresh trainer, which holds
+    ``sessions`` sessions on ``server`` once set up (its rollout envs: 0 in-process)."""
     from trainers.trainer import Trainer
 
     tr = Trainer(cfg)
     tr.setup()
     try:
-        kind = type(tr.envs)
+        assert server.wait_open_envs(sessions) == sessions
         trajs, _ = tr.rollout(0)
         metrics = tr.train()  # rollout 0 again (the same seed), score, update, evaluate, checkpoint
     finally:
         tr.cleanup()
-    return kind, trajs, metrics
+    return trajs, metrics
 
 
 @pytest.mark.timeout(180)
 def test_one_iteration_on_the_env_server_equals_the_in_process_one(server, tmp_path):
-    from agent_gym.vector import ToolVectorEnv
-
-    local_kind, expected, local = _one_iteration(_cfg(tmp_path / "local"))
-    remote_kind, got, remote = _one_iteration(_cfg(tmp_path / "remote", env_server=server.url))
-    assert local_kind is ToolVectorEnv and remote_kind is RemoteVectorEnv
+    expected, local = _one_iteration(_cfg(tmp_path / "local"), server, 0)
+    got, remote = _one_iteration(_cfg(tmp_path / "remote", env_server=server.url), server, 4)  # 2 tasks x 2
     assert len(got) == 4 and got == expected  # Trajectory dataclasses: Episode (ids, masks, reward), log-probs, group
     assert sum(t.episode.turns for t in got) > 4  # multi-turn episodes went over the wire
     assert len({tuple(t.episode.token_ids) for t in got}) > 1
@@ -108,3 +106,39 @@ def test_a_server_whose_envs_encode_with_another_tokenizer_is_refused(server):
     with pytest.raises(ValueError, match="tokenizer: the server's env encodes with a different tokenizer"):
         other.make_vector(2)
     assert server.wait_open_envs(0) == 0  # refused before any session was opened
+
+
+def test_the_server_takes_its_env_from_a_sectioned_trainer_config(tmp_path):
+    """``python -m agent_gym.serve --config RUN.yaml`` serves the run's env: ``rollout.env_id`` and
+    ``rollout.env_kwargs`` of a sectioned config (the old flat keys still work); ``--env-kwargs`` adds
+    the policy's ``vocab_size``."""
+    import yaml
+
+    from agent_gym.serve import parse_args
+
+    sectioned = {"run": {"run_dir": "runs/x"}, "model": {"name": "tiny"},
+                 "rollout": {"env_id": ENV_ID, "env_kwargs": dict(TRAIN_ENV_KWARGS), "env_server": "http://127.0.0.1:1"}}
+    flat = {"env_id": ENV_ID, "env_kwargs": dict(TRAIN_ENV_KWARGS), "lr": 1e-3}
+    for name, cfg in (("sectioned", sectioned), ("flat", flat)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        _, env_id, kwargs = parse_args(["--config", str(path), "--env-kwargs", f"{{vocab_size: {ENV_KWARGS['vocab_size']}}}"])
+        assert (env_id, kwargs) == (ENV_ID, ENV_KWARGS), name
+
+
+@pytest.mark.timeout(60)
+def test_trl_env_rollout_plays_on_the_server_through_the_factory(server):
+    """``EnvRollout(env_server=URL)``: its rollouts are sessions on the server (the model's vocabulary
+    checked against the served env's), its dataset's prompts are rendered in-process."""
+    from agent_gym.tokenizer import load_tokenizer
+    from agent_gym.vector import ToolVectorEnv
+    from trainers.integrations.trl import EnvRollout
+
+    rollout = EnvRollout(ENV_ID, TRAIN_ENV_KWARGS, load_tokenizer(None), env_server=server.url)
+    remote = rollout._envs(2, ENV_KWARGS["vocab_size"])
+    assert isinstance(remote, RemoteVectorEnv) and server.wait_open_envs(2) == 2
+    assert isinstance(rollout._envs(1), ToolVectorEnv) and server.wait_open_envs(0) == 0  # the remote one closed
+    with pytest.raises(ValueError, match="vocab_size: server 2112, here 4096"):
+        rollout._envs(2, 4096)
+    assert rollout._vec is None  # the old one closed and forgotten: nothing stale is handed out next
+    assert EnvRollout.from_factory(rollout.env_factory).env_factory.server == server.url

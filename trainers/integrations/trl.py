@@ -200,6 +200,7 @@ class EnvRollout:
         if self._vec_key != (n, vocab_size):
             if self._vec is not None:
                 self._vec.close()
+                self._vec, self._vec_key = None, None  # nothing stale if the new one fails
             factory = self.env_factory.replace(vocab_size=vocab_size)
             self._vec = (factory.local() if vocab_size is None else factory).make_vector(n)
             self._vec_key = (n, vocab_size)
