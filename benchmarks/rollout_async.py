@@ -2,7 +2,7 @@
 
 Run under .venv-vllm (``make vllm-cpu``):
 
-    .venv-vllm/bin/python benchmarks/rollout_async.py [--batch 64] [--rounds 3] [--max-new 16]
+    .venv-vllm/bin/python -m benchmarks.rollout_async [--batch 64] [--rounds 3] [--max-new 16]
 
 Workload: ``batch`` episodes of ``ScriptedToolEnv`` on the tiny Qwen2 of ``trainers.tiny_model``
 (random weights, so the model writes no tool calls of its own: the env's script decides that every
@@ -32,7 +32,6 @@ import argparse
 import math
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,12 +39,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agent_gym.env import ToolEnv  # noqa: E402
-from agent_gym.formats import ParsedTurn, ToolCall  # noqa: E402
-from agent_gym.tools import Tool, ToolResult  # noqa: E402
+from agent_gym.env import ToolEnv
+from agent_gym.formats import ParsedTurn, ToolCall
+from agent_gym.tools import Tool, ToolResult
 
 LATENCY_MEDIAN_S = 0.2
 LATENCY_SIGMA = 1.16
@@ -144,6 +140,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--cases", default="slow,instant")
+    ap.add_argument("--env-threads", type=int, default=None, help="threads stepping envs, both sides (default: batch)")
     args = ap.parse_args()
 
     import torch
@@ -167,13 +164,14 @@ def main() -> None:
         if c not in behaviours:
             raise SystemExit(f"--cases: unknown case {c!r}; choose from {sorted(behaviours)}")
     vocab = model.get_input_embeddings().num_embeddings
+    threads = args.env_threads or args.batch
     vecs = {c: ToolVectorEnv([lambda c=c: ScriptedToolEnv(tasks, WorkTool(behaviours[c]), tokenizer=tok, vocab_size=vocab)
-                              for _ in range(args.batch)], num_threads=args.batch, info_format="list")
+                              for _ in range(args.batch)], num_threads=threads, info_format="list")
             for c in cases}
     sampling = SamplingConfig(max_new_tokens=args.max_new, temperature=1.0)
     order = list(range(args.batch))
     out: dict[str, Any] = {
-        "workload": {"batch": args.batch, "turns": f"1-{args.max_turns} uniform", "max_new_tokens": args.max_new,
+        "workload": {"batch": args.batch, "env_threads": threads, "turns": f"1-{args.max_turns} uniform", "max_new_tokens": args.max_new,
                      "slow_tool": f"lognormal median {LATENCY_MEDIAN_S} s sigma {LATENCY_SIGMA} (p99 ~3 s), "
                                   f"timeout {TOOL_TIMEOUT_S} s",
                      "turns_total": sum(t["turns"] for t in tasks),
@@ -197,7 +195,7 @@ def main() -> None:
         try:
             for c in cases:  # warm-up: one short rollout per side
                 collect(vecs[c], lock, order, 1, sampling, seed=999)
-                collect_async(vecs[c], aio, order, 1, sampling, seed=999)
+                collect_async(vecs[c], aio, order, 1, sampling, seed=999, env_threads=threads)
             for r in range(args.rounds):
                 for c in cases:
                     for side in ("lockstep", "async"):
@@ -207,7 +205,7 @@ def main() -> None:
                             wall = time.perf_counter() - t0
                             busy = rt.generate_s / wall
                         else:
-                            trajs, rt = collect_async(vecs[c], aio, order, 1, sampling, seed=r)
+                            trajs, rt = collect_async(vecs[c], aio, order, 1, sampling, seed=r, env_threads=threads)
                             wall = time.perf_counter() - t0
                             busy = rt.engine_busy
                         assert [t.episode.turns for t in trajs] == [t["turns"] for t in tasks]

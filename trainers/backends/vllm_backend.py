@@ -488,7 +488,12 @@ class AsyncVLLMBackend:
 
         if threading.current_thread() is self._thread:
             raise RuntimeError("AsyncVLLMBackend.run called from the engine's own loop; await the coroutine instead")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C while waiting, or the coroutine's error: nothing keeps running there
+            future.cancel()  # cancels the task (a no-op once it is done); vLLM aborts its requests
+            raise
 
     async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None = None) -> Generation:
         """One continuation of ``prompt`` (token ids), as one engine request; await it on the engine's
