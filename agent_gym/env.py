@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -99,6 +99,10 @@ def _check_weight(where: str, w: Any) -> None:
 
 
 ANSWER_SOURCES = ("tags", "text", "reply")
+
+
+DemoPolicy = Callable[[dict[str, Any], np.random.Generator], list[str]]
+"""A scripted policy: ``(task, rng) -> the texts of the agent's turns`` (``ToolEnv.demonstrations``)."""
 
 
 class ToolEnv(gym.Env):
@@ -269,6 +273,15 @@ class ToolEnv(gym.Env):
         if self._answer_source == "reply":
             return text.strip() or None
         return None
+
+    def demonstrations(self) -> dict[str, DemoPolicy]:
+        """Optional: the env's scripted policies by name, each ``(task, rng) -> assistant turns``
+        (the texts of the agent's turns, played through the env by ``trainers.sft.play``). SFT's
+        ``demo_policy`` and ``evaluate.py --policy`` pick from these. The default offers ``oracle``
+        when the env defines ``demonstration(task)``, else nothing; an env with further policies
+        (FactChain: ``protocol``, ``reversed``) returns them too."""
+        oracle = getattr(self, "demonstration", None)
+        return {} if oracle is None else {"oracle": lambda task, rng: oracle(task)}
 
     def check_task(self, task: Any) -> dict[str, Any]:
         """A copy of ``task`` if it is a dict with every key in ``required_task_keys`` and a string

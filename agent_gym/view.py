@@ -135,6 +135,8 @@ def run_tokenizer(run_dir: Path, spec: str | None = None) -> Any:
     import yaml
 
     cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    if isinstance(cfg.get("model"), dict):  # a sectioned config (trainers.config); older runs' are flat
+        cfg = cfg["model"] | {"model": cfg["model"].get("name", "tiny")}
     if cfg.get("tokenizer"):
         return load_tokenizer(cfg["tokenizer"])
     model = cfg.get("model", "tiny")

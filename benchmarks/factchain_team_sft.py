@@ -42,7 +42,7 @@ def main() -> None:
     from envs.factchain_team import TeamOracle, play_parallel
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
-    from trainers.config import TrainConfig
+    from trainers.config import ModelConfig
     from trainers.models import load_policy, load_tokenizer_for
     from trainers.multiagent import TeamEnvs, collect_multiagent
     from trainers.rollout import summarize
@@ -51,9 +51,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     t_start = time.perf_counter()
-    mcfg = TrainConfig(model="tiny", seed=args.seed)
+    mcfg = ModelConfig(name="tiny")
     tok = load_tokenizer_for(mcfg)
-    model = load_policy(mcfg, tok)
+    model = load_policy(mcfg, tok, seed=args.seed)
     kw = {"tokenizer": tok, "vocab_size": model.get_input_embeddings().num_embeddings, **ENV_KWARGS}
     env = agent_gym.make_multiagent("AgentR1/FactChainTeam-v0", parallel=True, **kw)
     oracle = TeamOracle(env)

@@ -202,14 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.torch_threads)
     import agent_gym  # noqa: F401
     import envs  # noqa: F401
-    from trainers.config import TrainConfig
+    from trainers.config import ModelConfig
     from trainers.models import load_policy, load_tokenizer_for
 
     conds = args.conditions or (FOOTHOLD if args.foothold else BASELINES)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    mcfg = TrainConfig(model="smollm2-135m-instruct")
+    mcfg = ModelConfig(name="smollm2-135m-instruct")
     tok = load_tokenizer_for(mcfg)
     policy = load_policy(mcfg, tok).eval()
     load_s = time.perf_counter() - t0

@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: corpus {args.corpus} not found (set AGENT_GYM_SHARED_DATA or --corpus)")
     import torch
 
-    from trainers.config import TrainConfig
+    from trainers.config import ModelConfig
     from trainers.models import load_policy, load_tokenizer_for
 
     torch.set_num_threads(args.torch_threads)
-    cfg = TrainConfig(model=args.model)
+    cfg = ModelConfig(name=args.model)
     tok = load_tokenizer_for(cfg)
     model = load_policy(cfg, tok).eval()
     docs = []

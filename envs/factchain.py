@@ -310,13 +310,18 @@ class FactChainEnv(ToolEnv):
         outermost first (reading "the mentor of the rival of X" left to right), then answers with the
         last result. Calls, copying and chaining are right, so it succeeds only when reversing the
         chain does not change the answer (for 2 hops: when both relations are the same, or by
-        chance). ``rng`` is unused; it is there for the common ``X_demonstration`` signature."""
+        chance). ``rng`` is unused; it is there for the common ``DemoPolicy`` signature."""
         entity, turns = task["path"][0], []
         for relation in reversed(task["chain"]):
             turns.append(lookup_turn(entity, relation, self.format))
             entity = self.facts(task)[(entity, relation)]
         turns.append(f"<answer>{entity}</answer>")
         return turns
+
+    def demonstrations(self) -> dict[str, Any]:
+        """``oracle``, ``protocol`` and ``reversed`` (``ToolEnv.demonstrations``)."""
+        return {**super().demonstrations(), "protocol": self.protocol_demonstration,
+                "reversed": self.reversed_demonstration}
 
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         """``hop``: paid once per hop, for the first lookup of that hop's (entity, relation)."""

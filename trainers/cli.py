@@ -2,6 +2,7 @@
 
     python trainers/train_ppo.py --config configs/factchain_ppo.yaml [key=value ...]
     python trainers/train_ppo.py --resume runs/factchain_ppo [key=value ...]
+    python trainers/train_grpo.py --plugin my_project.algos --config my.yaml   # a module that registers names
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ import os
 import shutil
 import sys
 import traceback
+import warnings
+from pathlib import Path
 
-from trainers.config import ConfigError, load_config, parse_overrides
+import yaml
+
+from trainers import plugins
+from trainers.config import ConfigDeprecationWarning, ConfigError, load_config, parse_overrides
 
 
 def script_main(algo: str) -> None:
@@ -30,21 +36,31 @@ def script_main(algo: str) -> None:
 
 def main(algo: str, argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"train_{algo}", description=f"Train an agent with {algo.upper()}.")
-    ap.add_argument("--config", help="a YAML file from configs/ (its keys mirror trainers.config.TrainConfig)")
+    ap.add_argument("--config", help="a YAML file from configs/ (its sections mirror trainers.config.TrainConfig)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides, values parsed as YAML")
+    ap.add_argument("overrides", nargs="*", help="section.key=value overrides (e.g. algorithm.lr=1e-5), values "
+                                                 "parsed as YAML")
+    plugins.add_argument(ap)
     args = ap.parse_args(argv)
+    warnings.simplefilter("default", ConfigDeprecationWarning)  # say which flat keys moved, once each
     from trainers.trainer import resume_config, run
 
     try:
+        plugins.load(args.plugin, "--plugin")
         if args.resume:
-            cfg = resume_config(args.resume, parse_overrides(args.overrides))
+            over = parse_overrides(args.overrides)
+            if args.plugin:  # added to the run's own (its config.yaml's plugins)
+                saved = Path(args.resume) / "config.yaml"
+                old = (yaml.safe_load(saved.read_text()) or {}).get("plugins") or [] if saved.is_file() else []
+                over["plugins"] = list(dict.fromkeys([*old, *args.plugin]))
+            cfg = resume_config(args.resume, over)
         else:
-            cfg = load_config(args.config, args.overrides, defaults={"algo": algo})
+            cfg = load_config(args.config, args.overrides, defaults={"algorithm": {"algo": algo}}, plugins=args.plugin)
         family = {"ppo": ("ppo",), "grpo": ("grpo", "rloo", "reinforce_pp")}[algo]
         if cfg.algo not in family:
-            raise ConfigError(f"config key 'algo' is {cfg.algo!r}, which train_{algo}.py does not run; use "
-                              f"{'train_ppo.py' if cfg.algo == 'ppo' else 'train_grpo.py'} or set algo to one of {family}")
+            raise ConfigError(f"config key 'algorithm.algo' is {cfg.algo!r}, which train_{algo}.py does not run; use "
+                              f"{'train_ppo.py' if cfg.algo == 'ppo' else 'train_grpo.py'} or set algorithm.algo to one "
+                              f"of {family}")
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,20 +1,42 @@
-"""The trainer's config: one dataclass, mirrored field for field by the YAML files in configs/.
+"""The trainer's config, in sections, mirrored key for key by the YAML files in configs/.
 
-``load_config(path, overrides)`` reads a YAML file, applies ``key=value`` overrides (values are
-parsed as YAML, so ``lr=1e-5`` is a float and ``env_kwargs={num_hops: 3}`` a dict), and checks
-every key and type. An unknown key, a wrong type or impossible batch arithmetic fails at start
-with a message that names the key.
+    plugins: [my_project.estimators]      # imported before anything is checked
+    model:     {name: tiny, init_from: runs/sft/model, device: cpu, ...}     # ModelConfig
+    rollout:   {env_id: AgentR1/FactChain-v0, env_kwargs: {...}, tasks_per_iter: 16, ...}  # RolloutConfig
+    algorithm: {algo: ppo, lr: 1e-4, adv_estimator: gae, adv_kwargs: {}, loss_kwargs: {}, ...}  # AlgorithmConfig
+    scale:     {max_tokens_per_microbatch: null, lora_r: 0, fsdp: false, ...}  # ScaleConfig
+    run:       {run_dir: runs/x, seed: 0, iterations: 100, ...}             # RunConfig
+    eval:      {env_kwargs: {split: test}, sets: {...}, every: 10, tasks: 64}  # EvalConfig
+
+Each section is a dataclass that checks itself (types, ranges) when built; ``TrainConfig`` adds the
+checks that span sections (batch arithmetic, FSDP's refusals). SFT (``trainers.sft.SFTConfig``) and
+evaluation reuse ``ModelConfig`` and ``EvalConfig``. Nothing here imports torch: the estimator,
+aggregation and KL names are checked against the torch-free ``trainers.algos.registry``, after the
+config's ``plugins`` are imported (``trainers.plugins``).
+
+``load_config(path, overrides)`` reads a YAML file and applies ``key=value`` overrides (values
+parsed as YAML: ``algorithm.lr=1e-5`` is a float, ``rollout.env_kwargs={num_hops: 3}`` a dict).
+The old flat keys (``lr: 1e-5``, a whole config without sections, as written by runs before the
+sections) still load: each is mapped to its section (``FLAT_KEYS``) with a
+``ConfigDeprecationWarning`` naming the new place, so old configs and checkpoints resume. Read
+access by the flat name (``cfg.lr``) is kept on ``TrainConfig`` for the trainer code; new code
+takes the section it needs. An unknown key, flat or sectioned, fails naming the closest valid one.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
+
+from trainers.algos import registry
 
 Algo = Literal["ppo", "grpo", "rloo", "reinforce_pp"]
 
@@ -23,38 +45,38 @@ class ConfigError(ValueError):
     pass
 
 
+class ConfigDeprecationWarning(DeprecationWarning):
+    """A config used a flat key (``lr``) instead of its sectioned place (``algorithm.lr``)."""
+
+
+class Section:
+    """A config section: ``check_types`` and ``check`` run when it is built (and on
+    ``dataclasses.replace``); messages name keys as ``<section>.<key>``."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_types(self, self.section)
+        self.check()
+
+    def check(self) -> None:
+        pass
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{self.section}.{name} must be positive, got {getattr(self, name)}")
+
+
 @dataclass
-class TrainConfig:
-    # -- run ---------------------------------------------------------------------------------
-    run_dir: str = "runs/default"
-    """Where metrics, curves, trajectories and checkpoints go."""
-    seed: int = 0
-    algo: Algo = "ppo"
-    """Sets the defaults below: ppo = GAE with a critic; grpo/rloo/reinforce_pp = no critic."""
-    iterations: int = 100
-    max_minutes: float | None = None
-    """Stop (with a checkpoint) after this much wall time."""
-    stop_success: float | None = None
-    """Stop early once the evaluation success rate reaches this."""
+class ModelConfig(Section):
+    """The policy's model: what ``trainers.models.load_tokenizer_for`` / ``load_policy`` read
+    (RL, SFT, evaluation and the Ray rollout workers)."""
 
-    # -- env -----------------------------------------------------------------------------------
-    env_id: str = "AgentR1/FactChain-v0"
-    """A Gymnasium id, or a multi-agent id (``agent_gym.MULTIAGENT_IDS``: trained by ``trainers.multiagent``)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
-    """Overrides of env_kwargs for evaluation (FactChain: the held-out split); logged as ``eval/*``."""
-    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Further greedy evaluations, run with ``eval/*``: name -> overrides of ``env_kwargs`` (not of
-    ``eval_env_kwargs``), logged as ``eval/<name>/*``. The FactChain demo measures what was not
-    trained on: ``heldout: {split: test, exclude_train_tasks: 64}`` (questions of the same KB outside
-    the 64-question training pool) and ``fresh_kb: {kb_seed: 1000, split: test}`` (a KB never seen in
-    training)."""
-    num_envs_threads: int = 0
-    """Threads stepping the vector env (0: inline; use >0 for I/O-bound tools such as HTTP search)."""
-
-    # -- model ---------------------------------------------------------------------------------
-    model: str = "tiny"
-    """A hub name, a local HF directory, or ``tiny`` (a small Qwen2 built in code)."""
+    section: ClassVar[str] = "model"
+    name: str = "tiny"
+    """A hub name, a local HF directory, a named model (``smollm2-135m-instruct``) or ``tiny`` (a
+    small Qwen2 built in code)."""
     tokenizer: str | None = None
     """Defaults to the model's tokenizer; ``tiny`` uses the built-in one."""
     tiny_hidden_size: int = 64
@@ -65,11 +87,24 @@ class TrainConfig:
     device: str = "cpu"
     torch_threads: int | None = None
     """torch intra-op threads (None: torch's default). 1 is fastest for tiny models on a busy CPU."""
-    gc_freeze: bool = True
-    """After set-up, move every object alive to Python's permanent GC generation (``gc.freeze``), so
-    full collections during training skip the model, tokenizer and envs (trainers/gc_stats.py)."""
 
-    # -- rollout -------------------------------------------------------------------------------
+    def check(self) -> None:
+        self._positive("tiny_hidden_size", "tiny_layers")
+        if self.torch_threads is not None:
+            self._positive("torch_threads")
+
+
+@dataclass
+class RolloutConfig(Section):
+    """The env and how trajectories are sampled from it (in-process or by Ray workers)."""
+
+    section: ClassVar[str] = "rollout"
+    env_id: str | None = None
+    """Required: a Gymnasium id, or a multi-agent id (``agent_gym.MULTIAGENT_IDS``: trained by
+    ``trainers.multiagent``). No env is assumed."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    num_envs_threads: int = 0
+    """Threads stepping the vector env (0: inline; use >0 for I/O-bound tools such as HTTP search)."""
     backend: Literal["hf", "vllm"] = "hf"
     tasks_per_iter: int = 16
     group_size: int = 4
@@ -83,27 +118,70 @@ class TrainConfig:
     over the batch: exact for the ``hf`` backend (same module, mismatch ~1e-6), approximate for
     vLLM; it needs ``top_p: 1.0`` (top-p changes the sampled distribution's support)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
-    rollout_workers: int = 0
+    workers: int = 0
     """Ray actors that collect the rollout, each a slice of tasks_per_iter (0: in-process, no Ray);
     see docs/scaling.md, "Ray rollout workers"."""
     ray_address: str | None = None
     """The Ray cluster to join (``auto`` or ``host:port``); None starts a local one."""
-    rollout_worker_cpus: float = 1.0
-    rollout_worker_gpus: float = 0.0
+    worker_cpus: float = 1.0
+    worker_gpus: float = 0.0
     """Ray resources of each rollout worker; with GPUs the worker generates on ``cuda``."""
-    rollout_retries: int = 2
+    retries: int = 2
     """How often one worker's slice is retried in one iteration after the worker died or timed out."""
-    rollout_timeout_s: float = 600.0
+    timeout_s: float = 600.0
     """A worker whose slice takes longer is killed (Ray restarts it) and the slice retried."""
     env_server: str | None = None
     """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
     run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
     None: the envs live in this process (docs/integrations.md, "OpenEnv")."""
 
-    # -- algorithm -----------------------------------------------------------------------------
+    def check(self) -> None:
+        if not self.env_id:
+            raise ConfigError("rollout.env_id is required (no env is assumed): a Gymnasium id such as "
+                              "AgentR1/FactChain-v0 or AgentR1/HotpotQA-v0, or one a plugin registers")
+        self._positive("tasks_per_iter", "group_size", "max_turn_tokens")
+        if self.temperature < 0:
+            raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if not self.recompute_logprobs and self.top_p != 1.0:
+            raise ConfigError(f"rollout.recompute_logprobs=false needs top_p: 1.0 (got top_p={self.top_p}): the "
+                              "sampler's log-probs under top-p are not the policy's")
+        if self.workers < 0:
+            raise ConfigError(f"rollout.workers must be >= 0 (0: in-process rollout), got {self.workers}")
+        if self.workers and self.tasks_per_iter % self.workers:
+            raise ConfigError(f"rollout.workers={self.workers} must divide tasks_per_iter={self.tasks_per_iter} "
+                              "(each worker collects an equal slice of the tasks)")
+        if self.worker_cpus < 0 or self.worker_gpus < 0:
+            raise ConfigError("rollout.worker_cpus and rollout.worker_gpus must be >= 0")
+        if self.retries < 0:
+            raise ConfigError(f"rollout.retries must be >= 0, got {self.retries}")
+        self._positive("timeout_s")
+        if self.env_server is not None:
+            import agent_gym
+
+            if not self.env_server.startswith(("http://", "https://")):
+                raise ConfigError(f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
+                                  f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}")
+            if self.env_id in agent_gym.MULTIAGENT_IDS:
+                raise ConfigError(f"rollout.env_server serves single-agent envs; {self.env_id!r} is a multi-agent id: "
+                                  "unset env_server")
+
+
+@dataclass
+class AlgorithmConfig(Section):
+    """The RL algorithm: estimator, losses and optimizer. ``adv_kwargs`` and ``loss_kwargs`` go to
+    the registered estimator and aggregation as keyword arguments (their own hyperparameters)."""
+
+    section: ClassVar[str] = "algorithm"
+    algo: Algo = "ppo"
+    """Sets the defaults below: ppo = GAE with a critic; grpo/rloo/reinforce_pp = no critic."""
     adv_estimator: str | None = None
     """A name in the advantage-estimator registry (``trainers.algos.register_adv_est``: gae, grpo,
-    rloo, reinforce_pp, or one you register); defaults from ``algo``."""
+    rloo, reinforce_pp, or one a plugin registers); defaults from ``algo``."""
+    adv_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The estimator's own keyword parameters (e.g. ``{eps: 1e-8}``, or a plugin estimator's
+    hyperparameter), checked against its signature."""
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std: bool = True
@@ -122,18 +200,67 @@ class TrainConfig:
     dual_clip_c: float | None = None
     loss_agg: str = "token-mean"
     """A name in the aggregation registry (``trainers.algos.register_agg``): token-mean,
-    seq-mean-token-sum, seq-mean-token-mean, or one you register."""
+    seq-mean-token-sum, seq-mean-token-mean, or one a plugin registers."""
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The aggregation's own keyword parameters, checked against its signature."""
     vf_coef: float = 0.5
     value_clip: float | None = 0.2
     kl_coef: float = 0.0
     kl_mode: Literal["reward", "loss"] = "loss"
     kl_kind: str = "k3"
-    """A name in the KL registry (``trainers.algos.register_kl``): k1, k2, k3, or one you register."""
+    """A name in the KL registry (``trainers.algos.register_kl``): k1, k2, k3, or one a plugin registers."""
     entropy_coef: float = 0.0
     use_action_mask: bool = True
     """Ablation switch: False puts every non-prompt token (env tokens too) under the loss."""
 
-    # -- memory and precision (trainers/scale.py, docs/scaling.md) --------------------------------
+    @property
+    def uses_critic(self) -> bool:
+        """From the estimator's registration (``register_adv_est(name, uses_critic=...)``)."""
+        return registry.USES_CRITIC[self.adv_estimator]
+
+    @property
+    def needs_groups(self) -> bool:
+        """From the estimator's registration (``register_adv_est(name, needs_groups=...)``)."""
+        return registry.NEEDS_GROUPS[self.adv_estimator]
+
+    def check(self) -> None:
+        if self.adv_estimator is None:
+            self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
+        for key, table, how in (("adv_estimator", registry.ADV_ESTIMATORS, "register_adv_est"),
+                                ("loss_agg", registry.AGGREGATIONS, "register_agg"),
+                                ("kl_kind", registry.KL_KINDS, "register_kl")):
+            if getattr(self, key) not in table:
+                raise ConfigError(f"config key 'algorithm.{key}': {getattr(self, key)!r} is not registered; registered: "
+                                  f"{', '.join(sorted(table))} (add one with trainers.algos.{how}, in a module named "
+                                  "by plugins: [MODULE] or --plugin MODULE)")
+        for key, what, params, fixed in (
+                ("adv_kwargs", "advantage estimator", registry.ADV_PARAMS.get(self.adv_estimator),
+                 registry.ADV_TRAINER_ARGS),
+                ("loss_kwargs", "loss aggregation", registry.AGG_PARAMS.get(self.loss_agg), registry.AGG_TRAINER_ARGS)):
+            name = self.adv_estimator if key == "adv_kwargs" else self.loss_agg
+            why = registry.check_kwargs(what, name, getattr(self, key), params, fixed)
+            if why:
+                raise ConfigError(f"config key 'algorithm.{key}': {why}")
+        self._positive("ppo_epochs", "minibatch_size")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise ConfigError(f"algorithm.dual_clip_c must be > 1, got {self.dual_clip_c}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"algorithm.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"algorithm.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lr <= 0 or self.critic_lr <= 0:
+            raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
+
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ScaleConfig(Section):
+    """Memory and precision (trainers/scale.py, docs/scaling.md); each is off by default."""
+
+    section: ClassVar[str] = "scale"
     max_tokens_per_microbatch: int | None = None
     """Cut each minibatch into micro-batches of at most this many padded tokens (rows x longest
     row) and accumulate their gradients, weighted so the step equals the full minibatch's."""
@@ -145,15 +272,41 @@ class TrainConfig:
     """LoRA rank through peft (0: full fine-tuning). The KL reference is then the base with adapters off."""
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                     "gate_proj", "up_proj", "down_proj"])
+    lora_target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     fsdp: bool = False
     """Run as torchrun processes, each with an FSDP2 shard of the models (trainers/distributed.py,
-    docs/scaling.md): ``torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true``."""
+    docs/scaling.md): ``torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG scale.fsdp=true``."""
 
-    # -- evaluation, logging, checkpoints ----------------------------------------------------------
-    eval_every: int = 10
-    eval_tasks: int = 64
+    def check(self) -> None:
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch <= 0:
+            raise ConfigError(f"max_tokens_per_microbatch must be positive or null, got {self.max_tokens_per_microbatch}")
+        if self.lora_r < 0:
+            raise ConfigError(f"lora_r must be >= 0 (0: no LoRA), got {self.lora_r}")
+        if self.lora_r > 0 and self.lora_alpha <= 0:
+            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
+            raise ConfigError("lora_target_modules must be a non-empty list of module names, e.g. "
+                              f"{DEFAULT_LORA_TARGETS}; got {self.lora_target_modules!r}")
+
+
+@dataclass
+class RunConfig(Section):
+    """Where the run writes, how long it runs, what it logs and checkpoints."""
+
+    section: ClassVar[str] = "run"
+    run_dir: str = "runs/default"
+    """Where metrics, curves, trajectories and checkpoints go."""
+    seed: int = 0
+    iterations: int = 100
+    max_minutes: float | None = None
+    """Stop (with a checkpoint) after this much wall time."""
+    stop_success: float | None = None
+    """Stop early once the evaluation success rate reaches this."""
+    gc_freeze: bool = True
+    """After set-up, move every object alive to Python's permanent GC generation (``gc.freeze``), so
+    full collections during training skip the model, tokenizer and envs (trainers/gc_stats.py)."""
     log_trajectories: int = 4
     tensorboard: bool = True
     wandb: bool = False
@@ -161,114 +314,287 @@ class TrainConfig:
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
 
-    @property
-    def batch_size(self) -> int:
-        return self.tasks_per_iter * self.group_size
-
-    @property
-    def uses_critic(self) -> bool:
-        """From the estimator's registration (``register_adv_est(name, uses_critic=...)``)."""
-        from trainers.algos import USES_CRITIC
-
-        return USES_CRITIC[self.adv_estimator]
-
-    @property
-    def needs_groups(self) -> bool:
-        """From the estimator's registration (``register_adv_est(name, needs_groups=...)``)."""
-        from trainers.algos import NEEDS_GROUPS
-
-        return NEEDS_GROUPS[self.adv_estimator]
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if self.adv_estimator is None:
-            self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
-        check_registered(self)
-        check_eval_sets(self.eval_sets)
-        for name in ("iterations", "tasks_per_iter", "group_size", "max_turn_tokens", "ppo_epochs",
-                     "minibatch_size", "eval_every", "eval_tasks", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.batch_size % self.minibatch_size:
-            raise ConfigError(f"minibatch_size={self.minibatch_size} must divide the batch of "
-                              f"tasks_per_iter * group_size = {self.tasks_per_iter} * {self.group_size} = {self.batch_size}")
-        if self.needs_groups and self.group_size < 2:
-            raise ConfigError(f"group_size must be at least 2 for adv_estimator={self.adv_estimator!r}, got {self.group_size} "
-                              "(it compares each trajectory with the others of its group: registered with needs_groups=True)")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.recompute_logprobs and self.top_p != 1.0:
-            raise ConfigError(f"recompute_logprobs=false needs top_p: 1.0 (got top_p={self.top_p}): the sampler's "
-                              "log-probs under top-p are not the policy's")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            raise ConfigError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("gamma", "lam"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.lr <= 0 or self.critic_lr <= 0:
-            raise ConfigError("lr and critic_lr must be positive")
-        check_rollout_workers(self)
-        from trainers.scale import ScaleConfigError, check_config
-
-        try:
-            check_config(self)
-        except ScaleConfigError as e:
-            raise ConfigError(str(e)) from None
+    def check(self) -> None:
+        self._positive("iterations", "checkpoint_every", "keep_checkpoints")
 
 
-def check_rollout_workers(cfg: "TrainConfig") -> None:
-    if cfg.rollout_workers < 0:
-        raise ConfigError(f"rollout_workers must be >= 0 (0: in-process rollout), got {cfg.rollout_workers}")
-    if cfg.rollout_workers and cfg.tasks_per_iter % cfg.rollout_workers:
-        raise ConfigError(f"rollout_workers={cfg.rollout_workers} must divide tasks_per_iter={cfg.tasks_per_iter} "
-                          "(each worker collects an equal slice of the tasks)")
-    if cfg.rollout_worker_cpus < 0 or cfg.rollout_worker_gpus < 0:
-        raise ConfigError("rollout_worker_cpus and rollout_worker_gpus must be >= 0")
-    if cfg.rollout_retries < 0:
-        raise ConfigError(f"rollout_retries must be >= 0, got {cfg.rollout_retries}")
-    if cfg.rollout_timeout_s <= 0:
-        raise ConfigError(f"rollout_timeout_s must be positive, got {cfg.rollout_timeout_s}")
-    if cfg.env_server is not None:
-        import agent_gym
+@dataclass
+class EvalConfig(Section):
+    """Greedy evaluation (RL and SFT; ``trainers/evaluate.py --checkpoint`` reads a run's ``sets``)."""
 
-        if not cfg.env_server.startswith(("http://", "https://")):
-            raise ConfigError(f"env_server must be the http(s):// URL of a `python -m agent_gym.serve` process "
-                              f"(e.g. http://127.0.0.1:8000), got {cfg.env_server!r}")
-        if cfg.env_id in agent_gym.MULTIAGENT_IDS:
-            raise ConfigError(f"env_server serves single-agent envs; {cfg.env_id!r} is a multi-agent id: unset env_server")
+    section: ClassVar[str] = "eval"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the env's kwargs for evaluation (FactChain: ``{split: test}``, the held-out
+    split); logged as ``eval/*``. Empty: the training env's settings."""
+    sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further greedy evaluations, run with ``eval/*``: name -> overrides of the env's kwargs (not of
+    ``eval.env_kwargs``), logged as ``eval/<name>/*``. The FactChain demo measures what was not
+    trained on: ``heldout: {split: test, exclude_train_tasks: 64}`` (questions of the same KB outside
+    the 64-question training pool) and ``fresh_kb: {kb_seed: 1000, split: test}`` (a KB never seen in
+    training)."""
+    every: int = 10
+    """Evaluate every this many iterations (SFT: steps; 0, SFT only: only at the end)."""
+    tasks: int = 64
 
-
-def check_registered(cfg: "TrainConfig") -> None:
-    """The registries are the only lists of valid names: anything registered (before the config is
-    built) is selectable, anything else fails naming the valid ones."""
-    from trainers import algos
-
-    for key, registry, how in (("adv_estimator", algos.ADV_ESTIMATORS, "register_adv_est"),
-                               ("loss_agg", algos.AGGREGATIONS, "register_agg"), ("kl_kind", algos.KL_KINDS, "register_kl")):
-        if getattr(cfg, key) not in registry:
-            raise ConfigError(f"config key {key!r}: {getattr(cfg, key)!r} is not registered; registered: "
-                              f"{', '.join(sorted(registry))} (add one with trainers.algos.{how})")
+    def check(self) -> None:
+        check_eval_sets(self.sets)
+        self._positive("tasks")
+        if self.every < 0:
+            raise ConfigError(f"eval.every must be >= 0, got {self.every}")
 
 
 def check_eval_sets(eval_sets: dict[str, Any]) -> None:
     for name, kw in eval_sets.items():
         if not isinstance(name, str) or not name or "/" in name:
-            raise ConfigError(f"eval_sets: a set's name must be a non-empty string without '/', got {name!r}")
+            raise ConfigError(f"eval.sets: a set's name must be a non-empty string without '/', got {name!r}")
         if not isinstance(kw, dict):
-            raise ConfigError(f"eval_sets: {name!r} must map to a mapping of env_kwargs overrides "
+            raise ConfigError(f"eval.sets: {name!r} must map to a mapping of env_kwargs overrides "
                               f"(e.g. {{kb_seed: 1000}}), got {kw!r}")
 
 
-def check_types(cfg: Any) -> None:
-    """Check every field of a config dataclass against its type hint (RL and SFT configs); YAML's
-    ints are accepted for floats and stored as floats, and ``1e-5`` strings are read as floats."""
+# ----------------------------------------------------------------------------- sectioned configs
+
+
+class Sectioned:
+    """A config made of sections (dataclass fields whose type is a ``Section``) and plain keys.
+
+    ``Cls(section=dict or instance, ..., key=value)`` builds it; a flat key (``lr=...``) is put in
+    its section (``FLAT_KEYS``) without a warning in code (YAML and dicts warn: ``from_dict``).
+    ``plugins`` are imported first, so that names they register validate."""
+
+    RENAMED: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    def __init__(self, **kw: Any) -> None:
+        cls = type(self)
+        data = normalise(cls, kw, f"{cls.__name__}(...)", warn=False)
+        from trainers import plugins
+
+        plugins.load(data.get("plugins") or [])
+        for f in dataclasses.fields(self):
+            if f.name in section_types(cls):
+                value = data.get(f.name, {})
+                if isinstance(value, Section):
+                    value = copy.copy(value)
+                else:
+                    value = section_types(cls)[f.name](**{**f.metadata.get("defaults", {}), **value})
+            elif f.name in data:
+                value = data[f.name]
+            else:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            object.__setattr__(self, f.name, value)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        check_types(self, "")
+
+
+def section_types(cls: type) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+
+
+def flat_keys(cls: type) -> dict[str, tuple[str, str]]:
+    """The old flat key of every sectioned field of ``cls``: flat name -> (section, field). A
+    field keeps its name unless ``cls.RENAMED`` maps it (``model`` -> ``model.name``,
+    ``rollout_workers`` -> ``rollout.workers``, ``eval_tasks`` -> ``eval.tasks``, ...); a flat name
+    that is a plain key of ``cls`` (SFT's ``lr``) stays plain."""
+    out: dict[str, tuple[str, str]] = {}
+    renamed = {v: k for k, v in cls.RENAMED.items()}
+    plain = {f.name for f in dataclasses.fields(cls)} - set(section_types(cls))
+    for sec, typ in section_types(cls).items():
+        for f in dataclasses.fields(typ):
+            flat = renamed.get((sec, f.name), f.name)
+            if flat in plain or (flat in out and (sec, f.name) not in renamed):
+                continue
+            assert flat not in out, f"flat key {flat!r} maps to {out[flat]} and {(sec, f.name)}"
+            out[flat] = (sec, f.name)
+    return out
+
+
+def normalise(cls: type, d: dict[str, Any], source: str, warn: bool = True) -> dict[str, Any]:
+    """``d`` (sectioned, dotted ``section.key``, flat or a mix) as ``{section: {key: value}, plain: value}``.
+
+    Sections come first; dotted and flat keys then override them (so ``lr=...`` on the command line,
+    or a flat key a caller adds to a saved sectioned config, wins). Flat keys warn (``warn``) naming
+    their new place; unknown keys fail naming the closest valid one."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: expected a mapping of config keys, got {type(d).__name__}")
+    sections = section_types(cls)
+    flat = flat_keys(cls)
+    plain = {f.name for f in dataclasses.fields(cls)} - set(sections)
+    out: dict[str, Any] = {}
+    later: list[tuple[str, str, Any]] = []
+    moved: list[str] = []
+    unknown: list[str] = []
+    for key, value in d.items():
+        if key in sections and isinstance(value, Section):
+            out[key] = value
+        elif key in sections and isinstance(value, dict):
+            fields = {f.name for f in dataclasses.fields(sections[key])}
+            bad = [f"{key}.{k}" for k in value if k not in fields]
+            unknown += bad
+            if not bad:
+                out[key] = dict(value)
+        elif key in sections and key not in flat:
+            raise ConfigError(f"{source}: config key {key!r} is a section: expected a mapping of its keys "
+                              f"({', '.join(f.name for f in dataclasses.fields(sections[key]))}), got {value!r}")
+        elif isinstance(key, str) and "." in key and key.split(".", 1)[0] in sections:
+            sec, name = key.split(".", 1)
+            if name in {f.name for f in dataclasses.fields(sections[sec])}:
+                later.append((sec, name, value))
+            else:
+                unknown.append(key)
+        elif key in plain:
+            out[key] = value
+        elif key in flat:
+            later.append((*flat[key], value))
+            moved.append(f"{key} -> {'.'.join(flat[key])}")
+        else:
+            unknown.append(str(key))
+    if unknown:
+        dotted = {f"{s}.{f.name}" for s, t in sections.items() for f in dataclasses.fields(t)}
+        valid = sorted(plain | set(flat) | dotted)
+
+        def hint(k: str) -> list[str]:
+            tail = k.split(".")[-1]
+            if tail in flat:  # a key of another section, or the flat name of one: its new place
+                return [".".join(flat[tail])]
+            moved_to = [d for d in sorted(dotted) if d.endswith("." + tail)]
+            close = moved_to[:1] or difflib.get_close_matches(k, valid, n=1) or difflib.get_close_matches(tail, valid, n=1)
+            return [".".join(flat[c]) if c in flat else c for c in close]
+
+        hints = {k: hint(k) for k in unknown}
+        msg = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+        raise ConfigError(f"{source}: unknown config key(s) {msg}. Valid keys are the fields of the sections of "
+                          f"{cls.__module__}.{cls.__name__} (see docs/configs.md).")
+    for sec, name, value in later:
+        current = out.get(sec, {})
+        if isinstance(current, Section):
+            current = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
+        out[sec] = {**current, name: value}
+    if moved and warn:
+        warnings.warn(f"{source}: flat config keys are deprecated; read as {', '.join(moved)}. Write them under "
+                      "their section (docs/configs.md, \"Sections\").", ConfigDeprecationWarning, stacklevel=3)
+    return out
+
+
+@dataclass(init=False)
+class TrainConfig(Sectioned):
+    """The RL trainer's config (``trainers/train_ppo.py``, ``train_grpo.py``). The flat names of
+    the old config read through to their section (``cfg.lr`` is ``cfg.algorithm.lr``)."""
+
+    model: ModelConfig
+    rollout: RolloutConfig
+    algorithm: AlgorithmConfig
+    scale: ScaleConfig
+    run: RunConfig
+    eval: EvalConfig
+    plugins: list[str] = field(default_factory=list)
+    """Modules imported before the config is checked, in every process (rollout workers and
+    torchrun ranks too): where custom estimators, aggregations, KL kinds and envs register."""
+
+    RENAMED: ClassVar[dict[str, tuple[str, str]]] = {
+        "model": ("model", "name"), "rollout_workers": ("rollout", "workers"),
+        "rollout_worker_cpus": ("rollout", "worker_cpus"), "rollout_worker_gpus": ("rollout", "worker_gpus"),
+        "rollout_retries": ("rollout", "retries"), "rollout_timeout_s": ("rollout", "timeout_s"),
+        "eval_env_kwargs": ("eval", "env_kwargs"), "eval_sets": ("eval", "sets"), "eval_every": ("eval", "every"),
+        "eval_tasks": ("eval", "tasks")}
+
+    @property
+    def batch_size(self) -> int:
+        return self.rollout.tasks_per_iter * self.rollout.group_size
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm.uses_critic
+
+    @property
+    def needs_groups(self) -> bool:
+        return self.algorithm.needs_groups
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        r, a, s = self.rollout, self.algorithm, self.scale
+        if self.batch_size % a.minibatch_size:
+            raise ConfigError(f"algorithm.minibatch_size={a.minibatch_size} must divide the batch of rollout.tasks_per_iter "
+                              f"* rollout.group_size = {r.tasks_per_iter} * {r.group_size} = {self.batch_size}")
+        if a.needs_groups and r.group_size < 2:
+            raise ConfigError(f"rollout.group_size must be at least 2 for adv_estimator={a.adv_estimator!r}, got "
+                              f"{r.group_size} (it compares each trajectory with the others of its group: registered "
+                              "with needs_groups=True)")
+        if self.eval.every <= 0:
+            raise ConfigError(f"eval.every must be positive for RL, got {self.eval.every}")
+        if s.max_tokens_per_microbatch is not None:
+            check_agg_units(a.loss_agg, "")
+        if s.fsdp:
+            refused = {"rollout.backend": (r.backend != "hf", f"backend: {r.backend!r}; the sharded trainer generates "
+                                           "with backend: hf (each rank gathers the full policy for its share of the rollout)"),
+                       "rollout.workers": (r.workers > 0, f"rollout.workers: {r.workers}; set it to 0 (each torchrun "
+                                           "rank collects its own share of the rollout)"),
+                       "scale.lora_r": (s.lora_r > 0, f"lora_r: {s.lora_r}; LoRA under FSDP is not implemented, set "
+                                        "lora_r: 0 (or fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)")}
+            for bad, why in refused.values():
+                if bad:
+                    raise ConfigError(f"fsdp: true does not combine with {why}")
+            check_agg_units(a.loss_agg, "fsdp: true: ")
+        if s.mixed_precision == "bf16" and self.model.dtype == "bfloat16" and s.lora_r == 0:
+            raise ConfigError(
+                "mixed_precision: bf16 keeps float32 master weights and optimizer state: set model.dtype: float32 "
+                "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters are float32)")
+
+
+def check_agg_units(agg: str, prefix: str) -> None:
+    """Micro-batching and FSDP re-weight losses by the aggregation's registered ``units``."""
+    problem = agg_units_problem(agg)
+    if problem is not None:
+        raise ConfigError(prefix + problem)
+
+
+def agg_units_problem(agg: str) -> str | None:
+    """Why ``agg`` cannot be split over micro-batches or ranks (None when it has ``units``)."""
+    if agg in registry.AGG_UNITS:
+        return None
+    what = "was registered without units=" if agg in registry.AGGREGATIONS else "is not a registered aggregation"
+    return (f"loss_agg={agg!r} {what}, so its micro-batch or rank losses cannot be re-weighted to the minibatch's "
+            f"(aggregations with units: {', '.join(sorted(registry.AGG_UNITS))}). Register it with "
+            f"trainers.algos.register_agg({agg!r}, units=fn), fn(mask (B, T)) -> the count its loss divides by "
+            "(loss tokens for a token mean, rows with a loss token for a row mean), or set max_tokens_per_microbatch: "
+            "null and fsdp: false.")
+
+
+def _delegate(sec: str, name: str) -> property:
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, sec), name)
+
+    def set_(self: Any, value: Any) -> None:
+        setattr(getattr(self, sec), name, value)
+
+    return property(get, set_, doc=f"``{sec}.{name}`` (the old flat name, kept for reading)")
+
+
+def _add_flat_properties(cls: type) -> None:
+    own = {f.name for f in dataclasses.fields(cls)}
+    for flat, (sec, name) in flat_keys(cls).items():
+        if flat not in own and not hasattr(cls, flat):
+            setattr(cls, flat, _delegate(sec, name))
+
+
+_add_flat_properties(TrainConfig)
+FLAT_KEYS = flat_keys(TrainConfig)
+"""The old flat key of each field: flat name -> (section, field)."""
+
+
+# ----------------------------------------------------------------------------- types
+
+
+def check_types(cfg: Any, prefix: str = "") -> None:
+    """Check every field of a config dataclass against its type hint (sections, RL and SFT configs);
+    YAML's ints are accepted for floats and stored as floats, and ``1e-5`` strings are read as floats."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
         if _base(hints[f.name]) is float and isinstance(value, str):
             try:  # PyYAML reads 1e-5 (no dot) as a string
                 value = float(value)
@@ -276,7 +602,7 @@ def check_types(cfg: Any) -> None:
             except ValueError:
                 pass
         if not _matches(value, hints[f.name]):
-            raise ConfigError(f"config key {f.name!r}: expected {_describe(hints[f.name])}, got {value!r} "
+            raise ConfigError(f"config key {key!r}: expected {_describe(hints[f.name])}, got {value!r} "
                               f"({type(value).__name__})")
         # YAML writes 1 for 1.0: accept ints for floats, stored as float.
         if _base(hints[f.name]) is float and isinstance(value, int) and not isinstance(value, bool):
@@ -301,7 +627,8 @@ def _matches(value: Any, tp: Any) -> bool:
     if origin is dict:
         return isinstance(value, dict)
     if origin is list:
-        return isinstance(value, list)
+        args = typing.get_args(tp)
+        return isinstance(value, list) and (not args or all(_matches(v, args[0]) for v in value))
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:
@@ -317,37 +644,42 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+# ----------------------------------------------------------------------------- loading
+
+
 def config_fields(cls: type = TrainConfig) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+    """Every key of ``cls`` as written in YAML: ``section.key`` and its plain keys."""
+    sections = section_types(cls)
+    return [f"{f.name}.{g.name}" if f.name in sections else f.name
+            for f in dataclasses.fields(cls) for g in (dataclasses.fields(sections[f.name]) if f.name in sections else [f])]
 
 
 def from_dict(d: dict[str, Any], source: str = "config", cls: type = TrainConfig) -> Any:
-    if not isinstance(d, dict):
-        raise ConfigError(f"{source}: expected a mapping of config keys, got {type(d).__name__}")
-    names = set(config_fields(cls))
-    unknown = sorted(set(d) - names)
-    if unknown:
-        import difflib
+    """A config from a dict: sectioned, flat (deprecated, warns) or mixed; ``plugins`` are
+    imported before any key is checked."""
+    from trainers import plugins
 
-        hints = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
-        msg = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-        raise ConfigError(f"{source}: unknown config key(s) {msg}. Valid keys are the fields of "
-                          f"{cls.__module__}.{cls.__name__} (see docs/configs.md).")
-    return cls(**d)
+    if isinstance(d, dict):
+        plugins.load(d.get("plugins") or [], source)
+    data = normalise(cls, d, source)
+    return cls(**data)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value")
+            raise ConfigError(f"override {item!r} must look like key=value (a section's key: section.key=value, "
+                              "e.g. algorithm.lr=1e-5)")
         k, v = item.split("=", 1)
         out[k.strip()] = yaml.safe_load(v) if v.strip() else None
     return out
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, defaults: dict[str, Any] | None = None,
-                cls: type = TrainConfig) -> Any:
+                cls: type = TrainConfig, plugins: list[str] | None = None) -> Any:
+    """The config in ``path`` (YAML), over ``defaults``, under ``overrides`` (``key=value``);
+    ``plugins`` (``--plugin``) are added to the file's own."""
     data: dict[str, Any] = dict(defaults or {})
     source = "config"
     if path is not None:
@@ -357,11 +689,25 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, def
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of config keys")
-        data.update(loaded)
+        data = merge(data, loaded)
         source = str(p)
-    data.update(parse_overrides(overrides or []))
+    data = merge(data, parse_overrides(overrides or []))
+    if plugins:
+        data["plugins"] = list(dict.fromkeys([*(data.get("plugins") or []), *plugins]))
     return from_dict(data, source, cls)
 
 
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, section by section (a section mapping in both is merged key by key)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) and k in _SECTION_NAMES else v
+    return out
+
+
+_SECTION_NAMES = {"model", "rollout", "algorithm", "scale", "run", "eval"}
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
+    """The sectioned dict of a config (what ``config.yaml`` and checkpoints hold)."""
     return dataclasses.asdict(cfg)

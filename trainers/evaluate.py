@@ -18,7 +18,7 @@ runs of this script: Naive RAG is a model on a ``*-NaiveRAG-v0`` env, and the ba
 agent is an untrained (instruct) model on the tool env.
 
 Policies: ``model`` (``--model``, or ``--checkpoint``: an RL run's policy with its env settings),
-``oracle`` (the env's ``demonstration(task)``), ``wrong`` (calls nothing and answers "none"; a floor).
+``oracle`` (the ``oracle`` of the env's ``demonstrations()``: its ``demonstration(task)``), ``wrong`` (calls nothing and answers "none"; a floor).
 
 Decoding (``--decode``, for ``--policy model``): ``greedy`` (the default), ``sample`` (one sample
 per turn at ``--temperature``), ``value-guided`` (K = ``--k`` samples per turn, the one the PPO
@@ -37,11 +37,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+from trainers import plugins
+from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
 
 
 def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
@@ -76,9 +80,12 @@ def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int],
 
     env = EnvFactory(env_id, env_kwargs).make().unwrapped
     tasks = clamp_tasks(tasks, env)
-    if policy == "oracle" and not hasattr(type(env), "demonstration"):
-        raise SystemExit(f"error: {type(env).__name__} has no demonstration(task); use --policy model or wrong")
-    script = env.demonstration if policy == "oracle" else (lambda task: ["<answer>none</answer>"])
+    oracle = env.demonstrations().get("oracle") if policy == "oracle" else None
+    if policy == "oracle" and oracle is None:
+        raise SystemExit(f"error: {type(env).__name__} has no demonstration(task) (its demonstrations() offers no "
+                         "'oracle'); use --policy model or wrong")
+    rng = np.random.default_rng(0)
+    script = (lambda task: oracle(task, rng)) if oracle is not None else (lambda task: ["<answer>none</answer>"])
     return [play(env, k, script) for k in tasks], env.tokenizer
 
 
@@ -102,9 +109,9 @@ def load_checkpoint_models(path: str | Path):
     except CheckpointError as e:  # corrupt, partial or unreadable: say which and what to do
         raise SystemExit(f"error: --checkpoint {path}: {e}. Pass the run directory to use its newest good "
                          "checkpoint, or another checkpoints/iter_* directory") from None
-    cfg = from_dict({**state["config"], "device": "cpu"}, str(ckpt / "state.pt"))
-    tok = load_tokenizer_for(cfg)
-    policy = load_policy(cfg, tok)
+    cfg = from_dict({**state["config"], "model.device": "cpu"}, str(ckpt / "state.pt"))  # flat (old) or sectioned
+    tok = load_tokenizer_for(cfg.model)
+    policy = load_policy(cfg.model, tok, seed=cfg.seed)
     policy.load_state_dict(state["policy"])
     critic = None
     if state.get("critic") is not None:
@@ -116,23 +123,23 @@ def load_checkpoint_models(path: str | Path):
 
 def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: Any, tok: Any,
                    backend: str, max_turn_tokens: int, decode: str = "greedy", k: int = 1,
-                   temperature: float = 1.0, critic: Any = None, seed: int = 0):
-    """Episodes of ``policy`` on ``tasks``, decoded by ``decode`` (greedy, sample, value-guided,
-    random-of-k: see ``trainers.decoding``). Returns the episodes, the tokenizer and the cost
-    (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
+                   temperature: float = 1.0, critic: Any = None, seed: int = 0, device: str = "cpu"):
+    """Episodes of ``policy`` (on ``device``) on ``tasks``, decoded by ``decode`` (greedy, sample,
+    value-guided, random-of-k: see ``trainers.decoding``). Returns the episodes, the tokenizer and
+    the cost (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
     import time
 
     from agent_gym.factory import EnvFactory
     from trainers.backends.base import SamplingConfig
-    from trainers.config import TrainConfig
+    from trainers.config import RolloutConfig
     from trainers.decoding import BestOfK
     from trainers.rollout import collect
     from trainers.trainer import make_backend
 
-    cfg = TrainConfig(backend=backend, eval_tasks=len(tasks), seed=seed)
+    rollout = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, backend=backend, max_turn_tokens=max_turn_tokens)
     factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
     envs = factory.make_vector(len(tasks))
-    be = make_backend(cfg, policy, tok, Path(".cache/evaluate"))
+    be = make_backend(rollout, policy, tok, Path(".cache/evaluate"), device=device, seed=seed)
     wrapped = BestOfK(be, k, decode, critic, pad_token_id=factory.pad_id) if decode in ("value-guided", "random-of-k") else be
     sampling = SamplingConfig(max_new_tokens=max_turn_tokens, temperature=0.0 if decode == "greedy" else temperature)
     try:
@@ -157,7 +164,7 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Evaluate a model or a scripted policy on an env.")
-    ap.add_argument("--env", help="env id (default: the checkpoint's env_id, else AgentR1/FactChain-v0)")
+    ap.add_argument("--env", help="env id (required, unless --checkpoint: then the run's env_id)")
     ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments (over the checkpoint's)")
     ap.add_argument("--policy", choices=["model", "oracle", "wrong"], default="model")
     ap.add_argument("--model", help="HF directory, hub name, 'tiny' or a named model such as smollm2-135m-instruct "
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=100, help="evaluate tasks 0..N-1")
     ap.add_argument("--max-turn-tokens", type=int, help="default: the checkpoint's max_turn_tokens, else 256")
     ap.add_argument("--out", default="runs/eval")
+    plugins.add_argument(ap)
     oa = ap.add_argument_group("OpenAI-compatible server as the policy (agent_gym/integrations/openai_policy.py)")
     oa.add_argument("--openai-base-url", help="e.g. http://127.0.0.1:8000/v1: --model names the served model; "
                                               "the API key is read from OPENAI_API_KEY (none needed locally)")
@@ -185,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server's model uses the env's tokenizer (vLLM): send its stop_token_ids, keep special tokens")
     oa.add_argument("--openai-extra-body", help="YAML mapping of extra request fields for the server")
     args = ap.parse_args(argv)
+    warnings.simplefilter("default", ConfigDeprecationWarning)  # an old checkpoint's flat keys: say so
+    try:
+        plugins.load(args.plugin, "--plugin")  # before any env id or config is looked at
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.env is None and not args.checkpoint:
+        ap.error("--env is required (no env is assumed), e.g. --env AgentR1/FactChain-v0; or pass --checkpoint "
+                 "to use the run's env")
     if args.openai_base_url:
         from trainers.integrations.openai_eval import run_cli
 
@@ -210,17 +226,18 @@ def main(argv: list[str] | None = None) -> int:
         critic, env_id, temperature, max_turn = None, args.env, args.temperature, args.max_turn_tokens
         if args.checkpoint:
             cfg, ckpt, tok, policy, critic = load_checkpoint_models(args.checkpoint)
-            if args.eval_set is not None and args.eval_set not in cfg.eval_sets:
-                ap.error(f"--eval-set {args.eval_set!r}: the run's eval_sets are {sorted(cfg.eval_sets)}")
-            env_kwargs = {**cfg.env_kwargs, **(cfg.eval_sets[args.eval_set] if args.eval_set else {}), **env_kwargs}
-            env_id = env_id or cfg.env_id
-            temperature = cfg.temperature if temperature is None else temperature
-            max_turn = max_turn or cfg.max_turn_tokens
-            summary_extra = {"checkpoint": str(ckpt), "checkpoint_algo": cfg.algo, "eval_set": args.eval_set}
+            if args.eval_set is not None and args.eval_set not in cfg.eval.sets:
+                ap.error(f"--eval-set {args.eval_set!r}: the run's eval.sets are {sorted(cfg.eval.sets)}")
+            env_kwargs = {**cfg.rollout.env_kwargs, **(cfg.eval.sets[args.eval_set] if args.eval_set else {}),
+                          **env_kwargs}
+            env_id = env_id or cfg.rollout.env_id
+            temperature = cfg.rollout.temperature if temperature is None else temperature
+            max_turn = max_turn or cfg.rollout.max_turn_tokens
+            summary_extra = {"checkpoint": str(ckpt), "checkpoint_algo": cfg.algorithm.algo, "eval_set": args.eval_set}
             if args.decode == "value-guided" and critic is None:
                 raise SystemExit(
                     f"error: --decode value-guided needs a critic, and the checkpoint {ckpt} has none (its run's "
-                    f"adv_estimator {cfg.adv_estimator!r} trains no value head; GRPO, RLOO and REINFORCE++ runs "
+                    f"adv_estimator {cfg.algorithm.adv_estimator!r} trains no value head; GRPO, RLOO and REINFORCE++ runs "
                     "and SFT models have none). Pass the checkpoint of a PPO run (algo: ppo), or use --decode "
                     "random-of-k or sample with this one.")
         elif args.model:
@@ -229,18 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"error: --decode value-guided needs a critic, and --model {args.model} is a policy only (an HF "
                     "model has no value head). Pass --checkpoint with a PPO run directory (its checkpoints/iter_*/"
                     "state.pt holds the critic), or use --decode random-of-k or sample.")
-            from trainers.config import TrainConfig
             from trainers.models import load_policy, load_tokenizer_for
 
-            mcfg = TrainConfig(model=args.model)
+            mcfg = ModelConfig(name=args.model)
             tok = load_tokenizer_for(mcfg)
-            policy = load_policy(mcfg, tok).eval()
+            policy = load_policy(mcfg, tok, seed=args.seed).eval()
         else:
             ap.error("--policy model needs --model or --checkpoint")
         temperature = 1.0 if temperature is None else temperature
         if args.decode in ("value-guided", "random-of-k") and args.k > 1 and temperature <= 0:
             ap.error(f"--decode {args.decode} with --k {args.k} needs --temperature > 0 (K greedy candidates are the same)")
-        env_id = env_id or "AgentR1/FactChain-v0"
         k = args.k if args.decode in ("value-guided", "random-of-k") else 1
         tasks = env_task_count_probe(env_id, env_kwargs, tok, tasks)
         episodes, tok, cost = model_episodes(env_id, env_kwargs, tasks, policy, tok, args.backend, max_turn or 256,
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         summary_extra.update({"decode": args.decode, "k": k, "temperature": 0.0 if args.decode == "greedy" else temperature,
                               "seed": args.seed, **cost})
     else:
-        env_id = args.env or "AgentR1/FactChain-v0"
+        env_id = args.env
         episodes, tok = scripted_episodes(env_id, env_kwargs, tasks, args.policy)
     summary = eval_keys(summarize(episodes))
     summary.update({"env": env_id, "policy": args.policy, "model": args.model, "tasks": len(episodes), **summary_extra})

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainers.config import TrainConfig
+from trainers.config import ModelConfig
 
 
 class ModelLoadError(ValueError):
@@ -38,33 +38,45 @@ def named_model(name: str | None) -> str | None:
     return name
 
 
-def load_tokenizer_for(cfg: TrainConfig):
+def _model_section(cfg: Any, seed: int | None) -> tuple[ModelConfig, int]:
+    """``(model section, seed)`` from a ``ModelConfig`` (and ``seed``) or, while the trainer code
+    moves to sections, from a whole config (its ``model`` section and ``seed``)."""
+    if isinstance(cfg, ModelConfig):
+        return cfg, 0 if seed is None else seed
+    return cfg.model, cfg.seed if seed is None else seed
+
+
+def load_tokenizer_for(model: ModelConfig):
+    """The tokenizer of the model section ``model`` (``tokenizer``, else the model's own)."""
     from agent_gym.tokenizer import load_tokenizer
 
-    init_from = named_model(cfg.init_from)
+    m, _ = _model_section(model, 0)
+    init_from = named_model(m.init_from)
     if init_from and not os.path.isdir(os.path.expanduser(init_from)):
-        raise ModelLoadError(f"init_from path {cfg.init_from!r} does not exist. Pass an existing HF model "
+        raise ModelLoadError(f"init_from path {m.init_from!r} does not exist. Pass an existing HF model "
                              "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft_stream/model).")
-    if cfg.tokenizer is not None:
-        return load_tokenizer(cfg.tokenizer)
-    if cfg.model == "tiny":
+    if m.tokenizer is not None:
+        return load_tokenizer(m.tokenizer)
+    if m.name == "tiny":
         return load_tokenizer(init_from) if init_from else load_tokenizer(None)
-    return load_tokenizer(named_model(cfg.model))
+    return load_tokenizer(named_model(m.name))
 
 
-def load_policy(cfg: TrainConfig, tokenizer: Any) -> nn.Module:
-    """The trainable policy, in train mode, on ``cfg.device``."""
-    dtype = getattr(torch, cfg.dtype)
-    source = named_model(cfg.init_from or (None if cfg.model == "tiny" else cfg.model))
+def load_policy(model: ModelConfig, tokenizer: Any, seed: int | None = None) -> nn.Module:
+    """The trainable policy of the model section ``model``, in train mode, on ``model.device``;
+    ``seed`` initialises the ``tiny`` model (default 0; a whole config passes its ``seed``)."""
+    m, seed = _model_section(model, seed)
+    dtype = getattr(torch, m.dtype)
+    source = named_model(m.init_from or (None if m.name == "tiny" else m.name))
     if source is None:
         from trainers.tiny_model import build_tiny_qwen2
 
-        model = build_tiny_qwen2(tokenizer, seed=cfg.seed, hidden_size=cfg.tiny_hidden_size,
-                                 num_layers=cfg.tiny_layers, num_heads=max(2, cfg.tiny_hidden_size // 32),
-                                 num_kv_heads=1, head_dim=32)
+        policy = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=m.tiny_hidden_size,
+                                  num_layers=m.tiny_layers, num_heads=max(2, m.tiny_hidden_size // 32),
+                                  num_kv_heads=1, head_dim=32)
     else:
-        model = _from_pretrained(source, dtype)
-    return model.to(device=cfg.device, dtype=dtype).train()
+        policy = _from_pretrained(source, dtype)
+    return policy.to(device=m.device, dtype=dtype).train()
 
 
 def _from_pretrained(source: str, dtype: torch.dtype) -> nn.Module:

@@ -61,6 +61,7 @@ from typing import Any, Sequence
 
 import torch
 
+from trainers import plugins
 from trainers.backends.base import EngineDiedError, SamplingConfig
 from trainers.config import TrainConfig, to_dict
 from trainers.rollout import RolloutTimes, Trajectory, collect
@@ -89,8 +90,10 @@ class RolloutWorker:
         from trainers.trainer import make_backend
 
         # With vLLM the engine takes the worker's GPU; the HF copy only seeds the engine, on the CPU.
-        device = "cuda" if use_gpu and cfg_dict["backend"] == "hf" else "cpu"
-        cfg = from_dict({**cfg_dict, "rollout_workers": 0, "device": device})
+        plugins.load(cfg_dict.get("plugins") or [])  # the learner's plugins, before its config is rebuilt here
+        device = "cuda" if use_gpu and cfg_dict["rollout"]["backend"] == "hf" else "cpu"
+        cfg = from_dict({**cfg_dict, "rollout": {**cfg_dict["rollout"], "workers": 0},
+                         "model": {**cfg_dict["model"], "device": device}})
         torch.set_num_threads(cfg.torch_threads or 1)
         self.cfg = cfg
         self.tokenizer = load_tokenizer_for(cfg)

@@ -19,7 +19,7 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
 - ``fsdp``: ``fsdp_wrap`` shards a causal LM with torch's FSDP2 (``fully_shard``), one unit per
   decoder layer, the decoder and the head (untied embeddings) and the root; tested on 2 CPU processes (gloo), where the gathered gradients equal
   the single-process ones. The Trainer runs it under torchrun: ``trainers.distributed.FSDPTrainer``
-  (``check_fsdp_config`` lists the keys it does not combine with).
+  (``trainers.config.TrainConfig`` refuses the keys it does not combine with).
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from trainers.algos import AGG_UNITS, AGGREGATIONS
-
-DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
+from trainers.algos.registry import AGG_UNITS, resolve
+from trainers.config import agg_units_problem
 
 class ScaleConfigError(ValueError):
     pass
@@ -42,59 +40,12 @@ class ScaleConfigError(ValueError):
 def agg_units(agg: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The ``units`` an aggregation was registered with (``register_agg(name, units=...)``): a
     function of the (B, T) loss mask counting its denominator, by which micro-batches and FSDP
-    ranks re-weight their losses to the minibatch's. Raises ``ScaleConfigError`` when ``agg`` has none."""
-    if agg in AGG_UNITS:
-        return AGG_UNITS[agg]
-    what = "was registered without units=" if agg in AGGREGATIONS else "is not a registered aggregation"
-    raise ScaleConfigError(
-        f"loss_agg={agg!r} {what}, so its micro-batch or rank losses cannot be re-weighted to the minibatch's "
-        f"(aggregations with units: {', '.join(sorted(AGG_UNITS))}). Register it with "
-        f"trainers.algos.register_agg({agg!r}, units=fn), fn(mask (B, T)) -> the count its loss divides by "
-        "(loss tokens for a token mean, rows with a loss token for a row mean), or set max_tokens_per_microbatch: null "
-        "and fsdp: false.")
-
-
-def check_config(cfg: Any) -> None:
-    """Checks of the scale keys, called from ``TrainConfig.__post_init__``."""
-    if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch <= 0:
-        raise ScaleConfigError(f"max_tokens_per_microbatch must be positive or null, got {cfg.max_tokens_per_microbatch}")
-    if cfg.max_tokens_per_microbatch is not None:
-        agg_units(cfg.loss_agg)
-    if cfg.lora_r < 0:
-        raise ScaleConfigError(f"lora_r must be >= 0 (0: no LoRA), got {cfg.lora_r}")
-    if cfg.lora_r > 0 and cfg.lora_alpha <= 0:
-        raise ScaleConfigError(f"lora_alpha must be positive, got {cfg.lora_alpha}")
-    if not 0.0 <= cfg.lora_dropout < 1.0:
-        raise ScaleConfigError(f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
-    if not isinstance(cfg.lora_target_modules, list) or not cfg.lora_target_modules or not all(
-            isinstance(m, str) and m for m in cfg.lora_target_modules):
-        raise ScaleConfigError("lora_target_modules must be a non-empty list of module names, e.g. "
-                               f"{DEFAULT_LORA_TARGETS}; got {cfg.lora_target_modules!r}")
-    if cfg.fsdp:
-        check_fsdp_config(cfg)
-    if cfg.mixed_precision == "bf16" and cfg.dtype == "bfloat16" and cfg.lora_r == 0:
-        raise ScaleConfigError(
-            "mixed_precision: bf16 keeps float32 master weights and optimizer state: set dtype: float32 "
-            "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters are float32)")
-
-
-def check_fsdp_config(cfg: Any) -> None:
-    """The keys ``fsdp: true`` (``trainers.distributed.FSDPTrainer``) does not combine with."""
-    refused = {
-        "backend": (cfg.backend != "hf", f"backend: {cfg.backend!r}; the sharded trainer generates with backend: hf "
-                    "(each rank gathers the full policy for its share of the rollout)"),
-        "rollout_workers": (cfg.rollout_workers > 0, f"rollout_workers: {cfg.rollout_workers}; set rollout_workers: 0 "
-                            "(each torchrun rank collects its own share of the rollout)"),
-        "lora_r": (cfg.lora_r > 0, f"lora_r: {cfg.lora_r}; LoRA under FSDP is not implemented, set lora_r: 0 "
-                   "(or fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)"),
-    }
-    for key, (bad, why) in refused.items():
-        if bad:
-            raise ScaleConfigError(f"fsdp: true does not combine with {why}")
-    try:  # each rank's loss is re-weighted by its share of the aggregation's denominator
-        agg_units(cfg.loss_agg)
-    except ScaleConfigError as e:
-        raise ScaleConfigError(f"fsdp: true: {e}") from None
+    ranks re-weight their losses to the minibatch's. Raises ``ScaleConfigError`` when ``agg`` has none
+    (the config refuses such a run at start: ``trainers.config.agg_units_problem``)."""
+    problem = agg_units_problem(agg)
+    if problem is not None:
+        raise ScaleConfigError(problem)
+    return resolve(AGG_UNITS, agg)
 
 
 # ----------------------------------------------------------------------------- micro-batches

@@ -2,9 +2,9 @@
 
 A policy that has never seen the tool-call format almost never emits a well-formed call, so RL
 from a random tiny model gets no reward to learn from. A short SFT on demonstrations from
-scripted policies teaches the format: the env's own oracle (``demonstration(task)`` on the env
-class, e.g. FactChain's ``oracle_turns``), other scripted policies of the env
-(``X_demonstration(task, rng)``), or a weighted mix of them. The CPU demo mixes the oracle with a
+scripted policies teaches the format: the env's scripted policies by name, from its
+``demonstrations()`` hook (``ToolEnv``: ``oracle``, the env's ``demonstration(task)``, e.g.
+FactChain's ``oracle_turns``; FactChain adds ``protocol`` and ``reversed``), or a weighted mix of them. The CPU demo mixes the oracle with a
 demonstrator that makes one systematic mistake (FactChain's ``reversed``), so the warm start
 knows the protocol and both behaviours but succeeds well below the RL target, and RL has to
 learn which behaviour is rewarded.
@@ -20,30 +20,33 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import torch
 import yaml
 
 from agent_gym.episode import Episode
-from trainers.config import ConfigError, check_types, check_eval_sets, to_dict
+from trainers.config import ConfigError, EvalConfig, ModelConfig, Sectioned, TrainConfig, to_dict
+
+if TYPE_CHECKING:  # torch loads with the functions that use it: checking an SFTConfig does not import it
+    import torch
 
 
-@dataclass
-class SFTConfig:
+@dataclass(init=False)
+class SFTConfig(Sectioned):
+    """The SFT warm start's config: the RL config's ``model`` and ``eval`` sections (``eval.every``
+    0: only at the end) and SFT's own keys. Flat model and eval keys (``model: tiny``,
+    ``eval_tasks: 64``) still load, with a ``ConfigDeprecationWarning`` (``trainers.config``)."""
+
+    model: ModelConfig
+    eval: EvalConfig = field(metadata={"defaults": {"every": 0}})
+    plugins: list[str] = field(default_factory=list)
+    """Modules imported before the config is checked (they may register the env)."""
     run_dir: str = "runs/sft"
     seed: int = 0
-    env_id: str = "AgentR1/FactChain-v0"
+    env_id: str | None = None
+    """Required: the env whose demonstrations are played (no env is assumed)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
-    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Further greedy evaluations, as in the RL config: name -> overrides of ``env_kwargs``,
-    logged as ``eval/<name>/*`` (the demo: ``fresh_kb``, a KB the demonstrations never used)."""
-    model: str = "tiny"
-    tokenizer: str | None = None
-    tiny_hidden_size: int = 64
-    tiny_layers: int = 2
     num_demos: int = 2000
     steps: int = 100
     batch_size: int = 32
@@ -52,21 +55,21 @@ class SFTConfig:
     """``cosine`` decays the learning rate from ``lr`` to 0 over ``steps`` (after the warmup)."""
     warmup_steps: int = 0
     """Linear warmup from 0 to ``lr`` over this many steps."""
-    eval_tasks: int = 64
-    eval_every: int = 0
-    """Also evaluate every this many steps (0: only at the end)."""
     max_turn_tokens: int = 64
     demo_policy: str | dict[str, float] = "oracle"
-    """Which scripted policy writes the demonstrations: ``oracle`` (the env's ``demonstration(task)``)
-    or another name ``X`` for which the env has a ``X_demonstration(task, rng)`` method (FactChain:
-    ``protocol``, correct calls with random relations; ``reversed``, the relations looked up in
-    reverse order). A mapping ``{name: weight}`` mixes policies: each demonstration's policy is
-    drawn with those weights (e.g. ``{oracle: 0.3, reversed: 0.7}``, an imperfect demonstrator)."""
+    """Which scripted policy writes the demonstrations: a name in the env's ``demonstrations()``
+    (``ToolEnv``: ``oracle``, the env's ``demonstration(task)``; FactChain also offers ``protocol``,
+    correct calls with random relations, and ``reversed``, the relations looked up in reverse
+    order). A mapping ``{name: weight}`` mixes policies: each demonstration's policy is drawn with
+    those weights (e.g. ``{oracle: 0.3, reversed: 0.7}``, an imperfect demonstrator)."""
+
+    RENAMED: ClassVar[dict[str, tuple[str, str]]] = TrainConfig.RENAMED
 
     def __post_init__(self) -> None:
-        check_types(self)
-        check_eval_sets(self.eval_sets)
-        for name in ("num_demos", "steps", "batch_size", "eval_tasks", "max_turn_tokens"):
+        super().__post_init__()
+        if not self.env_id:
+            raise ConfigError("env_id is required (no env is assumed): a Gymnasium id such as AgentR1/FactChain-v0")
+        for name in ("num_demos", "steps", "batch_size", "max_turn_tokens"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.warmup_steps <= self.steps:
@@ -87,19 +90,17 @@ def lr_factor(cfg: SFTConfig, step: int) -> float:
 
 
 def demo_policy(env: Any, name: str, rng: np.random.Generator):
-    """The scripted policy ``name`` of ``env`` as a function ``task -> assistant turns``."""
-    if name == "oracle":
-        demo = getattr(env, "demonstration", None)  # bound: a static or an instance method
-        if demo is None:
-            raise ValueError(f"{type(env).__name__} has no demonstration(task) method; SFT needs one")
-        return demo
-    method = getattr(env, f"{name}_demonstration", None)
-    if method is None:
-        have = ["oracle"] * hasattr(type(env), "demonstration") + sorted(
-            a[: -len("_demonstration")] for a in dir(env) if a.endswith("_demonstration"))
-        raise ValueError(f"demo_policy {name!r}: {type(env).__name__} has no {name}_demonstration(task, rng) "
-                         f"method; available: {have}")
-    return lambda task: method(task, rng)
+    """The scripted policy ``name`` of ``env`` (from its ``demonstrations()``) as a function
+    ``task -> assistant turns``."""
+    policies = env.demonstrations()
+    if name not in policies:
+        if not policies:
+            raise ValueError(f"{type(env).__name__} offers no scripted policy (its demonstrations() is empty: define "
+                             "demonstration(task), or override demonstrations()); SFT needs one")
+        raise ValueError(f"demo_policy {name!r}: {type(env).__name__}.demonstrations() has no {name!r}; "
+                         f"available: {sorted(policies)}")
+    policy = policies[name]
+    return lambda task: policy(task, rng)
 
 
 def play(env: Any, task_index: int, script: Any) -> Episode:
@@ -139,6 +140,8 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask
 
 def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> torch.Tensor:
     """``sft_loss`` of a batch of episodes (right-padded): each one's agent tokens, under its loss mask."""
+    import torch
+
     from trainers.rollout import pad_rows
 
     ids = pad_rows([r.token_ids for r in rows], pad_id, torch.long)  # (B, T)
@@ -148,10 +151,11 @@ def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> t
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
+    import torch
+
     from agent_gym.factory import EnvFactory
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
-    from trainers.config import TrainConfig
     from trainers.logger import RunLogger
     from trainers.models import load_policy, load_tokenizer_for, save_policy
     from trainers.trainer import evaluate_greedy
@@ -160,17 +164,15 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    mcfg = TrainConfig(model=cfg.model, tokenizer=cfg.tokenizer, tiny_hidden_size=cfg.tiny_hidden_size,
-                       tiny_layers=cfg.tiny_layers, seed=cfg.seed)
-    tok = load_tokenizer_for(mcfg)
-    model = load_policy(mcfg, tok)
+    tok = load_tokenizer_for(cfg.model)
+    model = load_policy(cfg.model, tok, seed=cfg.seed)
     envs = EnvFactory(cfg.env_id, cfg.env_kwargs, tok, vocab_size=model.get_input_embeddings().num_embeddings)
     env = envs.make().unwrapped
     rng = np.random.default_rng(cfg.seed)
     demos = demonstrations(env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(),
                            cfg.demo_policy, rng)
-    eval_envs = envs.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
-    eval_sets = {name: envs.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
+    eval_envs = envs.make_vector(cfg.eval.tasks, **cfg.eval.env_kwargs)
+    eval_sets = {name: envs.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
     pad_id = envs.pad_id
     backend = HFBackend(model, pad_token_id=pad_id)
     logger = RunLogger(run_dir, cfg.steps, tensorboard=False, progress_bar=False)
@@ -178,7 +180,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
     def evaluate() -> dict[str, float]:
         model.eval()
-        return evaluate_greedy(eval_envs, eval_sets, backend, greedy, cfg.eval_tasks, cfg.seed)
+        return evaluate_greedy(eval_envs, eval_sets, backend, greedy, cfg.eval.tasks, cfg.seed)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
@@ -192,7 +194,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         metrics = {"sft/loss": float(loss.detach()), "sft/lr": sched.get_last_lr()[0],
                    "time/elapsed_min": (time.perf_counter() - t0) / 60}
         sched.step()
-        if cfg.eval_every and step % cfg.eval_every == 0:
+        if cfg.eval.every and step % cfg.eval.every == 0:
             metrics.update(evaluate())
             print(f"step {step}: loss {float(loss):.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
         logger.log(step, metrics)

@@ -53,15 +53,20 @@ def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory
                       server=cfg.env_server)
 
 
-def make_backend(cfg: TrainConfig, policy: torch.nn.Module, tokenizer: Any, run_dir: Path):
-    if cfg.backend == "hf":
+def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, device: str | None = None,
+                 seed: int | None = None):
+    """The rollout section's ``backend`` (with its ``vllm_kwargs``) over ``policy`` on ``device``;
+    a whole config also works (its ``device`` and ``seed`` are then the defaults)."""
+    device = rollout.device if device is None else device
+    seed = rollout.seed if seed is None else seed
+    if rollout.backend == "hf":
         from trainers.backends.hf_backend import HFBackend
 
-        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=cfg.device)
+        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device)
     from trainers.backends.vllm_backend import VLLMBackend
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
-    return VLLMBackend(path, seed=cfg.seed, **cfg.vllm_kwargs)
+    return VLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
 
 
 class Trainer:
@@ -249,7 +254,7 @@ class Trainer:
         fn = algos.get_adv_est(cfg.adv_estimator)
         batch.advantages, batch.returns, m = fn(
             token_rewards=batch.token_rewards, loss_mask=batch.loss_mask, values=batch.values,
-            group_ids=batch.group_ids, gamma=cfg.gamma, lam=cfg.lam, norm_by_std=cfg.norm_adv_by_std)
+            group_ids=batch.group_ids, gamma=cfg.gamma, lam=cfg.lam, norm_by_std=cfg.norm_adv_by_std, **cfg.adv_kwargs)
         m = dict(m)
         m.update(getattr(self, "_kl_reward_metrics", {}))
         return {k: float(v) for k, v in m.items()}
@@ -286,14 +291,16 @@ class Trainer:
         lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
                                  temperature=cfg.temperature, loss_mask=mb.loss_mask)
         loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
-                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg)
+                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
+                                    agg_kwargs=cfg.loss_kwargs)
         m = dict(m)
         if self.ref is not None and cfg.kl_mode == "loss":
-            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg)
+            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg,
+                                  agg_kwargs=cfg.loss_kwargs)
             loss = loss + cfg.kl_coef * kl
             m.update(km)
         if ent is not None:
-            entropy = algos.aggregate(ent, mb.loss_mask, cfg.loss_agg)
+            entropy = algos.aggregate(ent, mb.loss_mask, cfg.loss_agg, **cfg.loss_kwargs)
             loss = loss - cfg.entropy_coef * entropy
             m["policy/entropy"] = entropy.detach()
         m["policy/total_loss"] = loss.detach()
@@ -302,7 +309,7 @@ class Trainer:
     def value_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         values = self.critic(mb.input_ids, mb.attention_mask)
         vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=self.cfg.value_clip,
-                                     agg=self.cfg.loss_agg)
+                                     agg=self.cfg.loss_agg, agg_kwargs=self.cfg.loss_kwargs)
         return self.cfg.vf_coef * vloss, vm
 
     def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,

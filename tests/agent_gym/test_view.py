@@ -57,7 +57,8 @@ def run_dir(tmp_path_factory) -> Path:
     from trainers.trainer import Trainer
 
     run = tmp_path_factory.mktemp("viewer") / "run"
-    cfg = TrainConfig(run_dir=str(run), algo="grpo", iterations=2, tasks_per_iter=2, group_size=2, minibatch_size=4,
+    cfg = TrainConfig(run_dir=str(run), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, algo="grpo",
+                      iterations=2, tasks_per_iter=2, group_size=2, minibatch_size=4,
                       max_turn_tokens=16, eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False,
                       torch_threads=1, log_trajectories=4, env_kwargs={"tools_in_prompt": False})
     tr = Trainer(cfg)

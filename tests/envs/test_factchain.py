@@ -116,16 +116,18 @@ def test_sft_config_checks_mix_and_schedule():
     from trainers.config import ConfigError
     from trainers.sft import SFTConfig, lr_factor
 
+    env_id = "AgentR1/FactChain-v0"
+
     with pytest.raises(ConfigError, match="demo_policy"):
-        SFTConfig(demo_policy={"oracle": -1.0, "reversed": 0.5})
+        SFTConfig(env_id=env_id, demo_policy={"oracle": -1.0, "reversed": 0.5})
     with pytest.raises(ConfigError, match="warmup_steps"):
-        SFTConfig(steps=10, warmup_steps=11)
+        SFTConfig(env_id=env_id, steps=10, warmup_steps=11)
     with pytest.raises(ConfigError, match="lr_schedule"):
-        SFTConfig(lr_schedule="linear")
-    cfg = SFTConfig(steps=100, warmup_steps=10, lr_schedule="cosine")
+        SFTConfig(env_id=env_id, lr_schedule="linear")
+    cfg = SFTConfig(env_id=env_id, steps=100, warmup_steps=10, lr_schedule="cosine")
     assert [lr_factor(cfg, s) for s in (0, 4, 9, 10)] == pytest.approx([0.1, 0.5, 1.0, 1.0])
     assert lr_factor(cfg, 55) == pytest.approx(0.5) and lr_factor(cfg, 100) == pytest.approx(0.0)
-    assert lr_factor(SFTConfig(steps=100, warmup_steps=10), 99) == 1.0
+    assert lr_factor(SFTConfig(env_id=env_id, steps=100, warmup_steps=10), 99) == 1.0
 
 
 def test_sft_demo_policy_lookup_and_errors():

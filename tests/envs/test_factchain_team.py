@@ -92,8 +92,8 @@ def test_the_training_config_gives_each_seat_its_identity():
     from trainers.config import load_config
 
     cfg = load_config(CONFIG, [])
-    kw = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
-    assert isinstance(yaml.safe_load(open(CONFIG))["env_kwargs"]["system_prompt"], str)
+    kw = {**cfg.rollout.env_kwargs, **cfg.eval.env_kwargs}
+    assert isinstance(yaml.safe_load(open(CONFIG))["rollout"]["env_kwargs"]["system_prompt"], str)
     env = agent_gym.make_multiagent(cfg.env_id, parallel=True, **kw)
     obs, _ = env.reset(seed=0, options={"task_index": 5})
     first = {a: o["input_ids"] for a, o in obs.items()}

@@ -26,7 +26,10 @@ from trainers.algos.advantages import (
     rloo,
 )
 
-NAMES = ("gae", "grpo", "reinforce_pp", "rloo")
+NAMES = ("gae", "grpo", "reinforce_pp", "rloo")  # the built-in ones, whose formulas are tested one by one
+REGISTERED = sorted(ADV_ESTIMATORS)
+"""Every registered estimator (a plugin's too, when imported before collection): the generic
+contract tests below run on each; ``tests/trainers/test_plugins.py`` runs them on a plugin's."""
 
 
 def close(a, b, tol=1e-5):
@@ -345,13 +348,17 @@ def test_process_reward_credit():
 # ----------------------------------------------------------------------------- off-mask rewards
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", REGISTERED)
 def test_rewards_off_mask_are_ignored_and_reported(name):
+    check_rewards_off_mask_are_ignored(name)
+
+
+def check_rewards_off_mask_are_ignored(name, **extra):
     r = REW.clone()
     r[0, 3] = 5.0  # on a tool-output token
     r[0, 0] = -1.0  # on the prompt
     groups = torch.tensor([0, 0])
-    kw = dict(v=VAL.repeat(2, 1), groups=groups, gamma=0.9, lam=0.9)
+    kw = dict(v=VAL.repeat(2, 1), groups=groups, gamma=0.9, lam=0.9, **extra)
     a_clean, ret_clean, m_clean = call(name, REW.repeat(2, 1), MASK.repeat(2, 1), **kw)
     a_dirty, ret_dirty, m_dirty = call(name, torch.cat([r, REW]), MASK.repeat(2, 1), **kw)
     assert close(a_clean, a_dirty) and close(ret_clean, ret_dirty)
@@ -362,19 +369,31 @@ def test_rewards_off_mask_are_ignored_and_reported(name):
 # ----------------------------------------------------------------------------- shared contract
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", REGISTERED)
 def test_estimator_contract(name):
+    check_estimator_contract(name)
+
+
+def check_estimator_contract(name, **extra):
+    """What the trainer relies on from any estimator: shapes, zeros off the mask, finite values,
+    0-d metrics without grad, shape errors naming the input, no grad tracked, an all-zero mask
+    giving zeros (``extra``: the estimator's own keyword arguments, as ``adv_kwargs``)."""
     r, m, v, groups = random_batch(3, need_pairs=True)
-    adv, ret, metrics = call(name, r, m, v, groups, gamma=0.95, lam=0.9)
+    adv, ret, metrics = call(name, r, m, v, groups, gamma=0.95, lam=0.9, **extra)
     assert adv.shape == ret.shape == r.shape
     assert (adv[~m] == 0).all() and (ret[~m] == 0).all()
     assert torch.isfinite(adv).all()
     for key, t in metrics.items():
         assert t.dim() == 0 and not t.requires_grad, key
     with pytest.raises(ValueError, match="group_ids"):
-        call(name, r, m, v, groups[:-1])
+        call(name, r, m, v, groups[:-1], **extra)
     with pytest.raises(ValueError, match="loss_mask"):
-        call(name, r, m[:, :-1], v, groups)
+        call(name, r, m[:, :-1], v, groups, **extra)
+    adv, ret, _ = call(name, r, m, v.clone().requires_grad_(True), groups, **extra)
+    assert not adv.requires_grad and not ret.requires_grad
+    adv, ret, metrics = call(name, torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), **extra)
+    assert (adv == 0).all() and (ret == 0).all()
+    assert all(torch.isfinite(t) for t in metrics.values())
 
 
 def test_estimators_do_not_track_grad():
@@ -384,13 +403,28 @@ def test_estimators_do_not_track_grad():
 
 
 def test_empty_batch_mask_gives_zeros():
-    for name in ("gae", "grpo", "reinforce_pp"):
+    for name in REGISTERED:
         adv, ret, metrics = call(name, torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3))
         assert (adv == 0).all() and (ret == 0).all(), name
         assert all(torch.isfinite(t) for t in metrics.values()), name
 
 
 # ----------------------------------------------------------------------------- registry
+
+
+def test_builtin_declarations_match_the_functions():
+    """The torch-free registry declares the built-ins (entry point, uses_critic, needs_groups,
+    keyword parameters) so a config is checked without importing torch: the declarations must
+    be what the functions, once imported, register."""
+    from trainers.algos import registry
+
+    assert set(NAMES) <= set(REGISTERED)
+    for name in NAMES:
+        fn = get_adv_est(name)
+        assert registry.ADV_ESTIMATORS[name] is fn and registry.entry_point(fn) == f"trainers.algos.advantages:{name}"
+        assert registry.ADV_PARAMS[name] == registry.keyword_params(fn, registry.ADV_TRAINER_ARGS) == {"eps"}
+    assert [n for n in NAMES if registry.USES_CRITIC[n]] == ["gae"]
+    assert [n for n in NAMES if registry.NEEDS_GROUPS[n]] == ["grpo", "rloo"]
 
 
 def test_registry_names_and_errors():

@@ -2,10 +2,13 @@ from pathlib import Path
 
 import pytest
 
+import warnings
+
 from trainers.config import ConfigError, TrainConfig, load_config
 from trainers.sft import SFTConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml"))
+ENV = ["rollout.env_id=AgentR1/FactChain-v0"]  # no default names an env
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -13,7 +16,9 @@ def test_every_yaml_loads_and_says_how_to_run_it(path):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# python trainers/train_"), f"{path.name} must start with the command that runs it"
     cls = SFTConfig if "train_sft" in first else TrainConfig
-    cfg = load_config(path, cls=cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the project's configs are written in sections: no flat key warns
+        cfg = load_config(path, cls=cls)
     assert isinstance(cfg, cls)
     if cls is TrainConfig:
         script = first.split()[2]
@@ -25,35 +30,41 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     p.write_text("learning_rate: 0.1\n")
     with pytest.raises(ConfigError, match=r"unknown config key\(s\) 'learning_rate'"):
         load_config(p)
-    with pytest.raises(ConfigError, match=r"'minibatchsize' \(did you mean 'minibatch_size'\?\)"):
+    with pytest.raises(ConfigError, match=r"'minibatchsize' \(did you mean 'algorithm.minibatch_size'\?\)"):
         load_config(None, ["minibatchsize=4"])
 
 
 @pytest.mark.parametrize("override,needle", [
-    (["lr=fast"], "config key 'lr': expected float"),
-    (["algo=ddpg"], "config key 'algo': expected one of 'ppo', 'grpo'"),
-    (["iterations=2.5"], "config key 'iterations': expected int"),
-    (["use_action_mask=maybe"], "config key 'use_action_mask': expected bool"),
-    (["minibatch_size=48"], r"minibatch_size=48 must divide the batch of tasks_per_iter \* group_size = 16 \* 4 = 64"),
-    (["algo=grpo", "group_size=1", "minibatch_size=16"], "group_size must be at least 2"),
-    (["dual_clip_c=0.5"], "dual_clip_c must be > 1"),
-    (["lam=1.05"], r"lam must be in \[0, 1\], got 1.05"),
-    (["gamma=-0.1"], r"gamma must be in \[0, 1\], got -0.1"),
-    (["recompute_logprobs=false", "top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
-    (["eval_sets={fresh: 3}"], "eval_sets: 'fresh' must map to a mapping of env_kwargs overrides"),
-    (["eval_sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),
-    (["eval_sets=[kb_seed]"], "config key 'eval_sets': expected dict"),
+    (["algorithm.lr=fast"], "config key 'algorithm.lr': expected float"),
+    (["algorithm.algo=ddpg"], "config key 'algorithm.algo': expected one of 'ppo', 'grpo'"),
+    (["run.iterations=2.5"], "config key 'run.iterations': expected int"),
+    (["algorithm.use_action_mask=maybe"], "config key 'algorithm.use_action_mask': expected bool"),
+    (["algorithm.minibatch_size=48"], r"minibatch_size=48 must divide the batch of rollout.tasks_per_iter \* "
+                                      r"rollout.group_size = 16 \* 4 = 64"),
+    (["algorithm.algo=grpo", "rollout.group_size=1", "algorithm.minibatch_size=16"], "group_size must be at least 2"),
+    (["algorithm.dual_clip_c=0.5"], "algorithm.dual_clip_c must be > 1"),
+    (["algorithm.lam=1.05"], r"algorithm.lam must be in \[0, 1\], got 1.05"),
+    (["algorithm.gamma=-0.1"], r"algorithm.gamma must be in \[0, 1\], got -0.1"),
+    (["rollout.recompute_logprobs=false", "rollout.top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
+    (["eval.sets={fresh: 3}"], "eval.sets: 'fresh' must map to a mapping of env_kwargs overrides"),
+    (["eval.sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),
+    (["eval.sets=[kb_seed]"], "config key 'eval.sets': expected dict"),
+    (["lr=fast"], "config key 'algorithm.lr': expected float"),  # a flat key: named at its new place
+    (["rollout=3"], "config key 'rollout' is a section: expected a mapping of its keys"),
+    (["rollout.env_id=null"], "rollout.env_id is required"),
 ])
 def test_bad_values_fail_at_start_naming_the_key(override, needle):
-    with pytest.raises(ConfigError, match=needle):
-        load_config(None, override)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ConfigError, match=needle):
+            load_config(None, [*ENV, *override])
 
 
 def test_overrides_parse_as_yaml_and_algo_sets_estimator():
-    cfg = load_config(None, ["algo=grpo", "lr=1e-5", "env_kwargs={num_hops: 3}"])
-    assert cfg.adv_estimator == "grpo" and not cfg.uses_critic and cfg.lr == 1e-5
-    assert cfg.env_kwargs == {"num_hops": 3}
-    assert load_config(None, ["algo=ppo"]).uses_critic
+    cfg = load_config(None, [*ENV, "algorithm.algo=grpo", "algorithm.lr=1e-5", "rollout.env_kwargs={num_hops: 3}"])
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.uses_critic and cfg.algorithm.lr == 1e-5
+    assert cfg.rollout.env_kwargs == {"num_hops": 3}
+    assert load_config(None, [*ENV, "algorithm.algo=ppo"]).uses_critic
 
 
 def test_missing_file(tmp_path):
@@ -85,7 +96,7 @@ def test_env_kwargs_are_arguments_of_the_env(path):
     for klass in klasses:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(klass.__init__).parameters)
-    for key in {**cfg.env_kwargs, **cfg.eval_env_kwargs, **{k: v for kw in cfg.eval_sets.values() for k, v in kw.items()}}:
+    for key in {**cfg.env_kwargs, **cfg.eval.env_kwargs, **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()}}:
         assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"
 
 
@@ -93,8 +104,10 @@ def test_env_kwargs_are_arguments_of_the_env(path):
 def scratch_registrations():
     from trainers import algos
 
+    from trainers.algos import registry
+
     regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.NEEDS_GROUPS, algos.AGGREGATIONS, algos.AGG_UNITS,
-            algos.KL_KINDS)
+            algos.KL_KINDS, registry.ADV_PARAMS, registry.AGG_PARAMS)
     before = [dict(r) for r in regs]
     yield algos
     for r, b in zip(regs, before):
@@ -118,11 +131,12 @@ def test_registered_names_are_selectable_from_yaml(tmp_path, scratch_registratio
         return d.abs()
 
     p = tmp_path / "c.yaml"
-    p.write_text("algo: grpo\nadv_estimator: mine\nloss_agg: my-sum\nkl_kind: abs\nkl_coef: 0.1\n")
+    p.write_text("rollout: {env_id: AgentR1/FactChain-v0}\n"
+                 "algorithm: {algo: grpo, adv_estimator: mine, loss_agg: my-sum, kl_kind: abs, kl_coef: 0.1}\n")
     cfg = load_config(p)
     assert (cfg.adv_estimator, cfg.loss_agg, cfg.kl_kind) == ("mine", "my-sum", "abs")
     assert cfg.uses_critic  # from the registration, not from the name
-    assert not load_config(None, ["algo=grpo"]).uses_critic
+    assert not load_config(None, [*ENV, "algorithm.algo=grpo"]).uses_critic
 
 
 def test_group_size_check_comes_from_the_registration(scratch_registrations):
@@ -133,12 +147,14 @@ def test_group_size_check_comes_from_the_registration(scratch_registrations):
         return algos.get_adv_est("rloo")(**kw)
 
     algos.register_adv_est("my-solo")(mine)
-    one = ["group_size=1", "tasks_per_iter=16", "minibatch_size=16"]
+    one = [*ENV, "rollout.group_size=1", "rollout.tasks_per_iter=16", "algorithm.minibatch_size=16"]
+    grpo = [*ENV, "algorithm.algo=grpo"]
     with pytest.raises(ConfigError, match="group_size must be at least 2 for adv_estimator='my-baseline', got 1 "
                                           r"\(.*needs_groups=True\)"):
-        load_config(None, ["algo=grpo", "adv_estimator=my-baseline", *one])
-    assert load_config(None, ["algo=grpo", "adv_estimator=my-baseline", "group_size=2", "minibatch_size=16"]).needs_groups
-    assert not load_config(None, ["algo=grpo", "adv_estimator=my-solo", *one]).needs_groups  # the same fn, no groups
+        load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", *one])
+    assert load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", "rollout.group_size=2",
+                              "algorithm.minibatch_size=16"]).needs_groups
+    assert not load_config(None, [*grpo, "algorithm.adv_estimator=my-solo", *one]).needs_groups  # the same fn, no groups
     for name, groups in (("grpo", True), ("rloo", True), ("reinforce_pp", False), ("gae", False)):
         assert algos.NEEDS_GROUPS[name] is groups, name
     with pytest.raises(ValueError, match="'my-baseline' is already registered with needs_groups=True"):
@@ -151,8 +167,9 @@ def test_group_size_check_comes_from_the_registration(scratch_registrations):
     ("kl_kind", "k9", "k1, k2, k3"),
 ])
 def test_unregistered_names_fail_listing_the_registered(key, value, valid):
-    with pytest.raises(ConfigError, match=f"config key '{key}': '{value}' is not registered; registered: {valid}"):
-        load_config(None, [f"{key}={value}"])
+    with pytest.raises(ConfigError, match=f"config key 'algorithm.{key}': '{value}' is not registered; registered: "
+                                          f"{valid}"):
+        load_config(None, [*ENV, f"algorithm.{key}={value}"])
 
 
 def test_a_taken_name_cannot_be_registered_again_differently(scratch_registrations):

@@ -33,7 +33,7 @@ from trainers.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
-COMMON = dict(iterations=2, tasks_per_iter=4, group_size=2, minibatch_size=4, max_turn_tokens=12, eval_every=100,
+COMMON = dict(env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, iterations=2, tasks_per_iter=4, group_size=2, minibatch_size=4, max_turn_tokens=12, eval_every=100,
               eval_tasks=1, tensorboard=False, progress_bar=False, torch_threads=1, lr=1e-3, kl_coef=0.05,
               env_kwargs={"num_tasks": 16, "tools_in_prompt": False,
                           "rewards": {"no_action": -0.1, "call_invalid": -0.2}})
@@ -180,17 +180,17 @@ def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
-    assert main("grpo", [f"run_dir={tmp_path}", "fsdp=true"]) == 2
+    assert main("grpo", [f"run.run_dir={tmp_path}", "rollout.env_id=AgentR1/FactChain-v0", "scale.fsdp=true"]) == 2
     err = capsys.readouterr().err
     assert "torchrun --nproc_per_node" in err and "WORLD_SIZE" in err
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("kw,key", [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout_workers"),
+@pytest.mark.parametrize("kw,key", [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout.workers"),
                                     (dict(lora_r=8), "lora_r")])
 def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"fsdp: true does not combine with {key}"):
-        TrainConfig(fsdp=True, **kw)
+        TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", **kw)
 
 
 def test_fsdp_shares_must_divide_evenly(monkeypatch):
@@ -201,7 +201,7 @@ def test_fsdp_shares_must_divide_evenly(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29999")
-    cfg = TrainConfig(fsdp=True, tasks_per_iter=4, group_size=2, minibatch_size=8)
+    cfg = TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", tasks_per_iter=4, group_size=2, minibatch_size=8)
     with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
         trainer_class(cfg)(cfg)
     with pytest.raises(ConfigError, match="trainer_class"):

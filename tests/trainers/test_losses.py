@@ -16,6 +16,7 @@ import torch
 from trainers.algos import losses as L
 from trainers.algos.losses import (
     AGGREGATIONS,
+    KL_KINDS,
     aggregate,
     entropy_from_logits,
     get_agg,
@@ -96,11 +97,40 @@ def test_aggregate_by_hand():
 
 @pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
 def test_aggregate_empty_mask_is_zero_not_nan(mode):
+    check_aggregation_contract(mode)
+
+
+def check_aggregation_contract(mode, **extra):
+    """What micro-batching, FSDP and the trainer rely on from any registered aggregation (a
+    plugin's too: tests/trainers/test_plugins.py): an empty mask gives 0 with a zero gradient; a
+    0-d result that ignores what is off the mask; and, with ``units``, the minibatch's value is the
+    units-weighted sum over a split of its rows (``extra``: its ``loss_kwargs``)."""
     loss = torch.randn(2, 5, requires_grad=True)
-    out = aggregate(loss, torch.zeros(2, 5), mode)
+    out = aggregate(loss, torch.zeros(2, 5), mode, **extra)
     out.backward()
     assert out.item() == 0.0
     assert torch.isfinite(loss.grad).all() and (loss.grad == 0).all()
+    g = torch.Generator().manual_seed(0)
+    loss = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    mask = rand_mask(4, 6, g)
+    whole = aggregate(loss, mask, mode, **extra)
+    assert whole.dim() == 0 and torch.isfinite(whole)
+    assert close(aggregate(torch.where(mask > 0, loss, 1e6), mask, mode, **extra), whole)
+    units = L.AGG_UNITS.get(mode)
+    if units is not None:
+        parts = [slice(0, 1), slice(1, 4)]
+        total = sum(units(mask[p]) / units(mask) * aggregate(loss[p], mask[p], mode, **extra) for p in parts)
+        assert close(total, whole)
+
+
+@pytest.mark.parametrize("kind", sorted(KL_KINDS))
+def test_kl_kind_contract(kind):
+    """Any registered KL kind: per-token, (B, T) in and out, 0 where the distributions agree, finite."""
+    g = torch.Generator().manual_seed(1)
+    lp, ref = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    out = kl_penalty(lp, ref, kind)
+    assert out.shape == (3, 7) and torch.isfinite(out).all()
+    assert close(kl_penalty(lp, lp, kind), torch.zeros(3, 7))
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -47,11 +47,11 @@ def _record_rollouts(tr, on_iteration=None):
 
 
 def test_rollout_worker_keys_are_checked(tmp_path):
-    with pytest.raises(ConfigError, match="rollout_workers=3 must divide tasks_per_iter=4"):
+    with pytest.raises(ConfigError, match="rollout.workers=3 must divide tasks_per_iter=4"):
         _cfg(tmp_path, rollout_workers=3)
-    with pytest.raises(ConfigError, match="rollout_workers must be >= 0"):
+    with pytest.raises(ConfigError, match="rollout.workers must be >= 0"):
         _cfg(tmp_path, rollout_workers=-1)
-    with pytest.raises(ConfigError, match="rollout_timeout_s must be positive"):
+    with pytest.raises(ConfigError, match="rollout.timeout_s must be positive"):
         _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0)
 
 

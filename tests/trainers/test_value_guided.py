@@ -150,7 +150,8 @@ def test_evaluate_cli_decodes_and_refuses_without_a_critic(runs, tiny, tmp_path)
     tok, policy, _ = tiny
     hf_dir = save_policy(policy, tok, tmp_path / "hf")
     with pytest.raises(SystemExit, match=r"value-guided needs a critic.*policy only"):
-        evaluate.main(["--model", hf_dir, "--decode", "value-guided", "--out", str(tmp_path / "x")])
+        evaluate.main(["--model", hf_dir, "--env", "AgentR1/FactChain-v0", "--decode", "value-guided",
+                       "--out", str(tmp_path / "x")])
     # the control needs no critic
     assert evaluate.main(["--checkpoint", str(runs["grpo"]), "--decode", "random-of-k", "--k", "2", "--tasks", "2",
                           "--max-turn-tokens", str(TURN), "--env-kwargs", "{max_turns: 2}",

@@ -1,49 +1,48 @@
 """Advantage estimators and losses: pure functions of tensors, chosen by name.
 
-See ``docs/algorithms.md`` for the formulas, the registry names and the metrics.
+See ``docs/algorithms.md`` for the formulas, the registry names and the metrics. The registries
+and their ``register_*`` decorators live in the torch-free ``trainers.algos.registry`` (a config is
+checked without importing torch); the functions load on first access of any other name here.
 """
 
-from .advantages import (
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .registry import (
     ADV_ESTIMATORS,
-    NEEDS_GROUPS,
-    USES_CRITIC,
-    AdvEstimator,
-    gae,
-    get_adv_est,
-    grpo,
-    kl_in_reward,
-    place_rewards,
-    register_adv_est,
-    reinforce_pp,
-    rloo,
-)
-from .losses import (
     AGG_UNITS,
     AGGREGATIONS,
     KL_KINDS,
-    KLKind,
-    aggregate,
-    entropy_from_logits,
-    get_agg,
-    kl_loss,
-    kl_penalty,
-    logprobs_from_logits,
-    masked_mean,
-    policy_loss,
+    NEEDS_GROUPS,
+    USES_CRITIC,
+    register_adv_est,
     register_agg,
     register_kl,
-    value_loss,
 )
+
+_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo")
+_LOSSES = ("KLKind", "aggregate", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
+           "masked_mean", "policy_loss", "value_loss")
+
+
+def __getattr__(name: str) -> Any:
+    module = "advantages" if name in _ADVANTAGES else "losses" if name in _LOSSES else None
+    if module is None:
+        raise AttributeError(f"module 'trainers.algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "ADV_ESTIMATORS",
     "AGGREGATIONS",
     "AGG_UNITS",
+    "AdvEstimator",
+    "KLKind",
     "KL_KINDS",
     "NEEDS_GROUPS",
     "USES_CRITIC",
-    "AdvEstimator",
-    "KLKind",
     "aggregate",
     "entropy_from_logits",
     "gae",

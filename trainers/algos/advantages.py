@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -92,45 +92,13 @@ class AdvEstimator(Protocol):
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]: ...
 
 
-ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
-USES_CRITIC: dict[str, bool] = {}
-"""name -> whether the estimator needs a critic's values (the trainer builds one only then)."""
-NEEDS_GROUPS: dict[str, bool] = {}
-"""name -> whether the estimator compares the trajectories of a group (the config then asks for
-``group_size >= 2``)."""
-
-
-def register_adv_est(name: str, *, uses_critic: bool = False,
-                     needs_groups: bool = False) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Register an advantage estimator under ``name``; ``uses_critic=True`` when it reads ``values``,
-    ``needs_groups=True`` when it compares each trajectory with the others of its group (grpo, rloo),
-    so that a config with ``group_size < 2`` is refused.
-
-    Registering the same function twice is a no-op; a different function (or a different
-    ``uses_critic`` or ``needs_groups``) under a name already taken raises ``ValueError``. A
-    registered name is selectable from YAML (``adv_estimator: NAME``).
-    """
-
-    def deco(fn: AdvEstimator) -> AdvEstimator:
-        old = ADV_ESTIMATORS.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}")
-        if old is not None and USES_CRITIC[name] != uses_critic:
-            raise ValueError(f"advantage estimator {name!r} is already registered with uses_critic={USES_CRITIC[name]}")
-        if old is not None and NEEDS_GROUPS[name] != needs_groups:
-            raise ValueError(f"advantage estimator {name!r} is already registered with needs_groups={NEEDS_GROUPS[name]}")
-        ADV_ESTIMATORS[name] = fn
-        USES_CRITIC[name] = uses_critic
-        NEEDS_GROUPS[name] = needs_groups
-        return fn
-
-    return deco
+from .registry import ADV_ESTIMATORS, NEEDS_GROUPS, USES_CRITIC, register_adv_est, resolve  # noqa: E402
 
 
 def get_adv_est(name: str) -> AdvEstimator:
     """The estimator registered under ``name``; an unknown name raises listing valid ones."""
     try:
-        return ADV_ESTIMATORS[name]
+        return resolve(ADV_ESTIMATORS, name)
     except KeyError:
         raise ValueError(
             f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ADV_ESTIMATORS))}"

@@ -32,7 +32,7 @@ Where this departs from the papers:
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch import Tensor
@@ -59,22 +59,7 @@ __all__ = [
 ]
 
 KLKind = Literal["k1", "k2", "k3"]
-KL_KINDS: dict[str, Callable[[Tensor], Tensor]] = {}
-"""name -> per-token KL estimate from ``d = logprobs - ref_logprobs`` (B, T) -> (B, T)."""
-
-
-def register_kl(name: str) -> Callable[[Callable[[Tensor], Tensor]], Callable[[Tensor], Tensor]]:
-    """Register a KL estimator ``fn(d) -> (B, T)`` under ``name`` (selectable as ``kl_kind: NAME``).
-    A different function under a name already taken raises ``ValueError``."""
-
-    def deco(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-        old = KL_KINDS.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(f"KL kind {name!r} is already registered to {old!r}")
-        KL_KINDS[name] = fn
-        return fn
-
-    return deco
+from .registry import AGG_UNITS, AGGREGATIONS, KL_KINDS, register_agg, register_kl, resolve  # noqa: E402
 
 
 @register_kl("k1")
@@ -183,43 +168,12 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float, scale: bool = True) -> Te
 
 AggFn = Callable[[Tensor, Tensor], Tensor]
 AggUnits = Callable[[Tensor], Tensor]
-AGGREGATIONS: dict[str, AggFn] = {}
-AGG_UNITS: dict[str, AggUnits] = {}
-"""name -> ``units(mask (B,T)) -> 0-d count`` of the aggregation's denominator, for the
-aggregations registered with ``units=`` (micro-batching and FSDP re-weight by it: a micro-batch's
-or a rank's share of the minibatch's loss is ``units(its mask) / units(minibatch mask)``)."""
-
-
-def register_agg(name: str, *, units: AggUnits | None = None) -> Callable[[AggFn], AggFn]:
-    """Register a loss aggregation ``fn(loss_mat (B,T), mask (B,T)) -> 0-d`` under ``name``.
-
-    ``units(mask) -> 0-d`` counts what ``fn`` divides by (token-mean: loss tokens; the seq-mean
-    modes: rows with a loss token), so that ``fn`` over a minibatch equals the sum over a split of
-    its rows of ``units(part) / units(whole) * fn(part)``. Without it the aggregation works on
-    whole minibatches but ``max_tokens_per_microbatch`` and ``fsdp`` refuse it.
-
-    Registering the same function (and units) again is a no-op; a different function or
-    different ``units`` under a name already taken raises ``ValueError``.
-    """
-
-    def deco(fn: AggFn) -> AggFn:
-        old = AGGREGATIONS.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(f"loss aggregation {name!r} is already registered to {old!r}")
-        if old is not None and AGG_UNITS.get(name) is not units:
-            raise ValueError(f"loss aggregation {name!r} is already registered with units={AGG_UNITS.get(name)!r}")
-        AGGREGATIONS[name] = fn
-        if units is not None:
-            AGG_UNITS[name] = units
-        return fn
-
-    return deco
 
 
 def get_agg(name: str) -> AggFn:
     """The aggregation registered under ``name``; an unknown name raises listing valid ones."""
     try:
-        return AGGREGATIONS[name]
+        return resolve(AGGREGATIONS, name)
     except KeyError:
         raise ValueError(
             f"unknown loss aggregation {name!r}; valid: {', '.join(sorted(AGGREGATIONS))}"
@@ -258,7 +212,7 @@ def _seq_mean_token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
     return seq.sum() / has_tokens.sum().clamp_min(1)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", **kwargs: Any) -> Tensor:
     """Reduce a per-token loss to a scalar over the agent's tokens.
 
     Modes (registry ``AGGREGATIONS``):
@@ -273,6 +227,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean") -> Tenso
         loss_mat (Tensor): per-token loss, (B, T).
         mask (Tensor): loss mask, (B, T), bool or 0/1 float.
         mode (str): a name in ``AGGREGATIONS``.
+        **kwargs: the aggregation's own keyword parameters (the config's ``algorithm.loss_kwargs``).
 
     Returns:
         Tensor: 0-d loss.
@@ -283,7 +238,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean") -> Tenso
     """
     fn = get_agg(mode)
     expect_bt(loss_mat=loss_mat, mask=mask)
-    return fn(loss_mat, mask)
+    return fn(loss_mat, mask, **kwargs)
 
 
 # ----------------------------------------------------------------------------- per-token primitives
@@ -311,7 +266,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind = "k3") -> T
         - T: padded token length
     """
     expect_bt(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    fn = KL_KINDS.get(kind)
+    fn = resolve(KL_KINDS, kind) if kind in KL_KINDS else None
     if fn is None:
         raise ValueError(f"unknown KL kind {kind!r}; valid: {', '.join(sorted(KL_KINDS))}")
     return fn(logprobs - ref_logprobs)
@@ -381,6 +336,7 @@ def policy_loss(
     clip_high: float = 0.2,
     dual_clip_c: float | None = None,
     agg: str = "token-mean",
+    agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, with optional dual clip, over the agent's tokens.
 
@@ -398,7 +354,7 @@ def policy_loss(
         clip_low (float): lower clip range, ratio >= 1 - clip_low; in [0, 1).
         clip_high (float): upper clip range, ratio <= 1 + clip_high; >= 0.
         dual_clip_c (float | None): dual-clip constant c > 1, or None for no dual clip.
-        agg (str): a name in ``AGGREGATIONS``.
+        agg (str): a name in ``AGGREGATIONS``; agg_kwargs: its own keyword parameters (``loss_kwargs``).
 
     Returns:
         tuple[Tensor, dict[str, Tensor]]: the 0-d loss and the metrics
@@ -431,7 +387,7 @@ def policy_loss(
     else:
         dual_active = torch.zeros_like(pg, dtype=torch.bool)
 
-    loss = aggregate(pg, loss_mask, agg)
+    loss = aggregate(pg, loss_mask, agg, **(agg_kwargs or {}))
     with torch.no_grad():
         m = loss_mask.bool()
         metrics = {
@@ -455,6 +411,7 @@ def value_loss(
     *,
     clip_eps: float | None = 0.2,
     agg: str = "token-mean",
+    agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss over the agent's tokens.
 
@@ -469,7 +426,7 @@ def value_loss(
         returns (Tensor): value targets (GAE advantages + old values), (B, T).
         loss_mask (Tensor): 1 on agent tokens, (B, T).
         clip_eps (float | None): clip range around ``old_values``; None for no clipping.
-        agg (str): a name in ``AGGREGATIONS``.
+        agg (str): a name in ``AGGREGATIONS``; agg_kwargs: its own keyword parameters (``loss_kwargs``).
 
     Returns:
         tuple[Tensor, dict[str, Tensor]]: the 0-d loss and the metrics ``value/loss``,
@@ -494,7 +451,7 @@ def value_loss(
         vf_clipped = (v_clip - returns).square()
         vf = torch.maximum(vf_unclipped, vf_clipped)
         clipped_active = vf_clipped > vf_unclipped
-    loss = aggregate(0.5 * vf, loss_mask, agg)
+    loss = aggregate(0.5 * vf, loss_mask, agg, **(agg_kwargs or {}))
 
     with torch.no_grad():
         m = loss_mask.bool()
@@ -520,6 +477,7 @@ def kl_loss(
     loss_mask: Tensor,
     kind: KLKind = "k3",
     agg: str = "token-mean",
+    agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL(pi || ref) as a loss term over the agent's tokens (the GRPO way; the coefficient is
     applied by the caller).
@@ -531,7 +489,7 @@ def kl_loss(
         ref_logprobs (Tensor): log-probs under the reference model, (B, T).
         loss_mask (Tensor): 1 on agent tokens, (B, T).
         kind (str): ``"k1"``, ``"k2"`` or ``"k3"``.
-        agg (str): a name in ``AGGREGATIONS``.
+        agg (str): a name in ``AGGREGATIONS``; agg_kwargs: its own keyword parameters (``loss_kwargs``).
 
     Returns:
         tuple[Tensor, dict[str, Tensor]]: the 0-d loss and the metric ``kl/loss``.
@@ -542,5 +500,5 @@ def kl_loss(
     """
     expect_bt(logprobs=logprobs, ref_logprobs=ref_logprobs, loss_mask=loss_mask)
     kl = kl_penalty(logprobs, ref_logprobs.detach(), kind)  # (B, T)
-    loss = aggregate(kl, loss_mask, agg)
+    loss = aggregate(kl, loss_mask, agg, **(agg_kwargs or {}))
     return loss, {"kl/loss": loss.detach()}
