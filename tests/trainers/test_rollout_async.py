@@ -218,6 +218,40 @@ class TestToolFailures:
             assert gate.outcome["block"] == ("released" if name == "async" else "not released"), name
 
 
+    @pytest.mark.timeout(600)
+    def test_an_env_step_that_raises_stops_the_rollout_and_leaves_the_engine_clean(self, engines, tok, tiny):
+        """Not a tool's failure (the env turns those into statuses) but the env's own step raising:
+        the error propagates naming the sub-env and turn, the other trajectories' requests are
+        aborted (none left in the engine), and the engine serves the next rollout."""
+        from trainers.backends import SamplingConfig
+        from trainers.rollout_async import collect_async
+
+        class Crashing(ScriptedToolEnv):
+            def _parse(self, text):
+                if self.task["id"] == "crash" and self.turn == 2:
+                    raise RuntimeError("env bug")
+                return super()._parse(text)
+
+        tasks = [{"id": f"t{k}", "question": f"Work {k}.", "answer": "a", "turns": 6} for k in range(5)]
+        tasks.insert(3, {"id": "crash", "question": "Crash.", "answer": "a", "turns": 6})
+        sampling = SamplingConfig(max_new_tokens=6, temperature=0.0)
+        vec = _vec(tok, tiny[1], tasks, lambda task, turn: "ok", n=len(tasks), hook=Crashing)
+        try:
+            with pytest.raises(RuntimeError, match="env bug") as err:
+                collect_async(vec, engines[1], list(range(len(tasks))), 1, sampling, seed=0)
+            assert "sub-env 3's step of turn 1 raised" in "".join(getattr(err.value, "__notes__", []))
+            assert engines[1].engine.get_num_unfinished_requests() == 0
+            good = [t for t in tasks if t["id"] != "crash"]
+            vec2 = _vec(tok, tiny[1], good, lambda task, turn: "ok", n=len(good))
+            try:
+                trajs, _ = collect_async(vec2, engines[1], list(range(len(good))), 1, sampling, seed=0)
+            finally:
+                vec2.close()
+            assert [t.episode.turns for t in trajs] == [6] * len(good)
+        finally:
+            vec.close()
+
+
 class TestConfig:
     def test_collect_async_refuses_a_backend_without_an_engine_loop(self, tok, tiny):
         from trainers.backends import HFBackend, SamplingConfig
@@ -231,4 +265,5 @@ class TestConfig:
                               SamplingConfig(max_new_tokens=4), seed=0)
         finally:
             vec.close()
+
 
