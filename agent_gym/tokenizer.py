@@ -2,8 +2,10 @@
 
 The default tokenizer lets ``gym.make("AgentR1/FactChain-v0")`` work offline with no download.
 It is a byte-level BPE (so every string encodes, and decoding is lossless) trained in code on a
-fixed corpus, with ChatML special tokens and the tool-call tags as single tokens. Training is
-deterministic, so two processes build the same vocabulary; the result is cached per process.
+fixed corpus of generic English (common words, letter pairs, numbers, punctuation and the
+tool-call protocol's JSON syntax; no env's words since issue 21, so it favours no env), with
+ChatML special tokens and the tool-call tags as single tokens. Training is deterministic, so two
+processes build the same vocabulary; the result is cached per process.
 """
 
 from __future__ import annotations
@@ -45,45 +47,63 @@ TAG_TOKENS = [
 ]
 """Tags that are single (non-special) tokens in the default tokenizer, as in Qwen2.5."""
 
-_CORPUS_WORDS = (
-    "the a an of in on at to from by with for and or not is was are were be been has have had "
-    "who what which where when how why whose whom this that these those it its he she they them "
-    "his her their one two three four five six seven eight nine ten first second third last "
-    "born city country river mountain company founder founded capital mother father child "
-    "spouse married mentor rival sibling student employer works worked lives lived located created wrote "
-    "director directed author film book song album band team player year years old new "
-    "question answer search lookup entity relation result results found not none error "
-    "tool call name arguments query title text passage paragraph information tool_call "
-    "invalid unknown missing required bad argument timeout budget exceeded please try again "
-    "final think step hop fact chain knowledge base entry entries you are a helpful assistant "
-    "use tools find reply with call functions return each signature description parameters "
-    "type object string integer properties"
+_COMMON_WORDS = (
+    # Common English words (function words first, then frequent nouns, verbs and adjectives): a
+    # generic sample of text, chosen for no env. Env-specific words (a tool's name, an argument
+    # key, FactChain's relations) are not here: the default tokenizer serves every env alike.
+    "the of and to a in is it you that he was for on are with as his they be at one have this from "
+    "or had by not but what some we can out other were all there when up use your how said an each she "
+    "which do their time if will way about many then them write would like so these her long make thing "
+    "see him two has look more day could go come did number sound no most people my over know water than "
+    "call first who may down side been now find any new work part take get place made live where after "
+    "back little only round man year came show every good me give our under name very through just form "
+    "sentence great think say help low line differ turn cause much mean before move right boy old too same "
+    "tell does set three want air well also play small end put home read hand port large spell add even "
+    "land here must big high such follow act why ask men change went light kind off need house picture try "
+    "us again animal point mother world near build self earth father head stand own page should country "
+    "found answer school grow study still learn plant cover food sun four between state keep eye never last "
+    "let thought city tree cross farm hard start might story saw far sea draw left late run while press "
+    "close night real life few north open seem together next white children begin got walk example ease "
+    "paper group always music those both mark often letter until mile river car feet care second book carry "
+    "took science eat room friend began idea fish mountain stop once base hear horse cut sure watch color "
+    "face wood main enough plain girl usual young ready above ever red list though feel talk bird soon body "
+    "dog family direct pose leave song measure door product black short numeral class wind question happen "
+    "complete ship area half rock order fire south problem piece told knew pass since top whole king space "
+    "heard best hour better true during hundred five remember step early hold west ground interest reach "
+    "fast verb sing listen six table travel less morning ten simple several vowel toward war lay against "
+    "pattern slow center love person money serve appear road map rain rule govern pull cold notice voice "
+    "unit power town fine certain fly fall lead cry dark machine note wait plan figure star box noun field "
+    "rest correct able pound done beauty drive stood contain front teach week final gave green oh quick "
+    "develop ocean warm free minute strong special mind behind clear tail produce fact street inch multiply "
+    "nothing course stay wheel full force blue object decide surface deep moon island foot system busy test "
+    "record boat common gold possible plane stead dry wonder laugh thousand ago ran check game shape equate "
+    "miss brought heat snow tire bring yes distant fill east paint language among"
 ).split()
 
-_CORPUS_SYLLABLES = (
-    "ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ves nu kor ial dra "
-    "bel tis gor ven ash lin ro mal dun sha vel tor ek ma bor ia ren ost qua lith"
+_COMMON_BIGRAMS = (
+    # The most frequent letter pairs of English text: pieces for words and names not in the list.
+    "th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me "
+    "de hi ri ro ic ne ea ra ce li ch ll be ma si om ur"
 ).split()
 
 
 def _training_corpus() -> list[str]:
-    words = _CORPUS_WORDS
-    syl = _CORPUS_SYLLABLES
+    """Generic text, the same for every env: common words in shifting orders (after a space, at a
+    line start, capitalised, inside quotes as in a JSON value), pseudo-words from common letter
+    pairs, numbers, the chat/tool-call protocol's own syntax, and every ASCII punctuation mark."""
+    words, pairs = _COMMON_WORDS, _COMMON_BIGRAMS
+    n = len(words)
     lines: list[str] = []
-    for i, w in enumerate(words):
-        lines.append(" ".join(words[(i + k * 7) % len(words)] for k in range(12)))
-    for i, a in enumerate(syl):
-        for j, b in enumerate(syl):
-            name = (a + b).capitalize()
-            lines.append(f"{name} {syl[(i + j) % len(syl)]}{a} {name}'s {words[(i * j) % len(words)]}")
+    for i in range(n):
+        lines.append(" ".join(words[(i + k * 7) % n] for k in range(12)))
+        lines.append(words[(i * 5) % n].capitalize() + " " + " ".join(words[(i + k * 11) % n] for k in range(1, 8)) + ".")
+        a, b, c = words[i], words[(i * 3 + 1) % n], words[(i * 13 + 2) % n]
+        lines.append(f'{{"name": "{a}", "arguments": {{"{b}": "{c}"}}}}')
+    for i, a in enumerate(pairs):
+        for j, b in enumerate(pairs):
+            lines.append(f"{(a + b).capitalize()} {pairs[(i + j) % len(pairs)]}{a}{b} {words[(i * j) % n]}")
     for d in range(200):
         lines.append(f"{d} {d * 7 % 1000} {1900 + d} ({d}) [{d}]")
-    lines.append('{"name": "lookup", "arguments": {"entity": "Karimel", "relation": "mentor"}}')
-    # FactChain's relation names as whole tokens both after a space (in questions) and after a
-    # quote (in tool-call arguments), so that copying one into the other is one token to one.
-    for r in ("mentor", "rival", "employer", "sibling", "founder", "spouse"):
-        lines.extend([f'the {r} of "relation": "{r}"'] * 3)
-    lines.append('{"name": "search", "arguments": {"query": "who founded the company"}}')
     lines.append("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ \n\t")
     return lines * 3
 

@@ -6,9 +6,10 @@ Task
     'Who is the mentor of the rival of "Karimel"?' (``question_style="nested"``, the default) or
     'Who is "Karimel"'s rival's mentor?' (``"possessive"``: the relations in the order they are
     looked up). The start entity is quoted as it is in a tool call's arguments, so that with the
-    default tokenizer its tokens are the same in the question, the call and a tool result (and
-    every relation name is one token, " rival" in the question and "rival" in the call): a
-    tiny model copies names token for token. The knowledge base (KB) maps every
+    default tokenizer its tokens are the same in the question, the call and a tool result (a
+    relation name, unquoted in the question, differs there in its first token only: `Ġri v al`
+    for " rival", `ri v al` in the call; before issue 21 the default tokenizer's corpus held
+    FactChain's relations as single tokens): a tiny model copies names token for token. The knowledge base (KB) maps every
     (entity, relation) pair to another entity. A question with H hops names a start entity and a
     chain of H relations; the answer is the entity at the end of the chain. Entities are invented
     names, so nothing can be answered from prior knowledge.
