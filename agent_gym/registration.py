@@ -1,8 +1,8 @@
 """Env-id registration under the ``AgentR1/`` namespace.
 
-Each env module registers its own ids next to its class (``register_env`` at the bottom of
-``envs/factchain.py``, ``envs/hotpotqa.py``...); the ``envs`` package imports its modules, and
-``import agent_gym`` imports ``envs``, so both forms work::
+The built-in ids are one table of entry-point strings (``agent_gym/builtin_envs.py``), registered
+by ``import agent_gym`` without importing any env module (Gymnasium imports ``envs.factchain``
+when the env is made), so both forms work::
 
     import agent_gym; gym.make("AgentR1/FactChain-v0")
     gym.make("agent_gym:AgentR1/FactChain-v0")      # gymnasium imports agent_gym first
