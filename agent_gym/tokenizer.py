@@ -11,6 +11,7 @@ processes build the same vocabulary; the result is cached per process.
 from __future__ import annotations
 
 import functools
+import threading
 import os
 from typing import Any
 
@@ -150,10 +151,23 @@ def build_bpe_tokenizer(
     return fast
 
 
+IMPORT_LOCK = threading.RLock()
+"""Held around every first use of transformers from agent_gym: its lazy module is not thread-safe
+(a first ``from transformers import PreTrainedTokenizerFast`` in 4 threads at once failed with
+ImportError in 1 to 3 of them here), and envs are built in worker threads by the OpenAI-compatible
+evaluation, the vector env and the env server."""
+
+
 @functools.lru_cache(maxsize=1)
-def default_tokenizer():
-    """The built-in ChatML tokenizer (about 2k tokens). Built once per process, in ~0.2 s."""
+def _default_tokenizer():
     return build_bpe_tokenizer()
+
+
+def default_tokenizer():
+    """The built-in ChatML tokenizer (about 2k tokens). Built once per process, in ~0.2 s, also
+    when several threads ask for it first at once."""
+    with IMPORT_LOCK:
+        return _default_tokenizer()
 
 
 def load_tokenizer(spec: Any = None):
@@ -167,7 +181,8 @@ def load_tokenizer(spec: Any = None):
     if spec is None:
         return default_tokenizer()
     if isinstance(spec, (str, os.PathLike)):
-        from transformers import AutoTokenizer
+        with IMPORT_LOCK:
+            from transformers import AutoTokenizer
 
         spec = str(spec)
         looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1]
@@ -178,7 +193,8 @@ def load_tokenizer(spec: Any = None):
                 "'Qwen/Qwen2.5-3B-Instruct', or tokenizer=None for the built-in default."
             )
         try:
-            return AutoTokenizer.from_pretrained(os.path.expanduser(spec))
+            with IMPORT_LOCK:
+                return AutoTokenizer.from_pretrained(os.path.expanduser(spec))
         except Exception as e:  # offline hub miss, corrupt directory, ...
             raise ValueError(
                 f"could not load tokenizer {spec!r}: {type(e).__name__}: {e}. Pass a local "

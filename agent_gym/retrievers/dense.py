@@ -65,7 +65,10 @@ class TextEncoder:
         self.torch = require("torch", EXTRA)
         if torch_threads is not None:
             self.torch.set_num_threads(torch_threads)
-        from transformers import AutoModel, AutoTokenizer
+        from agent_gym.tokenizer import IMPORT_LOCK
+
+        with IMPORT_LOCK:  # transformers' lazy import is not thread-safe (agent_gym/tokenizer.py)
+            from transformers import AutoModel, AutoTokenizer
 
         path = Path(model) if model is not None else default_model_path()
         local = path.is_dir()
