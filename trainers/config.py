@@ -37,12 +37,9 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from trainers.algos import registry
+from trainers.errors import ConfigError  # noqa: F401  (trainers.config.ConfigError, as before)
 
 Algo = Literal["ppo", "grpo", "rloo", "reinforce_pp"]
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class ConfigDeprecationWarning(DeprecationWarning):

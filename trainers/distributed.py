@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true
 
-Each process (rank) holds a shard of every model (``trainers.scale.fsdp_wrap``: one FSDP unit
+``FSDP`` is the parallelism strategy (``trainers.parallel.Parallelism``) the ``Trainer`` is given
+then; the loop is the single-process one. Each process (rank) holds a shard of every model (``trainers.scale.fsdp_wrap``: one FSDP unit
 per decoder layer; the critic's backbone likewise; the KL reference too, frozen) and runs the
 single-process loop on its share, so that one iteration of N ranks is the single-process
 iteration on the same seed, up to float rounding:
@@ -41,17 +42,15 @@ import datetime
 import logging
 import os
 import sys
-from typing import Any, Iterator, NoReturn
+from typing import Any, Callable, ContextManager, Iterator, NoReturn, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from trainers import scale
-from trainers.checkpoint import save_checkpoint
 from trainers.config import ConfigError, TrainConfig
 from trainers.rollout import RolloutBatch, RolloutTimes, Trajectory
-from trainers.trainer import NonFiniteLossError, Trainer
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -145,13 +144,14 @@ def shard_critic(critic: nn.Module, mesh: Any) -> nn.Module:
     return critic
 
 
-class FSDPTrainer(Trainer):
-    """``Trainer`` with ``fsdp: true``, one instance per torchrun process (the module docstring)."""
+class FSDP:
+    """The parallelism strategy of ``fsdp: true`` (``trainers.parallel.Parallelism``), one instance per
+    torchrun process (the module docstring)."""
 
-    distributed = True
+    shards_models = True
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
-        super().__init__(cfg, resume)
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
         self.rank, self.world, self.local_rank = torchrun_env()
         for key in ("tasks_per_iter", "minibatch_size"):
             if getattr(cfg, key) % self.world:
@@ -159,10 +159,13 @@ class FSDPTrainer(Trainer):
                                   f"multiple of the number of processes (torchrun --nproc_per_node x --nnodes) so "
                                   "that every rank gets an equal share")
         self._own_group = False
+        self.mesh = None
 
-    # -- setup ---------------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
-    def setup(self) -> None:
+    def start(self) -> None:
         global _ran_collectives
         _ran_collectives = True
         cuda = torch.device(self.cfg.device).type == "cuda"
@@ -175,115 +178,70 @@ class FSDPTrainer(Trainer):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh("cuda" if cuda else "cpu", (self.world,))
-        super().setup()
 
-    def shard_models(self) -> None:
-        scale.fsdp_wrap(self.policy, self.mesh, mp_bf16=False)
-        if self.critic is not None:
-            shard_critic(self.critic, self.mesh)
-        if self.ref is not None:
-            scale.fsdp_wrap(self.ref, self.mesh)
-
-    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        envs, eval_envs, eval_sets = super().make_envs(env_kwargs)
-        if self.rank != 0:  # only rank 0 evaluates
-            for e in [eval_envs, *eval_sets.values()]:
-                e.close()
-            eval_envs, eval_sets = None, {}
-        return envs, eval_envs, eval_sets
-
-    def cleanup(self) -> None:
-        self.logger.close()
-        self.backend.close()
-        for e in [self.envs, self.eval_envs, *self.eval_set_envs.values()]:
-            if e is not None:
-                e.close()
+    def close(self) -> None:
         if self._own_group and dist.is_initialized():
             dist.destroy_process_group()
 
-    # -- the loop ------------------------------------------------------------------------------
+    def shard(self, policy: nn.Module, critic: nn.Module | None, ref: Any) -> None:
+        scale.fsdp_wrap(policy, self.mesh, mp_bf16=False)
+        if critic is not None:
+            shard_critic(critic, self.mesh)
+        if ref is not None:
+            scale.fsdp_wrap(ref, self.mesh)
 
-    def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
-        with full_params(self.policy):
-            trajs, rt = super().rollout(it)
+    def share(self, tasks: Sequence[int], group_size: int) -> tuple[list[int], int]:
+        per = len(tasks) // self.world
+        return list(tasks[self.rank * per: (self.rank + 1) * per]), self.rank * per * group_size
+
+    def gather_rollout(self, trajs: list[Trajectory], times: RolloutTimes) -> tuple[list[Trajectory], RolloutTimes]:
         parts: list[Any] = [None] * self.world
-        dist.all_gather_object(parts, (trajs, rt))
+        dist.all_gather_object(parts, (trajs, times))
         merged = RolloutTimes(generate_s=max(p[1].generate_s for p in parts), env_s=max(p[1].env_s for p in parts),
                               generated_tokens=sum(p[1].generated_tokens for p in parts))
         return [t for p in parts for t in p[0]], merged
 
-    def _chunked(self, fn: Any, batch: RolloutBatch, model: Any = None, size: int = 16) -> torch.Tensor:
+    def full_params(self, *modules: Any) -> ContextManager[None]:
+        return full_params(*modules)
+
+    def score_rows(self, batch: RolloutBatch, model: Any, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
         """This rank's rows of ``batch`` scored under ``model``'s full parameters, then every rank's rows."""
         per = len(batch) // self.world
         mine = batch.select(torch.arange(self.rank * per, (self.rank + 1) * per))
         with full_params(model):
-            out = super()._chunked(fn, mine, size=size)
+            out = fn(mine)
         dev = comm_device()
         parts = [torch.empty_like(out, device=dev) for _ in range(self.world)]
         dist.all_gather(parts, out.contiguous().to(dev))
         return torch.cat(parts).to(out.device)
 
-    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
-        units = scale.agg_units(self.cfg.loss_agg)
+    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None,
+                     agg: str) -> list[tuple[RolloutBatch, float]]:
+        units = scale.agg_units(agg)
         total = float(units(batch.loss_mask[idx]))
         mine = idx[self.rank:: self.world]
         share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world
-        micro = [(mb, w * share * self.world)
-                 for mb, w in scale.microbatches(batch.select(mine), self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)]
+        micro = [(mb, w * share * self.world) for mb, w in scale.microbatches(batch.select(mine), max_tokens, agg)]
         n = all_reduce([len(micro)], dist.ReduceOp.MAX)[0]
         # zero-weight repeats keep every rank's number of forward/backward passes (collectives) equal
         return micro + [(micro[0][0], 0.0)] * (int(n) - len(micro))
 
-    def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
-                   name: str) -> dict[str, float]:
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """The rank's metrics carry weights ``share * world``: their sum over ranks / world is the minibatch's."""
-        return reduce_metrics(super().accumulate(opt, micro, loss_fn, it, name), self.world)
+        return reduce_metrics(metrics, self.world)
 
-    def _check_finite(self, loss: torch.Tensor, it: int, name: str) -> None:
-        # every rank stops together, with rank 0's checkpoint
-        if all_reduce([0.0 if torch.isfinite(loss) else 1.0], dist.ReduceOp.MAX)[0] == 0.0:
-            return
-        path = self.checkpoint(it - 1, self.cfg.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
-        raise NonFiniteLossError(
-            f"the {name} loss is not finite on some rank at iteration {it} (this rank's: {loss.item()}); stopped before "
-            f"applying it. {'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
-            "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
+    def any_rank(self, flag: bool) -> bool:
+        """Any rank's flag (rank 0's eval target or time limit, a Ctrl-C, a non-finite loss) holds for every rank."""
+        return bool(all_reduce([1.0 if flag else 0.0], dist.ReduceOp.MAX)[0])
 
-    def sync_weights(self) -> None:
-        """The HF backend generates from the policy module itself (gathered by ``full_params``)."""
+    def full_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Full (gathered) state dicts, complete on rank 0 only (a collective)."""
+        return full_state(model, opt)
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        with full_params(self.policy):
-            return super().evaluate() if self.rank == 0 else {}
-
-    def should_stop(self, metrics: dict[str, float]) -> bool:
-        """Any rank's reason (rank 0's eval target or time limit, a Ctrl-C) stops every rank."""
-        return bool(all_reduce([1.0 if super().should_stop(metrics) else 0.0], dist.ReduceOp.MAX)[0])
-
-    # -- checkpoints ---------------------------------------------------------------------------
-
-    def state(self, it: int) -> dict[str, Any]:
-        """The single-process checkpoint layout, with full (gathered) state dicts; complete on rank 0 only."""
-        st = super().state(it)
-        st["policy"], st["opt"] = full_state(self.policy, self.opt)
-        if self.critic is not None:
-            st["critic"], st["critic_opt"] = full_state(self.critic, self.critic_opt)
-        return st
-
-    def checkpoint(self, it: int, keep: int | None = None, **extra: Any):
-        st = self.state(it)  # a collective: every rank gathers
-        if self.rank != 0:
-            return None
-        return save_checkpoint(self.run_dir, it, st | extra, keep=keep or self.cfg.keep_checkpoints)
-
-    def load_state(self, st: dict[str, Any]) -> None:
+    def load_full_state(self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any],
+                        osd: dict[str, Any]) -> None:
         """Every rank reads the checkpoint (a shared run_dir across machines) and keeps its shards."""
-        load_full_state(self.policy, self.opt, st["policy"], st["opt"])
-        self.sched.load_state_dict(st["sched"])
-        if self.critic is not None:
-            load_full_state(self.critic, self.critic_opt, st["critic"], st["critic_opt"])
-            self.critic_sched.load_state_dict(st["critic_sched"])
+        load_full_state(model, opt, msd, osd)
 
 
 def reduce_metrics(m: dict[str, float], world: int) -> dict[str, float]:
@@ -327,5 +285,5 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str,
                                           "param_groups": groups}, options=options)
 
 
-__all__ = ["FSDPTrainer", "full_params", "full_state", "load_full_state", "reduce_metrics", "shard_critic",
+__all__ = ["FSDP", "full_params", "full_state", "load_full_state", "reduce_metrics", "shard_critic",
            "torchrun_env"]

@@ -46,20 +46,7 @@ import yaml
 
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
-
-
-def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
-    """``tasks`` cut to the env's task count (a rows file may hold fewer rows than ``--tasks``),
-    saying so on stderr."""
-    try:
-        n = int(env.num_tasks())
-    except NotImplementedError:
-        return tasks
-    if len(tasks) > n:
-        print(f"note: --tasks {len(tasks)} but {getattr(env, 'env_id', type(env).__name__)} has {n} tasks "
-              f"(its data); evaluating all {n}", file=sys.stderr)
-        return tasks[:n]
-    return tasks
+from trainers.eval_tasks import clamp_tasks
 
 
 def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:

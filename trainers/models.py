@@ -11,14 +11,18 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 from typing import Any
 
 import torch
 from torch import nn
 
+from agent_gym.tokenizer import load_tokenizer
+from trainers import smollm
+from trainers.algos import entropy_from_logits, logprobs_from_logits
 from trainers.config import ModelConfig
+from trainers.hf_save import save_policy  # noqa: F401  (its callers import it from here too)
+from trainers.tiny_model import build_tiny_qwen2
 
 
 class ModelLoadError(ValueError):
@@ -28,8 +32,6 @@ class ModelLoadError(ValueError):
 def named_model(name: str | None) -> str | None:
     """A named model's local directory (``smollm2-135m-instruct``: converted once into the cache,
     ``trainers/smollm.py``), else ``name`` unchanged."""
-    from trainers import smollm
-
     if name is not None and smollm.is_alias(name):
         try:
             return smollm.ensure_converted()
@@ -48,8 +50,6 @@ def _model_section(cfg: Any, seed: int | None) -> tuple[ModelConfig, int]:
 
 def load_tokenizer_for(model: ModelConfig):
     """The tokenizer of the model section ``model`` (``tokenizer``, else the model's own)."""
-    from agent_gym.tokenizer import load_tokenizer
-
     m, _ = _model_section(model, 0)
     init_from = named_model(m.init_from)
     if init_from and not os.path.isdir(os.path.expanduser(init_from)):
@@ -69,8 +69,6 @@ def load_policy(model: ModelConfig, tokenizer: Any, seed: int | None = None) -> 
     dtype = getattr(torch, m.dtype)
     source = named_model(m.init_from or (None if m.name == "tiny" else m.name))
     if source is None:
-        from trainers.tiny_model import build_tiny_qwen2
-
         policy = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=m.tiny_hidden_size,
                                   num_layers=m.tiny_layers, num_heads=max(2, m.tiny_hidden_size // 32),
                                   num_kv_heads=1, head_dim=32)
@@ -133,8 +131,6 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     projection is most of the compute, and agent tokens are a minority of a multi-turn context
     (about 30% on the CPU demo), so this is the fast path for the trainer's losses. The values
     under the mask are the same as without it (up to float rounding)."""
-    from trainers.algos import entropy_from_logits, logprobs_from_logits
-
     head = model.get_output_embeddings() if loss_mask is not None else None
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
@@ -155,27 +151,3 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         ent = torch.zeros_like(lp)
         ent[:, 1:][sel] = entropy_from_logits(logits[None])[0]
     return lp, ent
-
-
-def save_policy(model: Any, tokenizer: Any, path: str | os.PathLike, state_dict: dict[str, Any] | None = None) -> str:
-    """Write any policy (the tiny model or a hub model) and its tokenizer as a HF directory that
-    vLLM and transformers load: the SFT warm start's ``model/`` and the vLLM backend's weights.
-
-    Writes config.json, model.safetensors, generation_config.json and the tokenizer files.
-    ``state_dict`` replaces the module's own weights (a LoRA policy's merged weights).
-    Returns the directory as a string.
-    """
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
-    tokenizer.save_pretrained(path)
-    # Greedy-free defaults: vLLM reads generation_config.json for default sampling params, and
-    # a leftover top_k/temperature there would silently change what a backend asked for.
-    gen_cfg = {
-        "bos_token_id": model.config.bos_token_id,
-        "eos_token_id": model.config.eos_token_id,
-        "pad_token_id": model.config.pad_token_id,
-    }
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump(gen_cfg, f, indent=2)
-    return path

@@ -8,11 +8,12 @@ task *and* seat: the ``group_size`` rollouts of one task give agent ``a``'s traj
 group, so an agent's turns are compared with the same seat's on the same task, never with a
 teammate's (their roles differ).
 
-The trainer is ``trainers.trainer.Trainer`` with three parts replaced: the envs (a list of
-``ParallelEnv``s instead of a ``ToolVectorEnv``), the rollout (:func:`collect_multiagent`: every
-live agent of every env generates in one backend call per cycle) and the evaluation. ``run``
-picks it when ``env_id`` is a multi-agent id (``trainer_class``); nothing else in a config
-changes (configs/factchain_team_grpo.yaml).
+The trainer is ``trainers.trainer.Trainer`` given the rollout source :class:`TeamRollout`: its envs
+are a list of ``ParallelEnv``s instead of a ``ToolVectorEnv``, its rollout is
+:func:`collect_multiagent` (every live agent of every env generates in one backend call per cycle),
+and it evaluates greedy team episodes. ``trainers.trainer.choose_parts`` picks it when ``env_id`` is
+a multi-agent id; nothing else in a config changes (configs/factchain_team_grpo.yaml). The trajectory
+records carry each trajectory's ``agent`` (an ``AgentTrajectory`` field).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
+from agent_gym.factory import EnvFactory
 from agent_gym.registration import make_multiagent
+from trainers import scale
 from trainers.backends.base import GenerationBackend, SamplingConfig
-from trainers.config import ConfigError
+from trainers.config import TrainConfig
 from trainers.rollout import RolloutTimes, Trajectory, summarize
-from trainers.trainer import Trainer, derive_seed, episode_record, eval_keys
+from trainers.sources import eval_keys
 
 
 @dataclass
@@ -129,45 +131,51 @@ def collect_multiagent(
     return [done[(i, a)] for i in range(teams.num_envs) for a in agents], times, stats
 
 
-class MultiAgentTrainer(Trainer):
-    """The RL trainer on a multi-agent id: a shared policy, per-agent trajectories and masks."""
+class TeamRollout:
+    """The rollout source of a multi-agent id (``trainers.sources.RolloutSource``): ``TeamEnvs`` of
+    ``batch_size`` team envs driven by :func:`collect_multiagent`, greedy team episodes to evaluate."""
 
-    def setup(self) -> None:
-        if self.cfg.rollout_workers:
-            raise ConfigError(f"rollout_workers: {self.cfg.rollout_workers} is not supported with the multi-agent env "
-                              f"{self.cfg.env_id!r}; set rollout_workers: 0")
+    learner_backend: str | None = None
+
+    def __init__(self, cfg: TrainConfig, *, env_factory: Any, policy: Any, backend: GenerationBackend, parallel: Any):
+        self.cfg, self.backend = cfg, backend
+        env_kwargs = env_factory.kwargs()
+        self.envs = TeamEnvs(cfg.env_id, cfg.batch_size, env_kwargs)
+        self.eval_envs = TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs})
+        self.eval_set_envs = {name: TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw})
+                              for name, kw in cfg.eval_sets.items()}
+        self.num_tasks = EnvFactory.num_tasks(self.envs)
         self._team_stats = TeamStats()
-        super().setup()
 
-    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[TeamEnvs, TeamEnvs, dict[str, TeamEnvs]]:
-        cfg = self.cfg
-        return (TeamEnvs(cfg.env_id, cfg.batch_size, env_kwargs),
-                TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs}),
-                {name: TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw}) for name, kw in cfg.eval_sets.items()})
+    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
+                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]:
+        if offset:
+            raise ValueError("TeamRollout collects whole iterations (offset 0)")
+        trajs, times, self._team_stats = collect_multiagent(self.envs, self.backend, task_indices, group_size,
+                                                            sampling, seed)
+        return list(trajs), times
 
-    def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
-        self.policy.eval()
-        trajs, times, self._team_stats = collect_multiagent(self.envs, self.backend, self.task_indices(it),
-                                                            self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it))
-        return trajs, times
+    def sync_weights(self, policy: Any) -> None:
+        """The HF backend samples from the policy module itself; another engine gets the weights."""
+        if self.cfg.backend != "hf":
+            self.backend.load_weights(scale.inference_state_dict(policy))
 
-    def summarize_rollout(self, trajs: list[Trajectory]) -> dict[str, float]:
-        return {**summarize(trajs), **self._team_stats.metrics()}
+    def metrics(self) -> dict[str, float]:
+        """The team statistics of the last ``collect`` (``team/*``)."""
+        return self._team_stats.metrics()
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Greedy team episodes on the first ``eval_tasks`` tasks of the eval env and of each eval set."""
-        self.policy.eval()
-        greedy = dataclasses.replace(self.sampling, temperature=0.0)
+    def evaluate(self, sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+        """Greedy team episodes on the first ``num_tasks`` tasks of the eval env and of each eval set."""
+        greedy = dataclasses.replace(sampling, temperature=0.0)
         out: dict[str, float] = {}
         for prefix, teams in [("eval/", self.eval_envs)] + [(f"eval/{n}/", e) for n, e in self.eval_set_envs.items()]:
-            trajs, _, stats = collect_multiagent(teams, self.backend, list(range(self.cfg.eval_tasks)), 1, greedy,
-                                                 derive_seed(self.cfg.seed, 10**6))
+            trajs, _, stats = collect_multiagent(teams, self.backend, list(range(num_tasks)), 1, greedy, seed)
             out.update(eval_keys({**summarize(trajs), **stats.metrics()}, prefix))
         return out
 
-    def trajectory_records(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
-        return [episode_record(t.episode, self.tokenizer, group=t.group, agent=getattr(t, "agent", "")) for t in trajs]
+    def close(self) -> None:
+        for teams in [self.envs, self.eval_envs, *self.eval_set_envs.values()]:
+            teams.close()
 
 
-__all__ = ["AgentTrajectory", "MultiAgentTrainer", "TeamEnvs", "TeamStats", "collect_multiagent"]
+__all__ = ["AgentTrajectory", "TeamEnvs", "TeamRollout", "TeamStats", "collect_multiagent"]

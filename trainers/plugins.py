@@ -19,6 +19,8 @@ import importlib
 import sys
 from typing import Iterable
 
+from trainers.errors import ConfigError
+
 LOADED: list[str] = []
 """The plugins this process imported, in order."""
 
@@ -30,8 +32,6 @@ class PluginError(ValueError):
 def load(modules: Iterable[str], source: str = "plugins") -> list[str]:
     """Import each module of ``modules`` once (in order); return the names. A module that is not a
     string, is not found or fails while importing raises ``ConfigError`` naming it."""
-    from trainers.config import ConfigError
-
     if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
         raise ConfigError(f"{source}: plugins must be a list of module names (e.g. [my_project.algos]), got {modules!r}")
     names = list(modules)

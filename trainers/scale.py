@@ -18,7 +18,7 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
   disabled (``AdapterOffReference``): no second copy of the model.
 - ``fsdp``: ``fsdp_wrap`` shards a causal LM with torch's FSDP2 (``fully_shard``), one unit per
   decoder layer, the decoder and the head (untied embeddings) and the root; tested on 2 CPU processes (gloo), where the gathered gradients equal
-  the single-process ones. The Trainer runs it under torchrun: ``trainers.distributed.FSDPTrainer``
+  the single-process ones. The Trainer runs it under torchrun with the ``trainers.distributed.FSDP`` strategy
   (``trainers.config.TrainConfig`` refuses the keys it does not combine with).
 """
 
@@ -32,6 +32,8 @@ from torch import nn
 
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
+from trainers.hf_save import save_policy
+from trainers.models import frozen_copy, token_logprobs
 
 class ScaleConfigError(ValueError):
     pass
@@ -130,8 +132,6 @@ def prepare_models(cfg: Any, policy: nn.Module, critic: nn.Module | None) -> tup
     """Apply LoRA and gradient checkpointing as configured; return ``(policy, critic, reference)``
     where the reference is None without ``kl_coef``, the policy with adapters off under LoRA, and a
     frozen copy of the starting policy otherwise."""
-    from trainers.models import frozen_copy
-
     if cfg.gradient_checkpointing:
         enable_checkpointing(policy)
         if critic is not None:
@@ -187,8 +187,6 @@ class AdapterOffReference:
 
 def ref_logprobs(ref: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
     """``token_logprobs`` under the reference (a frozen module or an ``AdapterOffReference``)."""
-    from trainers.models import token_logprobs
-
     if isinstance(ref, AdapterOffReference):
         with ref.active() as model:
             return token_logprobs(model, input_ids, attention_mask, **kw)[0]
@@ -227,8 +225,6 @@ def inference_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_for_inference(policy: nn.Module, tokenizer: Any, path: Any) -> str:
     """``models.save_policy`` for a plain or a LoRA policy (the latter saved merged)."""
-    from trainers.models import save_policy
-
     if not is_peft(policy):
         return save_policy(policy, tokenizer, path)
     return save_policy(policy.get_base_model(), tokenizer, path, state_dict=inference_state_dict(policy))

@@ -112,7 +112,7 @@ def convert(src: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from trainers.models import save_policy
+    from trainers.hf_save import save_policy
 
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)

@@ -4,6 +4,16 @@ One loop serves PPO (GAE with a critic), GRPO, RLOO and REINFORCE++: the algorit
 advantage estimator's name (a registry in ``trainers.algos``), and whether a critic exists
 follows from it. There is no per-algorithm branch inside the loop.
 
+The loop composes two parts instead of being subclassed (``choose_parts`` picks both from the config):
+
+- a *rollout source* (``trainers.sources.RolloutSource``): where trajectories come from and where
+  the greedy evaluation runs. ``LocalRollout``: the lockstep rollout in this process;
+  ``trainers.ray_rollout.RayRollout``: Ray actors (``rollout.workers: N``);
+  ``trainers.multiagent.TeamRollout``: a multi-agent id's team envs;
+- a *parallelism strategy* (``trainers.parallel.Parallelism``): ``SingleProcess``, or
+  ``trainers.distributed.FSDP`` under torchrun (``scale.fsdp: true``): sharding, this process's share of
+  the tasks and rows, gathering, metric reduction, full-parameter contexts, the main process.
+
 Determinism: everything random in iteration ``i`` (the tasks, the sampling seeds, the minibatch
 order) is derived from ``(seed, i)``, so a run resumed from a checkpoint repeats exactly what
 the uninterrupted run would have done.
@@ -16,6 +26,7 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +35,33 @@ import torch
 import yaml
 
 import agent_gym  # noqa: F401  (registers the env ids)
-from agent_gym.episode import Episode
-from agent_gym.factory import EnvFactory, pad_token_id
-from agent_gym.vector import ToolVectorEnv
+from agent_gym.factory import EnvFactory
 from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint, set_rng_state
 from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
+from trainers.distributed import FSDP
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
-from trainers.rollout import RolloutBatch, Trajectory, build_batch, collect, summarize
+from trainers.multiagent import TeamRollout
+from trainers.parallel import Parallelism, SingleProcess
+from trainers.ray_rollout import RayRollout
+from trainers.rollout import RolloutBatch, Trajectory, build_batch, summarize
+from trainers.sources import (  # noqa: F401  (make_vector_env, eval_keys, evaluate_greedy: importers use these names)
+    LocalRollout,
+    RolloutSource,
+    derive_seed,
+    episode_record,
+    eval_keys,
+    evaluate_greedy,
+    make_backend,
+    make_vector_env,
+)
 
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any], threads: int = 0) -> ToolVectorEnv:
-    """Kept for callers of the old name: ``EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)``."""
-    return EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)
 
 
 def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory:
@@ -53,50 +71,68 @@ def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory
                       server=cfg.env_server)
 
 
-def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, device: str | None = None,
-                 seed: int | None = None):
-    """The rollout section's ``backend`` (with its ``vllm_kwargs``) over ``policy`` on ``device``;
-    a whole config also works (its ``device`` and ``seed`` are then the defaults)."""
-    device = rollout.device if device is None else device
-    seed = rollout.seed if seed is None else seed
-    if rollout.backend == "hf":
-        from trainers.backends.hf_backend import HFBackend
+@dataclass(frozen=True)
+class Parts:
+    """The two parts a config selects: a rollout source class and a parallelism strategy class."""
 
-        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device)
-    from trainers.backends.vllm_backend import VLLMBackend
+    rollout: type
+    parallel: type
 
-    path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
-    return VLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
+
+def choose_parts(cfg: TrainConfig) -> Parts:
+    """The rollout source and the parallelism strategy ``cfg`` asks for: the one place that decides.
+
+    ``rollout.env_id`` a multi-agent id (``agent_gym.MULTIAGENT_IDS``): ``TeamRollout``; ``rollout.workers > 0``:
+    ``RayRollout``; else ``LocalRollout``. ``scale.fsdp: true``: ``FSDP``; else ``SingleProcess``."""
+    team = cfg.env_id in agent_gym.MULTIAGENT_IDS
+    if team and cfg.fsdp:
+        raise ConfigError(f"scale.fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs "
+                          "in one process; set scale.fsdp: false")
+    if team and cfg.rollout_workers:
+        raise ConfigError(f"rollout.workers: {cfg.rollout_workers} is not supported with the multi-agent env "
+                          f"{cfg.env_id!r}; set rollout.workers: 0")
+    rollout = TeamRollout if team else RayRollout if cfg.rollout_workers else LocalRollout
+    return Parts(rollout=rollout, parallel=FSDP if cfg.fsdp else SingleProcess)
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
-        if cfg.fsdp and not getattr(self, "distributed", False):
-            raise ConfigError(f"fsdp: true is run by trainers.distributed.FSDPTrainer, not {type(self).__name__}: build "
-                              "the trainer with trainers.trainer.trainer_class(cfg), or launch trainers/train_ppo.py or "
-                              "train_grpo.py under torchrun (docs/scaling.md)")
+    """The loop (the module docstring). ``rollout``/``parallel`` replace the parts ``choose_parts(cfg)``
+    picks: a ``RolloutSource`` class (built in ``setup``) and a ``Parallelism`` instance."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, *, rollout: type | None = None,
+                 parallel: Parallelism | None = None):
+        parts = choose_parts(cfg)
         self.cfg = cfg
-        self.rank, self.world = 0, 1  # this process's share of the rollout and update (FSDPTrainer: torchrun's)
+        self.rollout_cls = rollout or parts.rollout
+        self.parallel: Parallelism = parallel if parallel is not None else parts.parallel(cfg)
+        if cfg.fsdp and not self.parallel.shards_models:
+            raise ConfigError(f"scale.fsdp: true needs a parallelism strategy that shards the models (trainers.distributed.FSDP, "
+                              f"which choose_parts picks); {type(self.parallel).__name__} keeps them whole. Build the "
+                              "trainer with Trainer(cfg), or launch trainers/train_ppo.py or train_grpo.py under torchrun "
+                              "(docs/scaling.md)")
         self.run_dir = Path(cfg.run_dir)
         self.resume = resume
         self.start_iteration = 0
         self._stop = False
+        self._kl_reward_metrics: dict[str, Any] = {}
+        self.gc_stats: GcStats | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
     def setup(self) -> None:
         cfg = self.cfg
+        self.parallel.start()
         torch.manual_seed(cfg.seed)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
+        if self.parallel.is_main:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.tokenizer = load_tokenizer_for(cfg)
         self.policy = load_policy(cfg, self.tokenizer)
         self.critic = Critic(self.policy).to(cfg.device) if cfg.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
-        self.shard_models()
+        self.parallel.shard(self.policy, self.critic, self.ref)
         self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
                            if self.critic is not None else None)
@@ -104,37 +140,20 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
         self.env_factory = env_factory(cfg, self.tokenizer, self.policy.get_input_embeddings().num_embeddings)
-        self.envs, self.eval_envs, self.eval_set_envs = self.make_envs(self.env_factory.kwargs())
-        self.num_tasks = EnvFactory.num_tasks(self.envs)
         self.pad_id = self.env_factory.pad_id
-        self.workers = None
-        if cfg.rollout_workers:  # Ray actors collect the rollout; the learner's HF backend only evaluates
-            from trainers.ray_rollout import start_rollout_workers
-
-            self.workers = start_rollout_workers(cfg, self.policy, self.env_factory)
-        self.backend = make_backend(dataclasses.replace(cfg, backend="hf") if self.workers else cfg, self.policy,
+        learner = self.rollout_cls.learner_backend  # e.g. "hf" under Ray workers: the learner only evaluates
+        self.backend = make_backend(dataclasses.replace(cfg, backend=learner) if learner else cfg, self.policy,
                                     self.tokenizer, self.run_dir)
+        self.source: RolloutSource = self.rollout_cls(cfg, env_factory=self.env_factory, policy=self.policy,
+                                                      backend=self.backend, parallel=self.parallel)
+        self.num_tasks = self.source.num_tasks
         self.sampling = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self.logger = (RunLogger(self.run_dir, cfg.iterations, cfg.tensorboard, cfg.wandb, cfg.progress_bar, to_dict(cfg))
-                       if self.rank == 0 else NullLogger())
+                       if self.parallel.is_main else NullLogger())
         if self.resume:
             self._restore()
         self.t_start = time.perf_counter()
         signal.signal(signal.SIGINT, self._on_sigint)
-
-    def shard_models(self) -> None:
-        """Shard the models across processes (``FSDPTrainer``); one process keeps them whole."""
-
-    def make_envs(self, env_kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        """The rollout, evaluation and eval-set envs (trainers.multiagent overrides it), from
-        ``self.env_factory``: the rollout's on ``env_server`` when set, evaluation's in this process
-        (its env kwargs overrides cannot reach a served env)."""
-        cfg, factory = self.cfg, self.env_factory
-        envs = factory.make_vector(cfg.batch_size // self.world)
-        evals = factory.local()
-        eval_envs = evals.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
-        eval_sets = {name: evals.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
-        return envs, eval_envs, eval_sets
 
     def _on_sigint(self, *_: Any) -> None:
         if self._stop:  # a second Ctrl-C quits at once
@@ -157,9 +176,8 @@ class Trainer:
             update_metrics = self.update(batch, it)
             t_fb = time.perf_counter() - t_fb
             self.sync_weights()
-            metrics = {**self.summarize_rollout(trajs), **adv_metrics, **update_metrics, **self.mismatch(batch)}
-            if self.workers is not None:
-                metrics.update(self.workers.metrics())
+            metrics = {**summarize(trajs), **self.source.metrics(), **adv_metrics, **update_metrics,
+                       **self.mismatch(batch)}
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
@@ -175,16 +193,12 @@ class Trainer:
         return last
 
     def cleanup(self) -> None:
-        if getattr(self, "gc_stats", None) is not None:
+        if self.gc_stats is not None:
             self.gc_stats.close()
-        if getattr(self, "workers", None) is not None:
-            self.workers.shutdown()
         self.logger.close()
         self.backend.close()
-        self.envs.close()
-        self.eval_envs.close()
-        for envs in self.eval_set_envs.values():
-            envs.close()
+        self.source.close()  # Ray workers shut down, envs closed
+        self.parallel.close()
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -199,18 +213,15 @@ class Trainer:
             out.extend(order[offset: offset + per - len(out)].tolist())
         return out
 
-    def summarize_rollout(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """The rollout's metrics (trainers.multiagent adds the team's)."""
-        return summarize(trajs)
-
     def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
+        """The iteration's trajectories: this process's share of the tasks from the rollout source
+        (generated under the policy's full parameters), then every process's, in process order."""
         self.policy.eval()
-        if self.workers is not None:
-            return self.workers.collect(self.task_indices(it), self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it))
-        per = self.cfg.tasks_per_iter // self.world  # this process's slice of the tasks (all of them with one)
-        tasks = self.task_indices(it)[self.rank * per: (self.rank + 1) * per]
-        return collect(self.envs, self.backend, tasks, self.cfg.group_size, self.sampling,
-                       seed=derive_seed(self.cfg.seed, it), offset=self.rank * per * self.cfg.group_size)
+        tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
+        with self.parallel.full_params(self.policy):
+            trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
+                                            offset=offset)
+        return self.parallel.gather_rollout(trajs, rt)
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
@@ -232,13 +243,13 @@ class Trainer:
         self.policy.eval()
         temp = cfg.temperature
         if cfg.recompute_logprobs:
-            batch.old_logprobs = self._chunked(
+            batch.old_logprobs = self._rows(
                 lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch,
                 self.policy)
         else:
             batch.old_logprobs = batch.sampler_logprobs.clone()
         if self.ref is not None:
-            batch.ref_logprobs = self._chunked(
+            batch.ref_logprobs = self._rows(
                 lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch,
                 self.ref)
             if cfg.kl_mode == "reward":
@@ -246,7 +257,7 @@ class Trainer:
                     batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, cfg.kl_coef, cfg.kl_kind)
         if self.critic is not None:
             self.critic.eval()
-            batch.values = self._chunked(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
+            batch.values = self._rows(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
@@ -256,7 +267,7 @@ class Trainer:
             token_rewards=batch.token_rewards, loss_mask=batch.loss_mask, values=batch.values,
             group_ids=batch.group_ids, gamma=cfg.gamma, lam=cfg.lam, norm_by_std=cfg.norm_adv_by_std, **cfg.adv_kwargs)
         m = dict(m)
-        m.update(getattr(self, "_kl_reward_metrics", {}))
+        m.update(self._kl_reward_metrics)
         return {k: float(v) for k, v in m.items()}
 
     def update(self, batch: RolloutBatch, it: int) -> dict[str, float]:
@@ -282,8 +293,8 @@ class Trainer:
         return {k: v / count for k, v in sums.items()}
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
-        """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` (``FSDPTrainer``: this rank's share)."""
-        return scale.microbatches(batch.select(idx), self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)
+        """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
+        return self.parallel.microbatches(batch, idx, self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus."""
@@ -315,7 +326,8 @@ class Trainer:
     def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
                    name: str) -> dict[str, float]:
         """Zero the gradients, then backward ``weight * loss`` of each micro-batch: the sum is the
-        minibatch's loss (``scale.microbatches``). Each loss is checked before its backward."""
+        minibatch's loss (``scale.microbatches``). Each loss is checked before its backward. The
+        metrics are the minibatch's (``Parallelism.reduce_metrics``: summed over processes)."""
         opt.zero_grad(set_to_none=True)
         parts = []
         for mb, w in micro:
@@ -324,16 +336,20 @@ class Trainer:
             self._check_finite(loss, it, name)
             (loss * w).backward()
             parts.append((m, w))
-        return scale.combine_metrics(parts)
+        return self.parallel.reduce_metrics(scale.combine_metrics(parts))
 
     def _check_finite(self, loss: torch.Tensor, it: int, name: str) -> None:
-        if not torch.isfinite(loss):
-            path = save_checkpoint(self.run_dir, it - 1, self.state(it - 1) | {"nonfinite": name},
-                                   keep=self.cfg.keep_checkpoints + 1) if it > 0 else None
-            raise NonFiniteLossError(
-                f"the {name} loss is {loss.item()} at iteration {it}; stopped before applying it. "
-                f"{'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
-                "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
+        """Stop before applying a non-finite loss (every process together), with a checkpoint of the
+        weights before this update."""
+        if not self.parallel.any_rank(not bool(torch.isfinite(loss))):
+            return
+        path = self.checkpoint(it - 1, keep=self.cfg.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
+        what = (f"{loss.item()} at iteration {it}" if self.parallel.world == 1 else
+                f"not finite on some rank at iteration {it} (this rank's: {loss.item()})")
+        raise NonFiniteLossError(
+            f"the {name} loss is {what}; stopped before applying it. "
+            f"{'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
+            "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
 
     def _step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, sched: Any) -> None:
         torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.max_grad_norm)
@@ -341,20 +357,19 @@ class Trainer:
         sched.step()
 
     def sync_weights(self) -> None:
-        """Push the updated policy to the backend (the HF backend shares the module already) and
-        to the rollout workers."""
-        if self.workers is not None:
-            self.workers.load_weights(scale.inference_state_dict(self.policy))
-        elif self.cfg.backend != "hf":
-            self.backend.load_weights(scale.inference_state_dict(self.policy))
+        """Make the rollout source sample from the updated policy (``RolloutSource.sync_weights``)."""
+        self.source.sync_weights(self.policy)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on the evaluation tasks (the first ``eval_tasks`` of the eval env), then
-        on each of ``eval_sets`` (``eval/<name>/*``)."""
+        on each of ``eval_sets`` (``eval/<name>/*``); by the main process, under the policy's full
+        parameters (the other processes return nothing)."""
         self.policy.eval()
-        return evaluate_greedy(self.eval_envs, self.eval_set_envs, self.backend, self.sampling, self.cfg.eval_tasks,
-                               derive_seed(self.cfg.seed, 10**6))
+        with self.parallel.full_params(self.policy):
+            if not self.parallel.is_main:
+                return {}
+            return self.source.evaluate(self.sampling, self.cfg.eval_tasks, derive_seed(self.cfg.seed, 10**6))
 
     def mismatch(self, batch: RolloutBatch) -> dict[str, float]:
         """Backend log-probs vs the trainer's recomputation, on agent tokens."""
@@ -375,38 +390,49 @@ class Trainer:
         }
 
     def should_stop(self, metrics: dict[str, float]) -> bool:
+        """Ctrl-C, ``max_minutes`` or ``stop_success``; any process's reason stops every process."""
         cfg = self.cfg
-        if self._stop:
-            return True
-        if cfg.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= cfg.max_minutes:
-            return True
-        return cfg.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= cfg.stop_success
+        stop = self._stop or (cfg.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= cfg.max_minutes)
+        stop = stop or (cfg.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= cfg.stop_success)
+        return self.parallel.any_rank(stop)
 
     def trajectory_records(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
-        return [episode_record(t.episode, self.tokenizer, group=t.group) for t in trajs]
+        """JSON records of trajectories; a ``Trajectory`` subclass's own fields (``agent``) go in too."""
+        base = {f.name for f in dataclasses.fields(Trajectory)}
+        return [episode_record(t.episode, self.tokenizer, group=t.group,
+                               **{f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in base})
+                for t in trajs]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state(self, it: int) -> dict[str, Any]:
+        """The checkpoint's state: full state dicts in the single-process layout, whatever the
+        parallelism (a collective under FSDP, complete on the main process only)."""
+        policy, opt = self.parallel.full_state(self.policy, self.opt)
+        critic, critic_opt = (self.parallel.full_state(self.critic, self.critic_opt) if self.critic is not None
+                              else (None, None))
         return {
-            "policy": self.policy.state_dict(), "opt": self.opt.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "critic_opt": self.critic_opt.state_dict() if self.critic_opt is not None else None,
+            "policy": policy, "opt": opt, "critic": critic, "critic_opt": critic_opt,
             "sched": self.sched.state_dict(),
             "critic_sched": self.critic_sched.state_dict() if self.critic_sched is not None else None,
             "cursor": {"next_task_offset": (it + 1) * self.cfg.tasks_per_iter, "num_tasks": self.num_tasks},
             "config": to_dict(self.cfg),
         }
 
-    def checkpoint(self, it: int) -> Path:
-        return save_checkpoint(self.run_dir, it, self.state(it), keep=self.cfg.keep_checkpoints)
+    def checkpoint(self, it: int, keep: int | None = None, **extra: Any) -> Path | None:
+        """Save iteration ``it``'s state (and ``extra`` keys) under run_dir/checkpoints, keeping the
+        newest ``keep`` (default ``keep_checkpoints``); the main process writes, the others return None."""
+        st = self.state(it)  # every process takes part (FSDP gathers the shards)
+        if not self.parallel.is_main:
+            return None
+        return save_checkpoint(self.run_dir, it, st | extra, keep=keep or self.cfg.keep_checkpoints)
 
     def _restore(self) -> None:
         path, st, skipped = load_latest_checkpoint(self.run_dir)
         if path is None and skipped:
             raise CheckpointError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} can be loaded: "
                                   + "; ".join(why for _, why in skipped) + ". Start a new run instead.")
-        for bad, why in skipped if self.rank == 0 else []:  # newer ones, corrupt or partial: named, passed over
+        for bad, why in skipped if self.parallel.is_main else []:  # newer ones, corrupt or partial: named, passed over
             print(f"warning: skipping {bad.name} ({why}); resuming from {path.name}", file=sys.stderr)
         if path is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; start a new run instead.")
@@ -418,17 +444,20 @@ class Trainer:
         print(f"resumed from {path} at iteration {self.start_iteration}")
 
     def load_state(self, st: dict[str, Any]) -> None:
-        """Models, optimizers and schedulers from a checkpoint's ``state.pt``."""
-        self.policy.load_state_dict(st["policy"])
-        self.opt.load_state_dict(st["opt"])
+        """Models, optimizers and schedulers from a checkpoint's ``state.pt`` (each process keeps its shards)."""
+        self.parallel.load_full_state(self.policy, self.opt, st["policy"], st["opt"])
         self.sched.load_state_dict(st["sched"])
         if self.critic is not None:
-            self.critic.load_state_dict(st["critic"])
-            self.critic_opt.load_state_dict(st["critic_opt"])
+            self.parallel.load_full_state(self.critic, self.critic_opt, st["critic"], st["critic_opt"])
             self.critic_sched.load_state_dict(st["critic_sched"])
 
-    def _chunked(self, fn: Any, batch: RolloutBatch, model: Any = None, size: int = 16) -> torch.Tensor:
-        """``fn`` on the batch's rows in chunks (``model``: the module ``fn`` runs, for ``FSDPTrainer``)."""
+    def _rows(self, fn: Any, batch: RolloutBatch, model: Any) -> torch.Tensor:
+        """``fn(ids, attention_mask, loss_mask)`` on every row of ``batch``: this process's rows under
+        ``model``'s full parameters, chunked, then every process's (``Parallelism.score_rows``)."""
+        return self.parallel.score_rows(batch, model, lambda rows: self._chunked(fn, rows))
+
+    def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
+        """``fn`` on the batch's rows in chunks of ``size`` rows, or of the token budget."""
         if self.cfg.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
             size = max(1, self.cfg.max_tokens_per_microbatch // batch.input_ids.shape[1])
         out = []
@@ -451,36 +480,6 @@ def lr_multiplier(step: int, warmup_steps: int, schedule: str = "constant", tota
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
 
 
-def eval_keys(metrics: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
-    """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x (``prefix`` for eval/)."""
-    return {(prefix + k[len("rollout/"):] if k.startswith("rollout/") else prefix + k): v for k, v in metrics.items()}
-
-
-def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv], backend: Any,
-                    sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
-    """Greedy episodes on the first ``num_tasks`` tasks of ``eval_envs`` (``eval/*``) and of each
-    named set (``eval/<name>/*``). RL and SFT both report through this."""
-    greedy = dataclasses.replace(sampling, temperature=0.0)
-    out: dict[str, float] = {}
-    for prefix, envs in [("eval/", eval_envs)] + [(f"eval/{n}/", e) for n, e in eval_sets.items()]:
-        trajs, _ = collect(envs, backend, list(range(num_tasks)), 1, greedy, seed=seed)
-        out.update(eval_keys(summarize(trajs), prefix))
-    return out
-
-
-def episode_record(ep: Episode, tokenizer: Any, **extra: Any) -> dict[str, Any]:
-    """One episode as a JSON record (the trajectory files, ``trainers.evaluate``'s output, the
-    viewer's input): every ``Episode`` field, its totals, and the decoded text."""
-    return {**dataclasses.asdict(ep), **extra, "reward": ep.reward, "turns": ep.turns,
-            "reward_components": ep.reward_components, "call_statuses": ep.call_statuses,
-            "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False)}
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed derived from ``parts`` (e.g. ``(seed, iteration)``): the run's randomness per iteration."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)
-
-
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -491,24 +490,14 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
 
 
 def trainer_class(cfg: TrainConfig) -> type[Trainer]:
-    """``Trainer``, or ``trainers.multiagent.MultiAgentTrainer`` when ``env_id`` is a multi-agent id
-    (``agent_gym.MULTIAGENT_IDS``, docs/multiagent.md)."""
-    if cfg.fsdp:
-        if cfg.env_id in agent_gym.MULTIAGENT_IDS:
-            raise ConfigError(f"fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs in "
-                              "one process; set fsdp: false")
-        from trainers.distributed import FSDPTrainer
-
-        return FSDPTrainer
-    if cfg.env_id in agent_gym.MULTIAGENT_IDS:
-        from trainers.multiagent import MultiAgentTrainer
-
-        return MultiAgentTrainer
+    """``Trainer`` (kept for callers of the old name: there is one trainer class, given the parts
+    ``choose_parts(cfg)`` picks). Raises ``ConfigError`` for a combination no parts run."""
+    choose_parts(cfg)
     return Trainer
 
 
 def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
-    trainer = trainer_class(cfg)(cfg, resume=resume)
+    trainer = Trainer(cfg, resume=resume)
     trainer.setup()
     try:
         return trainer.train()
@@ -516,5 +505,6 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         trainer.cleanup()
 
 
-__all__ = ["NonFiniteLossError", "Trainer", "episode_record", "eval_keys", "evaluate_greedy", "lr_multiplier", "make_vector_env", "resume_config", "run",
-           "derive_seed", "trainer_class"]
+__all__ = ["NonFiniteLossError", "Parts", "Trainer", "choose_parts", "derive_seed", "env_factory", "episode_record",
+           "eval_keys", "evaluate_greedy", "lr_multiplier", "make_backend", "make_vector_env", "resume_config", "run",
+           "trainer_class"]

@@ -194,6 +194,7 @@ def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
 
 
 def test_fsdp_shares_must_divide_evenly(monkeypatch):
+    from trainers.parallel import SingleProcess
     from trainers.trainer import Trainer, trainer_class
 
     monkeypatch.setenv("RANK", "0")
@@ -204,7 +205,9 @@ def test_fsdp_shares_must_divide_evenly(monkeypatch):
     cfg = TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", tasks_per_iter=4, group_size=2, minibatch_size=8)
     with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
         trainer_class(cfg)(cfg)
-    with pytest.raises(ConfigError, match="trainer_class"):
-        Trainer(cfg)  # the single-process class refuses to run fsdp
+    with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
+        Trainer(cfg)  # the trainer picks the FSDP strategy from the config itself
+    with pytest.raises(ConfigError, match="scale.fsdp: true needs a parallelism strategy that shards the models"):
+        Trainer(cfg, parallel=SingleProcess())  # a single-process strategy refuses to run fsdp
     with pytest.raises(ConfigError, match="multi-agent"):
         trainer_class(TrainConfig(fsdp=True, env_id="AgentR1/FactChainTeam-v0"))

@@ -9,13 +9,13 @@ import torch
 
 pytest.importorskip("pettingzoo")
 from trainers.config import TrainConfig, load_config  # noqa: E402
-from trainers.multiagent import MultiAgentTrainer  # noqa: E402
-from trainers.trainer import trainer_class  # noqa: E402
+from trainers.multiagent import TeamRollout  # noqa: E402
+from trainers.trainer import Trainer, choose_parts, trainer_class  # noqa: E402
 
 ENV = {"tools_in_prompt": False, "max_cycles": 4, "rewards": {"call_invalid": -0.1, "no_action": -0.1}}
 
 
-class RecordingTrainer(MultiAgentTrainer):
+class RecordingTrainer(Trainer):
     """The real trainer, recording what the backend generated in each rollout and the batch each
     update received."""
 
@@ -48,9 +48,10 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
                       env_kwargs=ENV, tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=10,
                       eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1,
                       lr=1e-3, entropy_coef=0.01, checkpoint_every=100)
-    assert trainer_class(cfg) is MultiAgentTrainer
+    assert trainer_class(cfg) is Trainer and choose_parts(cfg).rollout is TeamRollout
     trainer = RecordingTrainer(cfg)
     trainer.setup()
+    assert isinstance(trainer.source, TeamRollout)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     try:
         last = trainer.train()
@@ -90,4 +91,4 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
 
 def test_the_yaml_selects_the_multiagent_trainer():
     cfg = load_config("configs/factchain_team_grpo.yaml")
-    assert cfg.env_id == "AgentR1/FactChainTeam-v0" and trainer_class(cfg) is MultiAgentTrainer
+    assert cfg.env_id == "AgentR1/FactChainTeam-v0" and choose_parts(cfg).rollout is TeamRollout

@@ -87,7 +87,7 @@ def _check_slices(tr):
     """The seam the workers use, without Ray: two half-size vector envs, each collecting its
     slice with its offset, give the one full-size collect's trajectories."""
     tasks, seed = tr.task_indices(0), 1234
-    full, _ = collect(tr.envs, tr.backend, tasks, 2, tr.sampling, seed)
+    full, _ = collect(tr.source.envs, tr.backend, tasks, 2, tr.sampling, seed)
     half = make_vector_env(tr.cfg.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.env_kwargs,
                                               "vocab_size": tr.policy.get_input_embeddings().num_embeddings})
     parts = []
@@ -195,8 +195,9 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
     tr.setup()
     start_s = time.perf_counter() - t0
     try:
-        assert tr.workers.started_ray == (not was_running)
-        first_pids = tr.workers.pids()
+        workers = tr.source.pool  # the RayRollout source's worker pool
+        assert workers.started_ray == (not was_running)
+        first_pids = workers.pids()
         assert len(set(first_pids)) == 2 and os.getpid() not in first_pids
 
         real_wait, kills = ray.wait, []
@@ -216,7 +217,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         t1 = time.perf_counter()
         last = tr.train()
         train_s = time.perf_counter() - t1
-        new_pids = tr.workers.pids()
+        new_pids = workers.pids()
         retrieval_s = _check_shared_retriever(ray)
         cluster = _marked(token)
         cpu_s = sum(_cpu_s(p) for p in cluster)
@@ -228,8 +229,8 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         # real (SIGSTOP), so its slice cannot finish in time however fast this machine is (a
         # 0.05 s timeout alone did not fire on a faster machine: both slices came back in time).
         # Worker 0's slice is the oldest, so it is the one that times out first.
-        tr.workers.cfg = dataclasses.replace(tr.workers.cfg, rollout_timeout_s=2.0, rollout_retries=0)
-        hung = tr.workers.pids()[0]
+        workers.cfg = dataclasses.replace(workers.cfg, rollout_timeout_s=2.0, rollout_retries=0)
+        hung = workers.pids()[0]
         os.kill(hung, signal.SIGSTOP)
         try:
             with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 timed out on its slice .* rollout_retries=0"):

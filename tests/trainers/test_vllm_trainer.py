@@ -103,6 +103,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     import torch
 
     import trainers.trainer as trainer_mod
+    from trainers.ray_rollout import RayRollout
     from trainers.trainer import Trainer
 
     kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=24,
@@ -127,14 +128,14 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         seen, orig, engines = {}, tr.rollout, {}
 
         def rollout(it, tr=tr, seen=seen, orig=orig, engines=engines):
-            if it == 1 and tr.workers is not None:  # the worker's engine core dies during this rollout
-                core = next(p for p in psutil.Process(tr.workers.pids()[0]).children(recursive=True)
+            if it == 1 and isinstance(tr.source, RayRollout):  # the worker's engine core dies during this rollout
+                core = next(p for p in psutil.Process(tr.source.pool.pids()[0]).children(recursive=True)
                             if p.name().startswith("VLLM::Engine"))
                 killed.append(_kill_mid_call(core, delay_s=2.0))
             trajs, rt = orig(it)
             seen[it] = trajs
-            if tr.workers is not None:  # the worker's own engine processes, while they run
-                for pid in tr.workers.pids():
+            if isinstance(tr.source, RayRollout):  # the worker's own engine processes, while they run
+                for pid in tr.source.pool.pids():
                     engines.update({p.pid: p.name() for p in psutil.Process(pid).children(recursive=True)})
             return trajs, rt
 

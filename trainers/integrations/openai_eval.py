@@ -44,7 +44,7 @@ def run_cli(args: Any, ap: Any) -> int:
     import gymnasium as gym
 
     import agent_gym  # noqa: F401
-    from trainers.evaluate import clamp_tasks
+    from trainers.eval_tasks import clamp_tasks
     from trainers.rollout import summarize
     from trainers.trainer import episode_record, eval_keys
 

@@ -1,0 +1,168 @@
+"""Where a trainer's trajectories come from: a *rollout source* the ``Trainer`` is given
+(``trainers.trainer.choose_parts`` picks one from the config).
+
+The protocol (implement it to plug a new source into the loop, e.g. asynchronous rollout):
+
+    class MySource:                                   # structural: no base class needed
+        learner_backend = None                        # the backend the learner builds: None = cfg's backend
+        def __init__(self, cfg, *, env_factory, policy, backend, parallel): ...
+        num_tasks: int                                # tasks in the training env (the data cursor's range)
+        def collect(self, task_indices, group_size, sampling, seed, offset=0)
+            -> tuple[list[Trajectory], RolloutTimes]
+        def sync_weights(self, policy) -> None        # after each update (and after --resume)
+        def evaluate(self, sampling, num_tasks, seed) -> dict[str, float]   # greedy eval, ``eval/*`` keys
+        def metrics(self) -> dict[str, float]         # the source's own metrics of the last iteration
+        def close(self) -> None
+
+- ``collect``: ``group_size`` episodes of each task of ``task_indices`` sampled with ``sampling``,
+  in task order; each ``Trajectory.group`` names its group (trajectories of one group share a task:
+  what GRPO/RLOO compare). Randomness must be a pure function of ``seed`` and the episode's
+  position, so a batch is a pure function of ``(weights, task_indices, seed)`` and a resumed run
+  repeats it. ``offset`` is the global index of the first sub-env when a process collects only its
+  share of the iteration (FSDP ranks; ``trainers.rollout.collect`` says how it seeds and groups);
+  a source that cannot split an iteration raises on a non-zero one. A ``Trajectory`` is the env's
+  token-exact ``Episode`` plus the sampler's per-token log-probs; a subclass may add fields
+  (``AgentTrajectory.agent``), which go into the trajectory records.
+- ``sync_weights``: make the next ``collect`` sample from ``policy``'s current weights (an HF
+  backend that shares the module has nothing to do).
+- ``evaluate`` runs on the main process only (the trainer calls it under its parallelism's
+  ``full_params``); ``metrics`` is logged with the iteration's metrics (``rollout/worker_restarts``,
+  ``team/*``).
+
+Sources: ``LocalRollout`` (here: the lockstep rollout of ``trainers.rollout.collect`` over a
+``ToolVectorEnv``, one backend call per turn for every live sub-env), ``RayRollout``
+(``trainers.ray_rollout``: N Ray actors, one slice each) and ``TeamRollout``
+(``trainers.multiagent``: a multi-agent id's ``ParallelEnv``s, one trajectory per agent).
+
+Also here, because sources, workers and the trainer all build them: ``make_vector_env``,
+``make_backend``, ``derive_seed``, ``evaluate_greedy`` and ``episode_record``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from agent_gym.episode import Episode
+from agent_gym.factory import EnvFactory, pad_token_id
+from agent_gym.vector import ToolVectorEnv
+from trainers import scale
+from trainers.backends.base import SamplingConfig
+from trainers.rollout import RolloutTimes, Trajectory, collect, summarize
+
+
+class RolloutSource(Protocol):
+    """The trainer's source of trajectories (the module docstring)."""
+
+    learner_backend: str | None
+    num_tasks: int
+
+    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
+                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]: ...
+
+    def sync_weights(self, policy: torch.nn.Module) -> None: ...
+
+    def evaluate(self, sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any], threads: int = 0) -> ToolVectorEnv:
+    """Kept for callers of the old name: ``EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)``."""
+    return EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)
+
+
+def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, device: str | None = None,
+                 seed: int | None = None):
+    """The rollout section's ``backend`` (with its ``vllm_kwargs``) over ``policy`` on ``device``;
+    a whole config also works (its ``device`` and ``seed`` are then the defaults)."""
+    device = rollout.device if device is None else device
+    seed = rollout.seed if seed is None else seed
+    if rollout.backend == "hf":
+        from trainers.backends.hf_backend import HFBackend  # optional engines load on demand
+
+        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device)
+    from trainers.backends.vllm_backend import VLLMBackend
+
+    path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
+    return VLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed derived from ``parts`` (e.g. ``(seed, iteration)``): the run's randomness per iteration."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def eval_keys(metrics: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
+    """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x (``prefix`` for eval/)."""
+    return {(prefix + k[len("rollout/"):] if k.startswith("rollout/") else prefix + k): v for k, v in metrics.items()}
+
+
+def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv], backend: Any,
+                    sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+    """Greedy episodes on the first ``num_tasks`` tasks of ``eval_envs`` (``eval/*``) and of each
+    named set (``eval/<name>/*``). RL and SFT both report through this."""
+    greedy = dataclasses.replace(sampling, temperature=0.0)
+    out: dict[str, float] = {}
+    for prefix, envs in [("eval/", eval_envs)] + [(f"eval/{n}/", e) for n, e in eval_sets.items()]:
+        trajs, _ = collect(envs, backend, list(range(num_tasks)), 1, greedy, seed=seed)
+        out.update(eval_keys(summarize(trajs), prefix))
+    return out
+
+
+def episode_record(ep: Episode, tokenizer: Any, **extra: Any) -> dict[str, Any]:
+    """One episode as a JSON record (the trajectory files, ``trainers.evaluate``'s output, the
+    viewer's input): every ``Episode`` field, its totals, and the decoded text."""
+    return {**dataclasses.asdict(ep), **extra, "reward": ep.reward, "turns": ep.turns,
+            "reward_components": ep.reward_components, "call_statuses": ep.call_statuses,
+            "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False)}
+
+
+class LocalRollout:
+    """The in-process source: ``trainers.rollout.collect`` over a ``ToolVectorEnv`` of this process's
+    share of ``batch_size`` sub-envs, generated by the learner's own ``backend``; the evaluation
+    envs (the main process only) are built here too, from the run's ``env_factory``: the rollout's on
+    ``env_server`` when set, evaluation's in this process (its env kwargs overrides cannot reach a
+    served env)."""
+
+    learner_backend: str | None = None  # the learner's backend is cfg.backend (it samples the rollout)
+
+    def __init__(self, cfg: Any, *, env_factory: EnvFactory, policy: torch.nn.Module, backend: Any, parallel: Any):
+        self.cfg, self.backend = cfg, backend
+        self.envs = env_factory.make_vector(cfg.batch_size // parallel.world)
+        self.eval_envs, self.eval_set_envs = None, {}
+        if parallel.is_main:  # only the main process evaluates
+            evals = env_factory.local()
+            self.eval_envs = evals.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
+            self.eval_set_envs = {name: evals.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
+        self.num_tasks = EnvFactory.num_tasks(self.envs)
+
+    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
+                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]:
+        return collect(self.envs, self.backend, list(task_indices), group_size, sampling, seed=seed, offset=offset)
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        """The HF backend samples from the policy module itself; another engine gets the weights."""
+        if self.cfg.backend != "hf":
+            self.backend.load_weights(scale.inference_state_dict(policy))
+
+    def evaluate(self, sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+        return evaluate_greedy(self.eval_envs, self.eval_set_envs, self.backend, sampling, num_tasks, seed)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        for envs in [self.envs, self.eval_envs, *self.eval_set_envs.values()]:
+            if envs is not None:
+                envs.close()
+
+
+__all__ = ["LocalRollout", "RolloutSource", "derive_seed", "episode_record", "eval_keys",
+           "evaluate_greedy", "make_backend", "make_vector_env"]
