@@ -146,7 +146,7 @@ def test_two_fsdp_processes_match_one_process(runs, algo):
     opt.load_state_dict(sb["opt"])
     for i, st in sa["opt"]["state"].items():
         torch.testing.assert_close(opt.state_dict()["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3, atol=1e-12)
-    assert "fsdp" in yaml.safe_load((fsdp / "config.yaml").read_text()) and not (fsdp / "tb").exists()
+    assert yaml.safe_load((fsdp / "config.yaml").read_text())["scale"]["fsdp"] is True and not (fsdp / "tb").exists()
 
 
 @pytest.mark.timeout(400)
