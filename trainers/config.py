@@ -127,6 +127,11 @@ class RolloutConfig(Section):
     """How often one worker's slice is retried in one iteration after the worker died or timed out."""
     timeout_s: float = 600.0
     """A worker whose slice takes longer is killed (Ray restarts it) and the slice retried."""
+    mode: Literal["lockstep", "async"] = "lockstep"
+    """``lockstep`` (trainers/rollout.py: each turn, every live episode in one backend call) or ``async``
+    (trainers/rollout_async.py: each episode a coroutine against vLLM's asynchronous engine, so a
+    trajectory waiting on its tools holds no one up; needs ``backend: vllm``; docs/vllm.md,
+    "Asynchronous rollout")."""
     env_server: str | None = None
     """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
     run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
@@ -154,6 +159,20 @@ class RolloutConfig(Section):
         if self.retries < 0:
             raise ConfigError(f"rollout.retries must be >= 0, got {self.retries}")
         self._positive("timeout_s")
+        if self.mode == "async":
+            import agent_gym
+
+            refused = [(self.backend != "vllm", f"backend: {self.backend!r}: the transformers backend has no engine to "
+                        "keep full and stays lockstep; set rollout.backend: vllm"),
+                       (self.workers > 0, f"workers: {self.workers}: Ray rollout workers run the lockstep rollout; "
+                        "set rollout.workers: 0"),
+                       (self.env_server is not None, "env_server: the asynchronous rollout steps in-process envs; "
+                        "unset rollout.env_server"),
+                       (self.env_id in agent_gym.MULTIAGENT_IDS, f"the multi-agent env_id {self.env_id!r}: its team "
+                        "rollout is lockstep")]
+            for bad, why in refused:
+                if bad:
+                    raise ConfigError(f"rollout.mode: async does not combine with {why} (or use rollout.mode: lockstep)")
         if self.env_server is not None:
             import agent_gym
 

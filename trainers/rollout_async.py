@@ -1,4 +1,4 @@
-"""Asynchronous rollout (``rollout: async``): every trajectory is a coroutine of its own.
+"""Asynchronous rollout (``rollout.mode: async``): every trajectory is a coroutine of its own.
 
 ``trainers.rollout.collect`` drives the vector env in lockstep: each turn waits for the slowest
 generation and the slowest tool call of the batch before anyone moves on. Here each trajectory
@@ -26,7 +26,7 @@ none (time the engine waited on tools); ``wall_s`` the whole rollout. ``engine_b
 ``generate_s / (generate_s + env_s)``.
 
 Only backends with ``agenerate`` and ``run`` (``AsyncVLLMBackend``) can do this; the transformers
-backend has no engine to keep full and stays lockstep (``TrainConfig`` refuses ``rollout: async``
+backend has no engine to keep full and stays lockstep (``RolloutConfig`` refuses ``rollout.mode: async``
 with ``backend: hf``).
 """
 
@@ -45,6 +45,7 @@ from agent_gym.vector import ToolVectorEnv
 from agent_gym.wrappers import action_checker
 from trainers.backends.base import SamplingConfig
 from trainers.rollout import RolloutTimes, Trajectory
+from trainers.sources import LocalRollout
 
 
 @dataclass
@@ -204,3 +205,25 @@ def collect_async(
     times.generate_s = clock.engine.total
     times.env_s = clock.env_only + t_reset
     return trajs, times
+
+
+class AsyncRollout(LocalRollout):
+    """The rollout source of ``rollout.mode: async`` (``trainers.sources.RolloutSource``):
+    ``collect_async`` over this process's ``ToolVectorEnv`` against the learner's backend, which
+    ``trainers.sources.make_backend`` builds as an ``AsyncVLLMBackend`` for this mode (``rollout.vllm_kwargs``
+    as for ``backend: vllm``). Evaluation's greedy (lockstep) episodes and the weight sync after each
+    update go through the same engine (``LocalRollout``'s). ``metrics``: ``rollout/engine_busy`` of the
+    last ``collect``."""
+
+    def __init__(self, cfg: Any, *, env_factory: Any, policy: Any, backend: Any, parallel: Any):
+        super().__init__(cfg, env_factory=env_factory, policy=policy, backend=backend, parallel=parallel)
+        self._last: AsyncRolloutTimes | None = None
+
+    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
+                offset: int = 0) -> tuple[list[Trajectory], AsyncRolloutTimes]:
+        trajs, self._last = collect_async(self.envs, self.backend, list(task_indices), group_size, sampling,
+                                          seed=seed, offset=offset)
+        return trajs, self._last
+
+    def metrics(self) -> dict[str, float]:
+        return {} if self._last is None else {"rollout/engine_busy": self._last.engine_busy}

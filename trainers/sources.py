@@ -32,7 +32,9 @@ The protocol (implement it to plug a new source into the loop, e.g. asynchronous
 Sources: ``LocalRollout`` (here: the lockstep rollout of ``trainers.rollout.collect`` over a
 ``ToolVectorEnv``, one backend call per turn for every live sub-env), ``RayRollout``
 (``trainers.ray_rollout``: N Ray actors, one slice each) and ``TeamRollout``
-(``trainers.multiagent``: a multi-agent id's ``ParallelEnv``s, one trajectory per agent).
+(``trainers.multiagent``: a multi-agent id's ``ParallelEnv``s, one trajectory per agent) and
+``AsyncRollout`` (``trainers.rollout_async``, ``rollout.mode: async``: each trajectory a coroutine
+against vLLM's asynchronous engine).
 
 Also here, because sources, workers and the trainer all build them: ``make_vector_env``,
 ``make_backend``, ``derive_seed``, ``evaluate_greedy`` and ``episode_record``.
@@ -88,9 +90,11 @@ def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir:
         from trainers.backends.hf_backend import HFBackend  # optional engines load on demand
 
         return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device)
-    from trainers.backends.vllm_backend import VLLMBackend
+    from trainers.backends.vllm_backend import AsyncVLLMBackend, VLLMBackend
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
+    if getattr(rollout, "mode", "lockstep") == "async":  # trainers/rollout_async.py's engine
+        return AsyncVLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
     return VLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
 
 

@@ -48,6 +48,7 @@ from trainers.multiagent import TeamRollout
 from trainers.parallel import Parallelism, SingleProcess
 from trainers.ray_rollout import RayRollout
 from trainers.rollout import RolloutBatch, Trajectory, build_batch, summarize
+from trainers.rollout_async import AsyncRollout
 from trainers.sources import (  # noqa: F401  (make_vector_env, eval_keys, evaluate_greedy: importers use these names)
     LocalRollout,
     RolloutSource,
@@ -83,7 +84,7 @@ def choose_parts(cfg: TrainConfig) -> Parts:
     """The rollout source and the parallelism strategy ``cfg`` asks for: the one place that decides.
 
     ``rollout.env_id`` a multi-agent id (``agent_gym.MULTIAGENT_IDS``): ``TeamRollout``; ``rollout.workers > 0``:
-    ``RayRollout``; else ``LocalRollout``. ``scale.fsdp: true``: ``FSDP``; else ``SingleProcess``."""
+    ``RayRollout``; ``rollout.mode: async``: ``AsyncRollout``; else ``LocalRollout``. ``scale.fsdp: true``: ``FSDP``; else ``SingleProcess``."""
     team = cfg.env_id in agent_gym.MULTIAGENT_IDS
     if team and cfg.fsdp:
         raise ConfigError(f"scale.fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs "
@@ -91,7 +92,8 @@ def choose_parts(cfg: TrainConfig) -> Parts:
     if team and cfg.rollout_workers:
         raise ConfigError(f"rollout.workers: {cfg.rollout_workers} is not supported with the multi-agent env "
                           f"{cfg.env_id!r}; set rollout.workers: 0")
-    rollout = TeamRollout if team else RayRollout if cfg.rollout_workers else LocalRollout
+    rollout = (TeamRollout if team else RayRollout if cfg.rollout_workers
+               else AsyncRollout if cfg.rollout.mode == "async" else LocalRollout)
     return Parts(rollout=rollout, parallel=FSDP if cfg.fsdp else SingleProcess)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -253,6 +252,29 @@ class TestToolFailures:
 
 
 class TestConfig:
+    @pytest.mark.parametrize("kw, needle", [
+        ({"backend": "hf"}, "backend: 'hf'"),
+        ({"backend": "vllm", "rollout.workers": 2}, "workers: 2"),
+        ({"backend": "vllm", "rollout.env_server": "http://127.0.0.1:8000"}, "env_server"),
+        ({"backend": "vllm", "rollout.env_id": "AgentR1/FactChainTeam-v0"}, "multi-agent"),
+    ])
+    def test_async_refuses_what_it_cannot_run_naming_the_fix(self, tmp_path, kw, needle):
+        import agent_gym
+        from tests.trainers.conftest import tiny_rl_config
+        from trainers.config import ConfigError
+
+        if "rollout.env_id" in kw and kw["rollout.env_id"] not in agent_gym.MULTIAGENT_IDS:
+            pytest.skip(f"{kw['rollout.env_id']} is not registered here (the multi-agent ids need pettingzoo)")
+        with pytest.raises(ConfigError, match="rollout.mode: async does not combine with") as err:
+            tiny_rl_config(tmp_path, "grpo", None, **{"rollout.mode": "async"}, **kw)
+        assert needle in str(err.value) and "rollout.mode: lockstep" in str(err.value)
+
+    def test_lockstep_is_the_default_and_async_with_vllm_is_accepted(self, tmp_path):
+        from tests.trainers.conftest import tiny_rl_config
+
+        assert tiny_rl_config(tmp_path, "grpo", None).rollout.mode == "lockstep"
+        assert tiny_rl_config(tmp_path, "grpo", None, backend="vllm", **{"rollout.mode": "async"}).rollout.mode == "async"
+
     def test_collect_async_refuses_a_backend_without_an_engine_loop(self, tok, tiny):
         from trainers.backends import HFBackend, SamplingConfig
         from trainers.rollout_async import collect_async
@@ -267,3 +289,73 @@ class TestConfig:
             vec.close()
 
 
+
+class _Shared:
+    """A module engine lent to one run: everything but ``close`` goes to the engine."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def close(self):
+        pass
+
+
+class TestTrainer:
+    pytestmark = needs_vllm
+
+    @pytest.mark.timeout(900)
+    def test_grpo_with_async_rollout_repeats_the_lockstep_run(self, tmp_path, engines, tiny, monkeypatch):
+        """Two GRPO iterations on FactChain from the tiny model, temperature 1: with
+        ``rollout.mode: async`` (the trainer's own AsyncVLLMBackend) every trajectory of both
+        iterations (the second sampled after a weight sync into the async engine) equals the lockstep
+        vLLM run's, evaluation runs through the async engine, and ``rollout/engine_busy`` is logged."""
+        import json
+
+        import trainers.trainer as trainer_mod
+        from tests.trainers.conftest import tiny_rl_config
+        from trainers.rollout_async import AsyncRollout
+        from trainers.trainer import Trainer
+
+        from trainers.backends.vllm_backend import AsyncVLLMBackend
+
+        lock = engines[0]
+        real_make_backend = trainer_mod.make_backend
+
+        def lend(engine, policy):
+            engine.load_weights(policy.state_dict())  # the run's initial weights, as a fresh engine has
+            return _Shared(engine)
+
+        def make_backend(cfg, policy, tokenizer, run_dir):
+            # lockstep: the module's VLLMBackend; async: the real one (it starts an AsyncVLLMBackend)
+            if cfg.rollout.mode == "lockstep":
+                return lend(lock, policy)
+            backend = real_make_backend(cfg, policy, tokenizer, run_dir)
+            assert isinstance(backend, AsyncVLLMBackend)
+            return backend
+
+        monkeypatch.setattr(trainer_mod, "make_backend", make_backend)
+        runs = {}
+        for mode in ("lockstep", "async"):
+            cfg = tiny_rl_config(tmp_path / mode, "grpo", str(tiny[0]), backend="vllm", iterations=2, eval_every=1,
+                                 vllm_kwargs={"max_model_len": 1024}, temperature=1.0, max_turn_tokens=16, log_trajectories=8,
+                                 **{"rollout.mode": mode})
+            tr = Trainer(cfg)
+            tr.setup()
+            try:
+                assert isinstance(tr.source, AsyncRollout) == (mode == "async")
+                tr.train()
+            finally:
+                tr.cleanup()
+            runs[mode] = {
+                "metrics": [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
+                "trajs": [[json.loads(x)["token_ids"] for x in (tmp_path / mode / "trajectories" / f"iter_{i:05d}.jsonl")
+                           .read_text().splitlines()] for i in range(2)]}
+        assert runs["async"]["trajs"] == runs["lockstep"]["trajs"]
+        assert all(len(t) > 0 for t in runs["async"]["trajs"])
+        for m in runs["async"]["metrics"]:
+            assert 0.0 < m["rollout/engine_busy"] <= 1.0
+            assert "eval/success_rate" in m
+        assert "rollout/engine_busy" not in runs["lockstep"]["metrics"][0]
