@@ -359,3 +359,37 @@ class TestTrainer:
             assert 0.0 < m["rollout/engine_busy"] <= 1.0
             assert "eval/success_rate" in m
         assert "rollout/engine_busy" not in runs["lockstep"]["metrics"][0]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-")
+@pytest.mark.timeout(600)
+def test_a_killed_async_engine_raises_engine_died_and_closes_clean(tiny):
+    """The engine core SIGKILLed mid-request: the waiting call raises ``EngineDiedError`` (it does not
+    hang), so does the next one, and ``close()`` leaves no engine process behind (it raises if one survives)."""
+    import os
+    import signal
+    import time
+
+    from trainers.backends import SamplingConfig
+    from trainers.backends.base import EngineDiedError
+    from trainers.backends.vllm_backend import AsyncVLLMBackend
+
+    aio = AsyncVLLMBackend(tiny[0], seed=0, max_model_len=1024, kv_cache_memory_bytes=32 << 20)
+    try:
+        core = aio.engine.engine_core.resources.engine_manager.processes[0].pid
+        def kill_when_busy():  # once the requests are in the engine: mid-request
+            while aio.engine.get_num_unfinished_requests() == 0:
+                time.sleep(0.01)
+            os.kill(core, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_busy, daemon=True)
+        killer.start()
+        long = SamplingConfig(max_new_tokens=900, temperature=1.0)
+        with pytest.raises(EngineDiedError, match="does not restart it"):
+            aio.generate([[5, 6, 7]] * 8, long, seeds=list(range(8)))
+        killer.join(timeout=60)
+        with pytest.raises(EngineDiedError):
+            aio.generate([[5, 6, 7]], SamplingConfig(max_new_tokens=4), seeds=[0])
+    finally:
+        aio.close()
