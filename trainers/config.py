@@ -210,6 +210,10 @@ class AlgorithmConfig(Section):
     first steps move every weight by about lr whatever the gradient's quality, which can undo a
     warm start; a short warmup lets its second-moment estimate settle first."""
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    """AdamW's eps (policy and critic). Where a weight's gradient is of the order of eps (its
+    second moment ~1e-15), the update m / (sqrt(v) + eps) turns float32 rounding into a change of
+    a sizeable part of lr; a larger eps (1e-6) damps those weights."""
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -260,6 +264,8 @@ class AlgorithmConfig(Section):
         self._positive("ppo_epochs", "minibatch_size")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise ConfigError(f"algorithm.dual_clip_c must be > 1, got {self.dual_clip_c}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"algorithm.adam_eps must be positive, got {self.adam_eps}")
         if self.warmup_steps < 0:
             raise ConfigError(f"algorithm.warmup_steps must be >= 0, got {self.warmup_steps}")
         for name in ("gamma", "lam"):

@@ -135,8 +135,10 @@ class Trainer:
         self.critic = Critic(self.policy).to(cfg.device) if cfg.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
         self.parallel.shard(self.policy, self.critic, self.ref)
-        self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    eps=cfg.adam_eps)
+        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr,
+                                             weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
                            if self.critic is not None else None)
         warm = lambda step: lr_multiplier(step, cfg.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
