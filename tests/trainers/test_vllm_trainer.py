@@ -106,7 +106,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     from trainers.ray_rollout import RayRollout
     from trainers.trainer import Trainer
 
-    kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=24,
+    kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=40,
               env_kwargs={"tools_in_prompt": False, "max_turns": 3,
                           "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
                           "rewards": {"extra": {"hop": 0.2}}})
