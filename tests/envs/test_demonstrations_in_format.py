@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
@@ -46,7 +47,7 @@ def test_factchain_demonstrations_use_the_env_format_and_succeed(fmt):
         (ep,) = demonstrations(env, [3], policy)
         env.reset(options={"task_index": 3})
         turns = (env.demonstration(env.task) if policy == "oracle"
-                 else getattr(env, f"{policy}_demonstration")(env.task, __import__("numpy").random.default_rng(0)))
+                 else getattr(env, f"{policy}_demonstration")(env.task, np.random.default_rng(0)))
         assert all(t.startswith(opening) for t in turns[:-1]), (fmt, policy, turns)
         assert ep.token_ids, (fmt, policy)
     ep = play(env, 5, env.demonstration)
