@@ -132,6 +132,13 @@ class RolloutConfig(Section):
     (trainers/rollout_async.py: each episode a coroutine against vLLM's asynchronous engine, so a
     trajectory waiting on its tools holds no one up; needs ``backend: vllm``; docs/vllm.md,
     "Asynchronous rollout")."""
+    max_staleness: int = 0
+    """0: each iteration's rollout uses the weights of the update just made (the loop waits for it).
+    1: the rollout of iteration i+1 runs in a background thread while iteration i trains, on the
+    weights before update i (pushed to the rollout engine between rollouts), so every trajectory
+    is at most one weight version old; the loss corrects for it (``algorithm.behaviour_weight``).
+    Pays where rollout and training have separate devices; docs/design.md, "Overlapping rollout
+    with training"."""
     env_server: str | None = None
     """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
     run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
@@ -158,6 +165,9 @@ class RolloutConfig(Section):
             raise ConfigError("rollout.worker_cpus and rollout.worker_gpus must be >= 0")
         if self.retries < 0:
             raise ConfigError(f"rollout.retries must be >= 0, got {self.retries}")
+        if self.max_staleness not in (0, 1):
+            raise ConfigError(f"rollout.max_staleness must be 0 (rollout waits for each update) or 1 (the next "
+                              f"rollout overlaps the update), got {self.max_staleness!r}")
         self._positive("timeout_s")
         if self.mode == "async":
             import agent_gym
@@ -232,6 +242,17 @@ class AlgorithmConfig(Section):
     entropy_coef: float = 0.0
     use_action_mask: bool = True
     """Ablation switch: False puts every non-prompt token (env tokens too) under the loss."""
+    behaviour_weight: Literal["auto", "tis", "none"] = "auto"
+    """How the loss corrects for trajectories sampled by an older policy than the one PPO's ratio
+    is taken against (``rollout.max_staleness: 1`` with ``rollout.recompute_logprobs``). ``tis``: the
+    decoupled PPO objective (Hilton et al. 2021, arXiv 2110.00641): each token's clipped surrogate,
+    with the ratio against the recomputed (proximal) log-probs, is weighted by
+    ``min(pi_prox / pi_behaviour, tis_cap)``, the behaviour policy's probability being the one the
+    sampler recorded, truncated as in truncated importance sampling (Yao et al. 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training"). ``none``: no weight.
+    ``auto``: ``tis`` when ``max_staleness`` is 1, else ``none``."""
+    tis_cap: float = 2.0
+    """The truncation of the behaviour weight (``tis``); Yao et al. use 2."""
 
     @property
     def uses_critic(self) -> bool:
@@ -273,6 +294,9 @@ class AlgorithmConfig(Section):
                 raise ConfigError(f"algorithm.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
+        if not self.tis_cap >= 1:
+            raise ConfigError(f"algorithm.tis_cap must be >= 1 (a weight cap below 1 would shrink on-policy tokens), "
+                              f"got {self.tis_cap}")
 
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -560,6 +584,10 @@ class TrainConfig(Sectioned):
                 if bad:
                     raise ConfigError(f"fsdp: true does not combine with {why}")
             check_agg_units(a.loss_agg, "fsdp: true: ")
+        if r.max_staleness:
+            if s.fsdp:
+                raise ConfigError("rollout.max_staleness: 1 does not combine with scale.fsdp: true (the overlapped "
+                                  "rollout runs beside a single learner process); set rollout.max_staleness: 0")
         if s.mixed_precision == "bf16" and self.model.dtype == "bfloat16" and s.lora_r == 0:
             raise ConfigError(
                 "mixed_precision: bf16 keeps float32 master weights and optimizer state: set model.dtype: float32 "

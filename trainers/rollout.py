@@ -60,6 +60,9 @@ class RolloutBatch:
     """(B, T) float."""
     returns: torch.Tensor | None = None
     """(B, T) float."""
+    behaviour_weights: torch.Tensor | None = None
+    """(B, T) float, the truncated proximal/behaviour weights of off-policy tokens
+    (``trainers.algos.behaviour_weights``); None: on-policy, no weight."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

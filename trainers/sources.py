@@ -152,9 +152,14 @@ class LocalRollout:
         return collect(self.envs, self.backend, list(task_indices), group_size, sampling, seed=seed, offset=offset)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
-        """The HF backend samples from the policy module itself; another engine gets the weights."""
+        """The HF backend samples from the policy module itself (nothing to do) or, with
+        ``max_staleness`` 1, from a copy of it (the weights are copied in); another engine gets the
+        weights."""
         if self.cfg.backend != "hf":
             self.backend.load_weights(scale.inference_state_dict(policy))
+        elif self.backend.model is not policy:
+            with torch.no_grad():
+                self.backend.model.load_state_dict(policy.state_dict())
 
     def evaluate(self, sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
         return evaluate_greedy(self.eval_envs, self.eval_set_envs, self.backend, sampling, num_tasks, seed)

@@ -21,11 +21,13 @@ the uninterrupted run would have done.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import signal
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,9 @@ def choose_parts(cfg: TrainConfig) -> Parts:
     if team and cfg.fsdp:
         raise ConfigError(f"scale.fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs "
                           "in one process; set scale.fsdp: false")
+    if team and cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness: 1 is not supported with the multi-agent env {cfg.env_id!r} (its "
+                          "agents share one team rollout); set rollout.max_staleness: 0")
     if team and cfg.rollout_workers:
         raise ConfigError(f"rollout.workers: {cfg.rollout_workers} is not supported with the multi-agent env "
                           f"{cfg.env_id!r}; set rollout.workers: 0")
@@ -117,7 +122,13 @@ class Trainer:
         self.start_iteration = 0
         self._stop = False
         self._kl_reward_metrics: dict[str, Any] = {}
+        self._is_metrics: dict[str, float] = {}
         self.gc_stats: GcStats | None = None
+        self.version = 0
+        """The learner's weight version: the number of updates made (the start iteration after --resume)."""
+        self._pending: tuple[Future, int, int] | None = None
+        """With max_staleness 1: the next iteration's rollout in flight (future, iteration, weight version)."""
+        self._prefetcher: ThreadPoolExecutor | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -146,7 +157,11 @@ class Trainer:
         self.env_factory = env_factory(cfg, self.tokenizer, self.policy.get_input_embeddings().num_embeddings)
         self.pad_id = self.env_factory.pad_id
         learner = self.rollout_cls.learner_backend  # e.g. "hf" under Ray workers: the learner only evaluates
-        self.backend = make_backend(dataclasses.replace(cfg, backend=learner) if learner else cfg, self.policy,
+        # With max_staleness 1 an in-process HF rollout samples while the learner trains: it gets its
+        # own copy of the policy (weights copied in between rollouts) instead of the module itself.
+        sampler = (copy.deepcopy(self.policy).eval().requires_grad_(False)
+                   if cfg.rollout.max_staleness and learner is None and cfg.backend == "hf" else self.policy)
+        self.backend = make_backend(dataclasses.replace(cfg, backend=learner) if learner else cfg, sampler,
                                     self.tokenizer, self.run_dir)
         self.source: RolloutSource = self.rollout_cls(cfg, env_factory=self.env_factory, policy=self.policy,
                                                       backend=self.backend, parallel=self.parallel)
@@ -171,24 +186,32 @@ class Trainer:
         cfg = self.cfg
         last: dict[str, float] = {}
         self.gc_stats = GcStats(freeze=cfg.gc_freeze)  # after set-up: freezes what set-up built
+        self.version = self.start_iteration
         for it in range(self.start_iteration, cfg.iterations):
             t0 = time.perf_counter()
-            trajs, rt = self.rollout(it)
+            trajs, rt, version, waited = self.next_rollout(it)
             t_fb = time.perf_counter()
             batch = self.score(trajs)
             adv_metrics = self.compute_advantages(batch)
             update_metrics = self.update(batch, it)
             t_fb = time.perf_counter() - t_fb
-            self.sync_weights()
+            staleness = self.version - version  # the weights that sampled the batch, against the ones it updated
+            self.version += 1
+            if not cfg.rollout.max_staleness:
+                self.sync_weights()  # else pushed before the next rollout starts (next_rollout)
             metrics = {**summarize(trajs), **self.source.metrics(), **adv_metrics, **update_metrics,
-                       **self.mismatch(batch)}
+                       **self.mismatch(batch), "rollout/policy_version": float(version),
+                       "rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
+                self.finish_prefetch(push=True)  # the engine evaluates the learner's weights, not the sampler's
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
             metrics.update(self.timing(rt, t_fb, total))
+            metrics["time/rollout_wait_s"] = waited
             metrics.update(self.gc_stats.take())
             self.logger.log(it, metrics)
-            self.logger.log_trajectories(it, self.trajectory_records(trajs[: cfg.log_trajectories]))
+            self.logger.log_trajectories(it, self.trajectory_records(trajs[: cfg.log_trajectories], policy_version=version,
+                                                                     staleness=staleness))
             last = metrics
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or self.should_stop(metrics):
                 self.checkpoint(it)
@@ -197,6 +220,9 @@ class Trainer:
         return last
 
     def cleanup(self) -> None:
+        self.finish_prefetch(push=False)
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True)
         if self.gc_stats is not None:
             self.gc_stats.close()
         self.logger.close()
@@ -227,6 +253,46 @@ class Trainer:
                                             offset=offset)
         return self.parallel.gather_rollout(trajs, rt)
 
+    def next_rollout(self, it: int) -> tuple[list[Trajectory], Any, int, float]:
+        """Iteration ``it``'s trajectories, the weight version that sampled them and the seconds the
+        learner waited for them. ``max_staleness`` 0: collected now, from the current weights.
+        1: the rollout started during the previous update (on the weights before it), if one is in
+        flight; then, the rollout engine idle, the learner's weights are pushed to it and the next
+        iteration's rollout starts in the background, to run while this one trains."""
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            future, pending_it, version = self._pending
+            self._pending = None
+            if pending_it != it:  # cannot happen in train(); a caller driving iterations by hand gets told
+                raise RuntimeError(f"the rollout in flight is iteration {pending_it}'s, not {it}'s")
+            trajs, rt = future.result()
+        else:
+            version = self.version
+            trajs, rt = self.rollout(it)
+        waited = time.perf_counter() - t0
+        if self.cfg.rollout.max_staleness and it + 1 < self.cfg.iterations and not self._stop:
+            self.sync_weights()
+            if self._prefetcher is None:
+                self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+            self._pending = (self._prefetcher.submit(self.collect_only, it + 1), it + 1, self.version)
+        return trajs, rt, version, waited
+
+    def collect_only(self, it: int) -> tuple[list[Trajectory], Any]:
+        """Iteration ``it``'s rollout without touching the learner's modules (the background rollout of
+        ``max_staleness`` 1: the source samples from its own engine or copy of the weights)."""
+        tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
+        trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
+                                        offset=offset)
+        return self.parallel.gather_rollout(trajs, rt)
+
+    def finish_prefetch(self, push: bool) -> None:
+        """Wait for the rollout in flight (kept for its iteration); ``push``: then give the rollout
+        engine the learner's current weights (before an evaluation)."""
+        if self._pending is not None:
+            self._pending[0].result()
+            if push:
+                self.sync_weights()
+
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
         cfg = self.cfg
@@ -252,6 +318,11 @@ class Trainer:
                 self.policy)
         else:
             batch.old_logprobs = batch.sampler_logprobs.clone()
+        self._is_metrics = {}
+        if self.corrects_behaviour:
+            batch.behaviour_weights, m = algos.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs,
+                                                                 batch.loss_mask, cfg.algorithm.tis_cap)
+            self._is_metrics = {k: float(v) for k, v in m.items()}
         if self.ref is not None:
             batch.ref_logprobs = self._rows(
                 lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch,
@@ -264,6 +335,12 @@ class Trainer:
             batch.values = self._rows(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
         return batch
 
+    @property
+    def corrects_behaviour(self) -> bool:
+        """Whether the loss weights tokens by proximal over behaviour policy (``algorithm.behaviour_weight``)."""
+        mode = self.cfg.algorithm.behaviour_weight
+        return mode == "tis" or (mode == "auto" and self.cfg.rollout.max_staleness > 0)
+
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.cfg
         fn = algos.get_adv_est(cfg.adv_estimator)
@@ -272,6 +349,7 @@ class Trainer:
             group_ids=batch.group_ids, gamma=cfg.gamma, lam=cfg.lam, norm_by_std=cfg.norm_adv_by_std, **cfg.adv_kwargs)
         m = dict(m)
         m.update(self._kl_reward_metrics)
+        m.update(self._is_metrics)
         return {k: float(v) for k, v in m.items()}
 
     def update(self, batch: RolloutBatch, it: int) -> dict[str, float]:
@@ -307,7 +385,7 @@ class Trainer:
                                  temperature=cfg.temperature, loss_mask=mb.loss_mask)
         loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
                                     clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
-                                    agg_kwargs=cfg.loss_kwargs)
+                                    agg_kwargs=cfg.loss_kwargs, behaviour_weights=mb.behaviour_weights)
         m = dict(m)
         if self.ref is not None and cfg.kl_mode == "loss":
             kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg,
@@ -400,10 +478,11 @@ class Trainer:
         stop = stop or (cfg.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= cfg.stop_success)
         return self.parallel.any_rank(stop)
 
-    def trajectory_records(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
-        """JSON records of trajectories; a ``Trajectory`` subclass's own fields (``agent``) go in too."""
+    def trajectory_records(self, trajs: list[Trajectory], **extra: Any) -> list[dict[str, Any]]:
+        """JSON records of trajectories; a ``Trajectory`` subclass's own fields (``agent``) and
+        ``extra`` (the weight version that sampled them, their staleness) go in too."""
         base = {f.name for f in dataclasses.fields(Trajectory)}
-        return [episode_record(t.episode, self.tokenizer, group=t.group,
+        return [episode_record(t.episode, self.tokenizer, group=t.group, **extra,
                                **{f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in base})
                 for t in trajs]
 

@@ -23,7 +23,7 @@ from .registry import (
 )
 
 _ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo")
-_LOSSES = ("KLKind", "aggregate", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
+_LOSSES = ("KLKind", "aggregate", "behaviour_weights", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
            "masked_mean", "policy_loss", "value_loss")
 
 
@@ -44,6 +44,7 @@ __all__ = [
     "NEEDS_GROUPS",
     "USES_CRITIC",
     "aggregate",
+    "behaviour_weights",
     "entropy_from_logits",
     "gae",
     "get_adv_est",

@@ -337,6 +337,7 @@ def policy_loss(
     dual_clip_c: float | None = None,
     agg: str = "token-mean",
     agg_kwargs: dict[str, Any] | None = None,
+    behaviour_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, with optional dual clip, over the agent's tokens.
 
@@ -344,7 +345,8 @@ def policy_loss(
         ``L = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``
     and, when ``dual_clip_c = c`` is given (c > 1), for tokens with ``A < 0``:
         ``L = min(L, -c * A)``
-    then ``loss = aggregate(L, loss_mask, agg)``.
+    then, with ``behaviour_weights = w`` (the decoupled objective of off-policy trajectories,
+    ``behaviour_weights`` below), ``L = w * L``; then ``loss = aggregate(L, loss_mask, agg)``.
 
     Args:
         logprobs (Tensor): log-probs under the policy being trained, with grad, (B, T).
@@ -355,6 +357,9 @@ def policy_loss(
         clip_high (float): upper clip range, ratio <= 1 + clip_high; >= 0.
         dual_clip_c (float | None): dual-clip constant c > 1, or None for no dual clip.
         agg (str): a name in ``AGGREGATIONS``; agg_kwargs: its own keyword parameters (``loss_kwargs``).
+        behaviour_weights (Tensor | None): (B, T), no grad: per-token weights for trajectories
+            sampled by an older (behaviour) policy than ``old_logprobs``' proximal one, e.g.
+            ``behaviour_weights(old_logprobs, sampler_logprobs, loss_mask, cap)``; None: all 1.
 
     Returns:
         tuple[Tensor, dict[str, Tensor]]: the 0-d loss and the metrics
@@ -386,6 +391,9 @@ def policy_loss(
         pg = torch.where(advantages < 0, capped, pg)
     else:
         dual_active = torch.zeros_like(pg, dtype=torch.bool)
+    if behaviour_weights is not None:
+        expect_bt(behaviour_weights=behaviour_weights, loss_mask=loss_mask)
+        pg = behaviour_weights.detach() * pg
 
     loss = aggregate(pg, loss_mask, agg, **(agg_kwargs or {}))
     with torch.no_grad():
@@ -401,6 +409,36 @@ def policy_loss(
             "policy/ratio_max": torch.where(m, ratio.detach(), torch.zeros_like(ratio)).max(),
         }
     return loss, metrics
+
+
+def behaviour_weights(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, loss_mask: Tensor, cap: float = 2.0
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Truncated importance weights of the proximal policy over the behaviour policy.
+
+    ``w = min(exp(old_logprobs - sampler_logprobs), cap)`` on the agent's tokens, 1 elsewhere: the
+    factor of the decoupled PPO objective (Hilton et al. 2021, "Batch size-invariance for policy
+    optimization", arXiv 2110.00641), where PPO's ratio is taken against the proximal policy
+    (``old_logprobs``, recomputed by the learner before the update) while the tokens were sampled
+    by an older behaviour policy (``sampler_logprobs``, recorded by the sampler), truncated at
+    ``cap`` as in truncated importance sampling (Yao et al. 2025; cap 2). The log-ratio is clamped
+    to +-20 before ``exp``, as the policy ratio is.
+
+    Returns:
+        tuple[Tensor, dict[str, Tensor]]: ``w`` (B, T) and the metrics ``policy/is_weight_mean``,
+            ``policy/is_weight_max`` (before truncation) and ``policy/is_truncated_frac``.
+    """
+    expect_bt(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, loss_mask=loss_mask)
+    if not cap >= 1.0:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    m = loss_mask.bool()
+    raw = torch.exp((old_logprobs - sampler_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    raw = torch.where(m, raw, torch.ones_like(raw))
+    w = raw.clamp(max=cap)
+    metrics = {"policy/is_weight_mean": masked_mean(w, m),
+               "policy/is_weight_max": torch.where(m, raw, torch.zeros_like(raw)).max(),
+               "policy/is_truncated_frac": masked_mean((raw > cap).float(), m)}
+    return w, metrics
 
 
 def value_loss(
