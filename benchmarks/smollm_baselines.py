@@ -8,7 +8,8 @@ can read ("foothold"). Prints a table and saves JSON (and each condition's traje
     python benchmarks/smollm_baselines.py --out runs/smollm_baselines --classify 20   # failure classes
     python benchmarks/smollm_baselines.py --conditions naiverag-text --datasets hotpotqa --rows 8
 
-Data: the shared dev rows (``../shared/data/<dataset>/dev_sample.jsonl``, rows 0..N-1) with BM25
+Data: the shared dev rows (``../shared/data/<dataset>/dev_sample.jsonl``, rows 0..N-1; with
+``--rows-dir DIR`` the held-out rows ``DIR/<dataset>_heldout.jsonl`` of ``make qa-split``) with BM25
 over the shared corpora (``corpus.jsonl``), top 3 passages of at most ``--passage-tokens`` tokens
 each. Conditions (``CONDITIONS``):
 
@@ -99,7 +100,8 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     from trainers.trainer import episode_record
 
     spec = CONDITIONS[cond]
-    kwargs = {"data_path": str(DATA / dataset / "dev_sample.jsonl"), "corpus_path": str(DATA / dataset / "corpus.jsonl"),
+    rows_file = Path(args.rows_dir) / f"{dataset}_heldout.jsonl" if args.rows_dir else DATA / dataset / "dev_sample.jsonl"
+    kwargs = {"data_path": str(rows_file), "corpus_path": str(DATA / dataset / "corpus.jsonl"),
               "topk": 3, "max_result_tokens": args.passage_tokens, **spec["kwargs"]}
     if spec["env"] == "tool":
         kwargs.update(max_turns=args.max_turns, max_context_tokens=args.max_context)
@@ -176,6 +178,8 @@ def classify(out_dir: Path, n: int, seed: int = 0) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=30, help="dev rows 0..N-1 per dataset")
+    ap.add_argument("--rows-dir", help="read DIR/<dataset>_heldout.jsonl instead of the shared dev rows (the held-out "
+                    "parts that scripts/split_qa.py writes, e.g. runs/qa_split); search still uses the dataset's corpus")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--conditions", nargs="+", choices=list(CONDITIONS))
     ap.add_argument("--foothold", action="store_true", help=f"the foothold conditions {FOOTHOLD} (default: {BASELINES})")
