@@ -126,6 +126,8 @@ class Trainer:
         self.gc_stats: GcStats | None = None
         self.version = 0
         """The learner's weight version: the number of updates made (the start iteration after --resume)."""
+        self._synced_version = 0
+        """The version the rollout engine last received."""
         self._pending: tuple[Future, int, int] | None = None
         """With max_staleness 1: the next iteration's rollout in flight (future, iteration, weight version)."""
         self._prefetcher: ThreadPoolExecutor | None = None
@@ -220,8 +222,10 @@ class Trainer:
         return last
 
     def cleanup(self) -> None:
-        self.finish_prefetch(push=False)
         if self._prefetcher is not None:
+            # A rollout still in flight (the run stopped early) is waited for, never killed mid-episode;
+            # its result, or its error, is dropped: the run has already ended with its own outcome.
+            self._pending = None
             self._prefetcher.shutdown(wait=True)
         if self.gc_stats is not None:
             self.gc_stats.close()
@@ -287,11 +291,11 @@ class Trainer:
 
     def finish_prefetch(self, push: bool) -> None:
         """Wait for the rollout in flight (kept for its iteration); ``push``: then give the rollout
-        engine the learner's current weights (before an evaluation)."""
+        engine the learner's current weights if it has older ones (before an evaluation)."""
         if self._pending is not None:
             self._pending[0].result()
-            if push:
-                self.sync_weights()
+        if push and self._synced_version != self.version:
+            self.sync_weights()
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
@@ -441,6 +445,7 @@ class Trainer:
     def sync_weights(self) -> None:
         """Make the rollout source sample from the updated policy (``RolloutSource.sync_weights``)."""
         self.source.sync_weights(self.policy)
+        self._synced_version = self.version
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -521,8 +526,9 @@ class Trainer:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; start a new run instead.")
         self.load_state(st)
         set_rng_state(st["rng"])
-        self.sync_weights()
         self.start_iteration = st["iteration"] + 1
+        self.version = self.start_iteration
+        self.sync_weights()
         self.logger.truncate_after(st["iteration"])
         print(f"resumed from {path} at iteration {self.start_iteration}")
 

@@ -82,7 +82,7 @@ class RecordingRollout(LocalRollout):
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_overlapped_rollout_is_at_most_one_version_old(tmp_path, sft_model, staleness):
-    iterations = 4
+    iterations = 3
     cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=iterations, eval_every=100)
     cfg.rollout.max_staleness = staleness
     RecordingRollout.log = []
@@ -101,6 +101,8 @@ def test_overlapped_rollout_is_at_most_one_version_old(tmp_path, sft_model, stal
 
     tr.update = update
     tr.train()
+    # The last iteration's evaluation sampled from the learner's final weights, not the sampler's older copy.
+    assert _checksum(tr.backend.model) == pytest.approx(versions[-1], rel=0, abs=1e-9)
     tr.cleanup()
     log = RecordingRollout.log
     assert len(log) == iterations  # one rollout per iteration, none wasted
@@ -154,3 +156,51 @@ def test_stale_trainer_loss_uses_the_behaviour_weights(tmp_path, sft_model):
         assert float(loss) == pytest.approx(float(expect), rel=1e-4, abs=1e-6)
     finally:
         tr.cleanup()
+
+
+class FailingRollout(LocalRollout):
+    """Fails on its third collect (iteration 2's rollout, which runs in the background)."""
+
+    calls = 0
+
+    def collect(self, *args, **kwargs):
+        FailingRollout.calls += 1
+        if FailingRollout.calls == 3:
+            raise RuntimeError("tool service down")
+        return super().collect(*args, **kwargs)
+
+
+def test_background_rollout_error_surfaces_and_stop_waits_for_the_rollout_in_flight(tmp_path, sft_model):
+    cfg = tiny_rl_config(tmp_path / "fail", "grpo", sft_model, iterations=4, eval_every=100)
+    cfg.rollout.max_staleness = 1
+    FailingRollout.calls = 0
+    tr = Trainer(cfg, rollout=FailingRollout)
+    tr.setup()
+    with pytest.raises(RuntimeError, match="tool service down"):
+        tr.train()  # raised in the rollout thread, re-raised in the loop at iteration 2
+    tr.cleanup()
+    recs = [json.loads(x) for x in (tmp_path / "fail" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert (tmp_path / "fail" / "checkpoints" / "iter_00001" / "state.pt").exists()
+
+    # A stop (Ctrl-C, max_minutes) during iteration 1's update: the run ends after it with a
+    # checkpoint; iteration 2's rollout, already in flight, is waited for at cleanup, not killed.
+    cfg = tiny_rl_config(tmp_path / "stop", "grpo", sft_model, iterations=5, eval_every=100)
+    cfg.rollout.max_staleness = 1
+    RecordingRollout.log = []
+    tr = Trainer(cfg, rollout=RecordingRollout)
+    tr.setup()
+    orig = tr.update
+
+    def update(batch, it):
+        if it == 1:
+            tr._stop = True
+        return orig(batch, it)
+
+    tr.update = update
+    tr.train()
+    tr.cleanup()
+    recs = [json.loads(x) for x in (tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert len(RecordingRollout.log) == 3  # iteration 2's rollout ran to its end
+    assert (tmp_path / "stop" / "checkpoints" / "iter_00001" / "state.pt").exists()

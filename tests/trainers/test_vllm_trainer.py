@@ -84,6 +84,63 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, monk
 
 
 
+@pytest.mark.timeout(900)
+def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, engine, monkeypatch):
+    """``rollout.max_staleness: 1`` with the vLLM engine: the next rollout runs in the background
+    thread while the learner trains, the engine gets the weights between rollouts, and the
+    trajectories are exactly one version old after the first iteration."""
+    import torch
+
+    import trainers.trainer as trainer_mod
+    from trainers import scale
+    from trainers.trainer import Trainer
+
+    threads, pushed = [], []
+
+    class Recording(_Shared):
+        def generate(self, *args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return super().generate(*args, **kwargs)
+
+        def load_weights(self, state_dict):
+            pushed.append(float(sum(v.double().sum() for v in state_dict.values())))
+            super().load_weights(state_dict)
+
+    def shared_backend(cfg, policy, tokenizer, run_dir):
+        engine.load_weights(policy.state_dict())
+        return Recording(engine)
+
+    monkeypatch.setattr(trainer_mod, "make_backend", shared_backend)
+    cfg = tiny_rl_config(tmp_path / "stale", "grpo", sft_model, backend="vllm", iterations=3, eval_every=100,
+                         vllm_kwargs=VLLM_KWARGS)
+    cfg.rollout.max_staleness = 1
+    tr = Trainer(cfg)
+    tr.setup()
+    try:
+        versions = []
+        orig = tr.update
+
+        def update(batch, it):
+            out = orig(batch, it)
+            sd = scale.inference_state_dict(tr.policy)  # what the trainer pushes to the engine
+            versions.append(float(sum(v.detach().double().sum() for v in sd.values())))
+            return out
+
+        tr.update = update
+        last = tr.train()
+        assert all(torch.isfinite(torch.tensor(v)) for v in last.values() if isinstance(v, float))
+    finally:
+        tr.cleanup()
+    recs = [json.loads(x) for x in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness_max"] for r in recs] == [0.0, 1.0, 1.0]
+    assert [r["rollout/policy_version"] for r in recs] == [0.0, 0.0, 1.0]
+    assert any(t.startswith("rollout") for t in threads)  # the engine served the background rollout
+    # Weights reached the engine after update 0 (before rollout 2) and before the final evaluation.
+    assert any(p == pytest.approx(versions[0], rel=1e-12) for p in pushed)
+    assert pushed[-1] == pytest.approx(versions[-1], rel=1e-12)
+    assert "policy/is_weight_mean" in recs[1] and recs[1]["policy/is_truncated_frac"] <= 1.0
+
+
 # Starts a local Ray cluster and, in its one rollout worker, a second vLLM engine: about 2 minutes
 # on 2 idle cores.
 @pytest.mark.timeout(900)
