@@ -18,7 +18,8 @@ Writes, in the normalized JSONL layout every QA env loads (``data_path=``):
 - ``train.jsonl``: every ``--data`` source's training part, ids prefixed ``<dataset>:`` and a
   ``dataset`` field added, shuffled with ``--seed`` (as ``scripts/merge_qa.py`` writes);
 - ``corpus.jsonl`` (with ``--corpus``): the corpora concatenated, duplicates (same title and
-  text) dropped, ids prefixed ``<dataset>:``, for search during training on the mixture;
+  text) dropped, ids prefixed ``<dataset>:`` (and suffixed ``#n`` where two corpora of one
+  dataset reuse an id for different passages), for search during training on the mixture;
 - ``split.json``: the settings and the row counts.
 
 Evaluate a trained agent on a held-out part with its own dataset's corpus, as the baselines are:
@@ -100,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     n_docs = 0
     if corpora:
         seen: set[tuple[str, str]] = set()
+        ids: set[str] = set()
         docs = []
         for name, path in corpora:
             for d in load_corpus(path):
                 key = (d["title"], d["text"])
                 if key not in seen:
                     seen.add(key)
-                    docs.append({"id": f"{name}:{d['id']}", "title": d["title"], "text": d["text"]})
+                    doc_id, n = f"{name}:{d['id']}", 1
+                    while doc_id in ids:  # two corpora of one dataset reusing an id for different passages
+                        doc_id, n = f"{name}:{d['id']}#{n}", n + 1
+                    ids.add(doc_id)
+                    docs.append({"id": doc_id, "title": d["title"], "text": d["text"]})
         _write(out / "corpus.jsonl", docs)
         n_docs = len(docs)
     summary = {"heldout_fraction": args.heldout, "salt": args.salt, "split": args.split, "seed": args.seed,
