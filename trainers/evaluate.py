@@ -99,12 +99,19 @@ def load_checkpoint_models(path: str | Path):
     cfg = from_dict({**state["config"], "model.device": "cpu"}, str(ckpt / "state.pt"))  # flat (old) or sectioned
     tok = load_tokenizer_for(cfg.model)
     policy = load_policy(cfg.model, tok, seed=cfg.seed)
+    critic = Critic(policy) if state.get("critic") is not None else None
+    if cfg.lora_r > 0:  # a LoRA run saves the adapter-wrapped modules: wrap the same way, load, merge
+        from trainers.scale import add_lora
+
+        policy = add_lora(policy, cfg)
+        if critic is not None:
+            critic.backbone = add_lora(critic.backbone, cfg)
     policy.load_state_dict(state["policy"])
-    critic = None
-    if state.get("critic") is not None:
-        critic = Critic(policy)
+    if critic is not None:
         critic.load_state_dict(state["critic"])
         critic.eval()
+    if cfg.lora_r > 0:
+        policy = policy.merge_and_unload()  # a plain model again: what generation and the backends expect
     return cfg, ckpt, tok, policy.eval(), critic
 
 
