@@ -323,6 +323,19 @@ def test_value_loss_explained_var_perfect_and_constant():
     c = torch.ones(1, 3)
     _, m = value_loss(c * 0, c * 0, c, torch.ones(1, 3))  # Var(returns) = 0 -> reported as 0
     assert close(m["value/explained_var"], 0.0)
+    # A zero-reward micro-batch: GAE's returns (advantages + old values) are 0 in truth and float32
+    # noise in fact. Seen in a SmolLM2 PPO run as explained_var -2.4e13; constant up to the values'
+    # rounding is constant.
+    g = torch.Generator().manual_seed(0)
+    old = 0.3 * torch.randn(4, 50, generator=g)
+    returns = 3e-8 * torch.randn(4, 50, generator=g)  # float32 rounding (eps 1.2e-7) of values ~0.3
+    _, m = value_loss(old + 0.01, old, returns, torch.ones(4, 50))
+    assert close(m["value/explained_var"], 0.0)
+    # Genuinely varying small returns beside larger values still count.
+    small = 1e-3 * torch.randn(4, 50, generator=g)
+    _, m = value_loss(old, old, small, torch.ones(4, 50))  # a bad critic: very negative, and reported
+    want = 1 - (small - old).var() / small.var()
+    assert close(m["value/explained_var"], float(want), tol=1e-3 * abs(float(want)))
 
 
 @pytest.mark.parametrize("seed", range(15))

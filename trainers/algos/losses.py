@@ -470,7 +470,8 @@ def value_loss(
         tuple[Tensor, dict[str, Tensor]]: the 0-d loss and the metrics ``value/loss``,
             ``value/clipfrac``, ``value/explained_var``, ``value/pred_mean``.
             ``explained_var = 1 - Var(returns - values) / Var(returns)`` over masked tokens;
-            0 when ``Var(returns)`` is 0.
+            0 when the returns are constant up to rounding at the scale of the returns and
+            values they were computed from.
 
     Notation used for tensor shapes:
         - B: batch of trajectories
@@ -496,7 +497,12 @@ def value_loss(
         v = values.detach()
         _, ret_std = masked_mean_std(returns, m)
         _, res_std = masked_mean_std(returns - v, m)
-        var_ret = ret_std.square()
+        # Returns are computed from the values (GAE: advantages + old values), so returns that are
+        # constant in truth (an all-zero-reward micro-batch) come out as float32 noise of the values'
+        # size: constant up to that rounding counts as constant (else 1 - Var(res)/Var(noise) ~ -1e13).
+        scale = torch.where(m, torch.maximum(returns.abs(), torch.maximum(v.abs(), old_values.abs())),
+                            torch.zeros_like(v)).amax() if m.any() else v.new_zeros(())
+        var_ret = torch.where(ret_std > STD_RTOL * scale, ret_std, torch.zeros_like(ret_std)).square()
         explained = torch.where(
             var_ret > 0, 1.0 - res_std.square() / var_ret.clamp_min(1e-30), torch.zeros_like(var_ret)
         )
