@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     train_mix: list[dict] = []
     for name, path in data:
         rows = normalized_rows(name, path, args.split)
-        held = [r for r in rows if is_heldout(name, r["id"], args.heldout, args.salt)]
-        train = [r for r in rows if not is_heldout(name, r["id"], args.heldout, args.salt)]
+        held, train = [], []
+        for r in rows:  # one hash per row
+            (held if is_heldout(name, r["id"], args.heldout, args.salt) else train).append(r)
         _write(out / f"{name}_train.jsonl", train)
         _write(out / f"{name}_heldout.jsonl", held)
         train_mix += [{**r, "id": f"{name}:{r['id']}", "dataset": name} for r in train]

@@ -205,7 +205,7 @@ class Trainer:
                        **self.mismatch(batch), "rollout/policy_version": float(version),
                        "rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
-                self.finish_prefetch(push=True)  # the engine evaluates the learner's weights, not the sampler's
+                self.finish_prefetch()  # the engine evaluates the learner's weights, not the sampler's
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
             metrics.update(self.timing(rt, t_fb, total))
@@ -289,12 +289,12 @@ class Trainer:
                                         offset=offset)
         return self.parallel.gather_rollout(trajs, rt)
 
-    def finish_prefetch(self, push: bool) -> None:
-        """Wait for the rollout in flight (kept for its iteration); ``push``: then give the rollout
-        engine the learner's current weights if it has older ones (before an evaluation)."""
+    def finish_prefetch(self) -> None:
+        """Before an evaluation: wait for the rollout in flight (kept for its iteration), then give
+        the rollout engine the learner's current weights if it has older ones."""
         if self._pending is not None:
             self._pending[0].result()
-        if push and self._synced_version != self.version:
+        if self._synced_version != self.version:
             self.sync_weights()
 
     @torch.no_grad()
