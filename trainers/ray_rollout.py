@@ -122,6 +122,15 @@ class RolloutWorker:
         self.backend.close()
         self.envs.close()
 
+    def exit_for_restart(self) -> None:
+        """End this process so that Ray restarts the actor (a fresh env and engine): the pool's
+        answer to ``EngineDiedError``. A crash, not ``ray.actor.exit_actor()``, which would not
+        restart it. The backend and envs are closed first, best effort (the engine is dead)."""
+        try:
+            self.close()
+        finally:
+            os._exit(1)
+
 
 _CLOSE_TIMEOUT_S = 60.0
 """How long ``RolloutWorkerPool.shutdown`` waits for the workers to close their backends before killing them."""
@@ -223,7 +232,7 @@ class RolloutWorkerPool:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except EngineDiedError:  # its engine died and its backend could not restart it: a new worker starts one
                 self.restarts += 1
-                ray.kill(self.actors[w], no_restart=False)
+                self._restart_live_worker(w)
                 ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
                         timeout=self.cfg.rollout_timeout_s)
 
@@ -259,7 +268,7 @@ class RolloutWorkerPool:
                 pending[self._retry(w, attempts, args, f"died ({type(e).__name__})")] = (w, time.monotonic())
                 continue
             except EngineDiedError:  # its vLLM engine died beyond what its backend restarts: restart the worker
-                ray.kill(self.actors[w], no_restart=False)
+                self._restart_live_worker(w)
                 pending[self._retry(w, attempts, args, "lost its vLLM engine (EngineDiedError, above)")] = (w, time.monotonic())
                 continue
             if out is None:  # restarted before the weights reached it
@@ -271,6 +280,27 @@ class RolloutWorkerPool:
         # The workers run in parallel: the slowest one bounds the rollout's wall time.
         return trajs, RolloutTimes(generate_s=max(t.generate_s for t in times), env_s=max(t.env_s for t in times),
                                    generated_tokens=sum(t.generated_tokens for t in times))
+
+    def _restart_live_worker(self, w: int) -> None:
+        """Restart worker w, which is alive and idle (it has just answered with ``EngineDiedError``),
+        and return once its old process is gone, so that the next call reaches the new one.
+
+        Not ``ray.kill``: it is asynchronous, and a call sent right after it can still run in the
+        old process (a CI run saw the weights sent after the kill reach the worker whose engine had
+        died and fail with ``EngineDiedError`` again). The worker ends its own process instead; an
+        actor runs one caller's calls in order, and this call's answer (the actor died) arrives
+        only after the process is gone. A worker that does not end within ``rollout_timeout_s``
+        is killed."""
+        ray = _ray()
+        try:
+            ray.get(self.actors[w].exit_for_restart.options(max_task_retries=0).remote(),
+                    timeout=self.cfg.rollout_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            return  # the process ended, as asked
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actors[w], no_restart=False)
+            return
+        raise RolloutWorkerError(f"rollout worker {w} did not end when asked to restart")  # pragma: no cover
 
     def _retry(self, w: int, attempts: list[int], args: list[tuple], why: str) -> Any:
         """Count a restart, wait for worker w to be up again with the current weights, resubmit."""
