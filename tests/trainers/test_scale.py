@@ -374,3 +374,32 @@ def test_gpu_step_tiny_smoke_run(tmp_path):
     assert run["algo"] == "grpo" and run["trajectory_tokens"] > 0 and run["train_tokens_per_s"] > 0
     assert run["design_point"]["rows"] == 1 and run["design_point"]["train_tokens_per_s"] > 0
     assert run["settings"]["lora_r"] == 64 and run["settings"]["gradient_checkpointing"]
+
+
+def test_smollm2_budget_counts_the_real_model_and_its_gpu_configs_fit():
+    """gpu_step.py's SmolLM2 shapes are those of the converted model (read from its config.json,
+    so the skip is only for a missing smollm extra) and its parameter count is the real one
+    (134,515,008, tied embeddings once, no q/k/v biases); its GPU configs fit an 80 GB GPU on paper."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainers import smollm
+    from trainers.config import load_config
+
+    gs = _gpu_step()
+    try:
+        real = json.loads((Path(smollm.ensure_converted()) / "config.json").read_text())
+    except smollm.SmolLMUnavailable as e:
+        pytest.skip(f"the smollm extra is not installed: {e}")
+    shapes = gs.SMOLLM2_135M
+    assert {k: real[k] for k in shapes if k != "head_dim"} == {k: v for k, v in shapes.items() if k != "head_dim"}
+    assert real["hidden_size"] // real["num_attention_heads"] == shapes["head_dim"]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**real))
+    for algo in ("ppo", "grpo"):
+        cfg = load_config(ROOT / "configs" / f"smollm2_qa_{algo}_gpu.yaml", [])
+        b = gs.memory_budget(shapes, cfg.lora_r, cfg.gradient_checkpointing, cfg.max_tokens_per_microbatch, 0.35,
+                             vllm_fraction=cfg.vllm_kwargs["gpu_memory_utilization"], critic=cfg.uses_critic)
+        assert b["_params"] == sum(p.numel() for p in model.parameters()) == 134_515_008
+        assert b["total"] < 79.6, (algo, b["total"])
