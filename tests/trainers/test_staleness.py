@@ -204,3 +204,52 @@ def test_background_rollout_error_surfaces_and_stop_waits_for_the_rollout_in_fli
     assert [r["iteration"] for r in recs] == [0, 1]
     assert len(RecordingRollout.log) == 3  # iteration 2's rollout ran to its end
     assert (tmp_path / "stop" / "checkpoints" / "iter_00001" / "state.pt").exists()
+
+
+@pytest.mark.timeout(600)
+def test_overlapped_rollout_on_a_ray_worker_matches_the_in_process_one(tmp_path, sft_model):
+    """``max_staleness: 1`` with ``rollout_workers: 1``: the background rollout runs on the Ray
+    worker (a blocking collect in the rollout thread; the weights are pushed only when no rollout is
+    in flight). Three iterations give the in-process staleness-1 run's trajectories token for token
+    and its sampler log-probs (that run is checked against the learner's weight versions above), and
+    those log-probs differ from a staleness-0 run's from iteration 1 on: the worker sampled the
+    one-version-old weights, not the newest."""
+    pytest.importorskip("ray", reason="Ray is in the scale extra")
+
+    def run(name, staleness, **kw):
+        cfg = tiny_rl_config(tmp_path / name, "grpo", sft_model, iterations=3, **kw)
+        cfg.rollout.max_staleness = staleness
+        tr = Trainer(cfg)
+        tr.setup()
+        seen, orig = [], tr.score  # every iteration's batch is scored once, in order, whoever collected it
+
+        def score(trajs):
+            seen.append(trajs)
+            return orig(trajs)
+
+        tr.score = score
+        try:
+            tr.train()
+        finally:
+            tr.cleanup()
+        recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return seen, recs
+
+    fresh, _ = run("fresh", 0)
+    ref, ref_recs = run("inproc", 1)
+    got, recs = run("ray", 1, rollout_workers=1, rollout_timeout_s=300)
+    assert [r["rollout/staleness_max"] for r in recs] == [r["rollout/staleness_max"] for r in ref_recs] == [0.0, 1.0, 1.0]
+    assert [r["rollout/policy_version"] for r in recs] == [0.0, 0.0, 1.0]
+    assert all(r["rollout/worker_restarts"] == 0 for r in recs) and "rollout/worker_restarts" not in ref_recs[0]  # Ray ran it
+    for it in range(3):
+        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
+               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
+        for a, b in zip(got[it], ref[it]):
+            assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5)
+    # Iteration 1 of the staleness-0 run sampled with weights 1 from the same seeds: its log-probs
+    # differ, so a worker that had sampled with the newest weights would have failed the match above.
+    def same(a, b):
+        return all(x.episode.token_ids == y.episode.token_ids and torch.allclose(
+            torch.tensor(x.sampler_logprobs), torch.tensor(y.sampler_logprobs), atol=1e-5) for x, y in zip(a, b))
+
+    assert same(fresh[0], ref[0]) and not same(fresh[1], ref[1])
