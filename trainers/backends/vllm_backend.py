@@ -577,8 +577,27 @@ class AsyncVLLMBackend:
         self.close()
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        """Cancel what still runs on the loop (the engine's output handler after its shutdown) and
+        let it finish cancelling, then stop and close the loop. A loop stopped with tasks still
+        pending leaves them to the garbage collector, which prints "Task was destroyed but it is
+        pending!" at exit."""
+        import asyncio
+
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(drain(), self._loop).result(timeout=10)
+            except Exception:  # a task that does not end when cancelled: stop the loop anyway
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def _check_open(self) -> None:
         if self._closed:
