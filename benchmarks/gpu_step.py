@@ -101,6 +101,7 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
 
     env_kwargs = {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
                   "max_context_tokens": args.max_context_tokens}
+    own_model: dict = {}
     if args.model == "smollm2-135m-instruct":
         import yaml
 
@@ -110,6 +111,7 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
         own.pop("corpus_path", None)
         env_kwargs = {**own, "data_path": args.data, "split": "dev",
                       "max_context_tokens": min(args.max_context_tokens, own["max_context_tokens"])}
+        own_model = {"init_from": args.init_from, "eval_sets": {}}
     else:
         paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
     over = {
@@ -119,10 +121,8 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
         "tensorboard": False, "progress_bar": False, "max_turn_tokens": args.max_turn_tokens, "log_trajectories": 0,
         "env_kwargs": env_kwargs,
         "eval_env_kwargs": {"data_path": args.data, "split": "dev"},
+        **own_model,
     }
-    if args.model == "smollm2-135m-instruct":
-        over["init_from"] = args.init_from
-        over["eval_sets"] = {}
     if args.full_finetune:
         over.update(lora_r=0, dtype="float32")
     if args.cpu:

@@ -241,15 +241,14 @@ def test_overlapped_rollout_on_a_ray_worker_matches_the_in_process_one(tmp_path,
     assert [r["rollout/staleness_max"] for r in recs] == [r["rollout/staleness_max"] for r in ref_recs] == [0.0, 1.0, 1.0]
     assert [r["rollout/policy_version"] for r in recs] == [0.0, 0.0, 1.0]
     assert all(r["rollout/worker_restarts"] == 0 for r in recs) and "rollout/worker_restarts" not in ref_recs[0]  # Ray ran it
+    def same(a, b):  # token for token, with the same sampler log-probs
+        return [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in a] == \
+               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in b] and all(
+            torch.allclose(torch.tensor(x.sampler_logprobs), torch.tensor(y.sampler_logprobs), atol=1e-5)
+            for x, y in zip(a, b))
+
     for it in range(3):
-        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
-               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
-        for a, b in zip(got[it], ref[it]):
-            assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5)
+        assert same(got[it], ref[it]), f"iteration {it} differs"
     # Iteration 1 of the staleness-0 run sampled with weights 1 from the same seeds: its log-probs
     # differ, so a worker that had sampled with the newest weights would have failed the match above.
-    def same(a, b):
-        return all(x.episode.token_ids == y.episode.token_ids and torch.allclose(
-            torch.tensor(x.sampler_logprobs), torch.tensor(y.sampler_logprobs), atol=1e-5) for x, y in zip(a, b))
-
     assert same(fresh[0], ref[0]) and not same(fresh[1], ref[1])
