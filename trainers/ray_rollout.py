@@ -105,6 +105,11 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def engine_processes(self) -> dict[int, str]:
+        """This worker's vLLM engine processes, pid -> role (empty with the HF backend)."""
+        get = getattr(self.backend, "engine_processes", None)
+        return get() if get is not None else {}
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         self.backend.load_weights(state_dict)
         self.version = version
@@ -325,6 +330,11 @@ class RolloutWorkerPool:
     def pids(self) -> list[int]:
         ray = _ray()
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+
+    def engine_processes(self) -> list[dict[int, str]]:
+        """Each worker's vLLM engine processes, pid -> role (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+        ray = _ray()
+        return ray.get([a.engine_processes.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Kill the actors (``graceful``: after each closed its backend); stop Ray when this pool

@@ -199,6 +199,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         assert workers.started_ray == (not was_running)
         first_pids = workers.pids()
         assert len(set(first_pids)) == 2 and os.getpid() not in first_pids
+        assert workers.engine_processes() == [{}, {}]  # HF backends: no engine process (vLLM's: test_vllm_trainer)
 
         real_wait, kills = ray.wait, []
 

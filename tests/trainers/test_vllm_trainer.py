@@ -184,16 +184,21 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         tr.setup()
         seen, orig, engines = {}, tr.rollout, {}
 
+        # The worker's engine processes as its backend knows them (the core from vLLM's process
+        # manager), not by process name: a CI run saw all four children of the Ray worker named
+        # "python" by psutil (/proc/PID/comm) after a rollout its engine served.
         def rollout(it, tr=tr, seen=seen, orig=orig, engines=engines):
             if it == 1 and isinstance(tr.source, RayRollout):  # the worker's engine core dies during this rollout
-                core = next(p for p in psutil.Process(tr.source.pool.pids()[0]).children(recursive=True)
-                            if p.name().startswith("VLLM::Engine"))
-                killed.append(_kill_mid_call(core, delay_s=2.0))
+                [procs] = tr.source.pool.engine_processes()
+                [core] = [pid for pid, role in procs.items() if role == "VLLM::EngineCore"]
+                killed.append(_kill_mid_call(psutil.Process(core), delay_s=2.0))
             trajs, rt = orig(it)
             seen[it] = trajs
             if isinstance(tr.source, RayRollout):  # the worker's own engine processes, while they run
+                for procs in tr.source.pool.engine_processes():
+                    engines.update(procs)
                 for pid in tr.source.pool.pids():
-                    engines.update({p.pid: p.name() for p in psutil.Process(pid).children(recursive=True)})
+                    engines.update({p.pid: engines.get(p.pid, _title(p)) for p in psutil.Process(pid).children(recursive=True)})
             return trajs, rt
 
         tr.rollout = rollout
@@ -203,10 +208,10 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
             tr.cleanup()
         runs[name] = (seen, last, engines)
     (ref, ref_last, _), (got, last, engines) = runs["inproc"], runs["ray"]
-    assert any("VLLM" in n for n in engines.values()), f"the worker started no vLLM engine: {engines}"
+    assert "VLLM::EngineCore" in engines.values(), f"the worker started no vLLM engine: {engines}"
     # The worker's backend raised EngineDiedError; the pool restarted the worker (a new engine core ran).
     [dead_core] = [k.pid for k in killed]
-    assert [n for p, n in engines.items() if n.startswith("VLLM::Engine") and p != dead_core], engines
+    assert [p for p, n in engines.items() if n == "VLLM::EngineCore" and p != dead_core], engines
     assert last["rollout/worker_restarts"] == 1
     assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
     for it in (0, 1):
@@ -248,13 +253,21 @@ def _kill_mid_call(proc, delay_s: float) -> threading.Thread:
     return t
 
 
-def _engine_process(engine, title: str):
-    """The process of ``engine`` whose title starts with ``title`` (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+def _title(proc) -> str:
+    """A process's title: the first word of its command line (what ``setproctitle`` rewrites)."""
     import psutil
 
-    from trainers.backends import process_guard
+    try:
+        return (proc.cmdline() or [proc.name()])[0]
+    except psutil.Error:
+        return "?"
 
-    [pid] = process_guard.titled(engine._token, title.encode())
+
+def _engine_process(engine, role: str):
+    """The process of ``engine`` in ``role`` (``VLLM::EngineCore``, ``VLLM::Worker``), as the backend knows it."""
+    import psutil
+
+    [pid] = [pid for pid, r in engine.engine_processes().items() if r.startswith(role)]
     return psutil.Process(pid)
 
 

@@ -284,6 +284,13 @@ class VLLMBackend:
             if left:
                 raise RuntimeError(f"VLLMBackend.close: engine processes {sorted(left)} survived SIGKILL")
 
+    def engine_processes(self) -> dict[int, str]:
+        """The running engine's processes, pid -> role: its engine core (from vLLM's process
+        manager, so known even where ``setproctitle`` could not retitle it) and the processes it
+        started that carry a ``VLLM::`` title (the model workers). Empty while no engine runs."""
+        watch = self._watch if self.llm is not None else None
+        return dict(watch.pids) if watch is not None else {}
+
     # -- engine death and restart -------------------------------------------------------------
 
     def _start_engine(self) -> None:
