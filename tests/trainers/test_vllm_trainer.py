@@ -52,21 +52,25 @@ def engine(sft_model):
 # The first test's set-up runs the session's SFT fixture (600 steps) and starts the engine:
 # 10 minutes at a load average of ~25 on the 2 cores, hence a longer deadline than the default.
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, monkeypatch):
+@pytest.mark.parametrize("algo,lora_r", [("ppo", 0), ("grpo", 0), ("grpo", 4)])
+def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora_r, monkeypatch):
+    """``lora_r: 4``: the engine gets the adapters merged into the base weights (scale.py), so after
+    an update its log-probs still agree with the trainer's; pushing the base weights alone would not."""
     import torch
 
     import trainers.trainer as trainer_mod
+    from trainers import scale
     from trainers.trainer import Trainer
 
     def shared_backend(cfg, policy, tokenizer, run_dir):
         assert cfg.backend == "vllm" and cfg.vllm_kwargs == VLLM_KWARGS and cfg.seed == 0
-        engine.load_weights(policy.state_dict())
+        engine.load_weights(scale.inference_state_dict(policy))  # what make_backend saves for the engine
         return _Shared(engine)
 
     monkeypatch.setattr(trainer_mod, "make_backend", shared_backend)
+    lora = {"lora_r": lora_r, "lora_alpha": 2 * lora_r} if lora_r else {}
     cfg = tiny_rl_config(tmp_path / algo, algo, sft_model, backend="vllm", iterations=2, eval_every=1,
-                         vllm_kwargs=VLLM_KWARGS)
+                         vllm_kwargs=VLLM_KWARGS, **lora)
     tr = Trainer(cfg)
     tr.setup()
     try:
