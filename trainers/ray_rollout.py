@@ -62,6 +62,7 @@ from typing import Any, Sequence
 import torch
 
 from trainers import plugins
+from trainers.backends import process_guard
 from trainers.backends.base import EngineDiedError, SamplingConfig
 from trainers.config import TrainConfig, from_dict, to_dict
 from trainers.models import load_policy, load_tokenizer_for
@@ -195,17 +196,9 @@ class RolloutWorkerPool:
         env = {"PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
         if cfg.rollout_worker_gpus > 0 and cfg.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.device, _visible_gpus()))
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with process_guard.environ(env):
             ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout_worker_cpus // 1))),
                      include_dashboard=False)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self.started_ray = True
 
     def _check_resources(self, ray: Any) -> None:

@@ -104,3 +104,16 @@ def test_reads_from_a_child_have_a_deadline_of_their_own():
         child.kill()
         child.wait(timeout=30)
     assert out.next_line(timeout=30) == "" and out.eof.is_set()
+
+
+@pytest.mark.timeout(60)
+def test_environ_is_inherited_inside_and_restored_after_even_on_error(monkeypatch):
+    monkeypatch.setenv("AGENT_GYM_TEST_KEPT", "before")
+    monkeypatch.delenv("AGENT_GYM_TEST_NEW", raising=False)
+    env = {"AGENT_GYM_TEST_KEPT": "inside", "AGENT_GYM_TEST_NEW": "inside"}
+    probe = [sys.executable, "-c", "import os; print(os.environ['AGENT_GYM_TEST_KEPT'], os.environ['AGENT_GYM_TEST_NEW'])"]
+    with pytest.raises(KeyError):
+        with process_guard.environ(env):
+            assert subprocess.run(probe, capture_output=True, text=True, timeout=30).stdout.split() == ["inside", "inside"]
+            raise KeyError("an error inside the block")
+    assert os.environ["AGENT_GYM_TEST_KEPT"] == "before" and "AGENT_GYM_TEST_NEW" not in os.environ

@@ -375,8 +375,7 @@ def test_a_killed_async_engine_raises_engine_died_and_closes_clean(tiny):
     from trainers.backends.base import EngineDiedError
     from trainers.backends.vllm_backend import AsyncVLLMBackend
 
-    aio = AsyncVLLMBackend(tiny[0], seed=0, max_model_len=1024, kv_cache_memory_bytes=32 << 20)
-    try:
+    with AsyncVLLMBackend(tiny[0], seed=0, max_model_len=1024, kv_cache_memory_bytes=32 << 20) as aio:
         core = aio.engine.engine_core.resources.engine_manager.processes[0].pid
         def kill_when_busy():  # once the requests are in the engine: mid-request
             while aio.engine.get_num_unfinished_requests() == 0:
@@ -391,5 +390,5 @@ def test_a_killed_async_engine_raises_engine_died_and_closes_clean(tiny):
         killer.join(timeout=60)
         with pytest.raises(EngineDiedError):
             aio.generate([[5, 6, 7]], SamplingConfig(max_new_tokens=4), seeds=[0])
-    finally:
-        aio.close()
+    with pytest.raises(RuntimeError, match="after close"):  # leaving the block closed it
+        aio.generate([[5, 6, 7]], SamplingConfig(max_new_tokens=4), seeds=[0])

@@ -210,8 +210,7 @@ def test_tied_embeddings_sync_matches_hf(tok, tmp_path):
     hf = HFBackend(model, pad_token_id=tok.pad_token_id)
     prompts = _prompts(6, seed=5)
     sampling = SamplingConfig(max_new_tokens=20, temperature=0)
-    backend = VLLMBackend(path, max_model_len=1024)
-    try:
+    with VLLMBackend(path, max_model_len=1024) as backend:  # leaving the block closes it
         assert backend.tie_word_embeddings
         before = backend.generate(prompts, sampling)
         _assert_same(hf.generate(prompts, sampling), before)
@@ -229,8 +228,6 @@ def test_tied_embeddings_sync_matches_hf(tok, tmp_path):
         untied["lm_head.weight"] += 1.0
         with pytest.raises(TiedEmbeddingsError, match="lm_head.weight"):
             backend.load_weights(untied)
-    finally:
-        backend.close()
     backend.close()  # idempotent
     with pytest.raises(RuntimeError, match="after close"):
         backend.generate(prompts, sampling)

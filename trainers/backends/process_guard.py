@@ -22,14 +22,31 @@ No torch or vllm import here: the watchdog starts in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 ENV_VAR = "AGENT_GYM_ENGINE_TOKEN"
 _SPARED = (b"multiprocessing.resource_tracker",)
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in ``os.environ`` (so the processes started meanwhile inherit it), restored after."""
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def marked_pids(token: str) -> set[int]:

@@ -94,6 +94,7 @@ _DEATH_GRACE_S = 5.0
 (a worker's death reaches the client as a failed call a moment before vLLM marks the engine dead)."""
 
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound="_ClosedOnExit")
 
 
 class TiedEmbeddingsError(ValueError):
@@ -144,18 +145,14 @@ def _engine_settings(model_path: str, seed: int, dtype: str, max_model_len: int,
     return kwargs, env
 
 
-def _with_env(env: dict[str, str], fn: Callable[[], _T]) -> _T:
-    """``fn()`` with ``env`` set in ``os.environ`` (inherited by the processes it starts), restored after."""
-    previous = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+class _ClosedOnExit:
+    """``with Backend(...) as b:`` closes the backend on leaving the block."""
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None) -> None:
@@ -174,7 +171,7 @@ def _close_at_exit(backend: Any) -> Callable[[], Any]:
     return hook
 
 
-class VLLMBackend:
+class VLLMBackend(_ClosedOnExit):
     """``GenerationBackend`` over an offline ``vllm.LLM`` engine.
 
     model_path: a HF directory (e.g. from ``trainers.models.save_policy``).
@@ -296,7 +293,8 @@ class VLLMBackend:
     def _start_engine(self) -> None:
         """Create the ``LLM`` (its processes inherit ``_engine_env``) and start watching it."""
         try:
-            llm = _with_env(self._engine_env, lambda: LLM(**self._engine_kwargs))
+            with process_guard.environ(self._engine_env):
+                llm = LLM(**self._engine_kwargs)
         except BaseException:  # a failed or interrupted start-up (Ctrl-C, SystemExit) included
             process_guard.end_marked(self._token)
             raise
@@ -384,12 +382,6 @@ class VLLMBackend:
             "restart it up to N times."
         )
 
-    def __enter__(self) -> "VLLMBackend":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     # -- helpers --------------------------------------------------------------------------
 
     @staticmethod
@@ -413,7 +405,7 @@ class VLLMBackend:
             raise RuntimeError("VLLMBackend used after close()")
 
 
-class AsyncVLLMBackend:
+class AsyncVLLMBackend(_ClosedOnExit):
     """``GenerationBackend`` over vLLM's asynchronous engine (``vllm.v1.engine.async_llm.AsyncLLM``,
     which ``vllm.AsyncLLMEngine`` names in vLLM 0.32), for ``rollout: async``
     (``trainers.rollout_async``): each request is a coroutine, ``agenerate``, and the engine batches
@@ -477,7 +469,8 @@ class AsyncVLLMBackend:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
         try:
-            self.engine = _with_env(env, lambda: self.run(start()))
+            with process_guard.environ(env):
+                self.engine = self.run(start())
         except BaseException:
             process_guard.end_marked(self._token)
             self._stop_loop()
@@ -576,12 +569,6 @@ class AsyncVLLMBackend:
             self._watchdog.release()
             if left:
                 raise RuntimeError(f"AsyncVLLMBackend.close: engine processes {sorted(left)} survived SIGKILL")
-
-    def __enter__(self) -> "AsyncVLLMBackend":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def _stop_loop(self) -> None:
         """Cancel what still runs on the loop (the engine's output handler after its shutdown) and
