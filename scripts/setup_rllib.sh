@@ -32,6 +32,7 @@ install_project() {
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
     && "$VENV/bin/python" -c "import importlib.metadata as m; m.version('ray'); m.version('dm-tree')" >/dev/null 2>&1; then
+    install_core_deps "$VENV"
     install_project
     echo "rllib env already set up at $VENV ($(cat "$STAMP"))"
     exit 0
@@ -41,11 +42,10 @@ start=$(date +%s)
 start_venv "$VENV" "$PYTHON" rllib
 PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install -q "ray[rllib]==$RAY_VERSION"
-# The project's own runtime deps (pyproject [project].dependencies; gymnasium comes with ray's
-# pin) and the test runner.
-"${PIP[@]}" install -q "numpy>=1.26" "transformers>=4.46,<5.20" "tokenizers>=0.20" \
-    "jsonschema>=4.20" "pyyaml>=6.0" "bm25s>=0.2" "PyStemmer>=2.2" "safetensors>=0.4" \
-    pytest pytest-timeout
+# The project's own runtime deps (pyproject [project].dependencies; ray's gymnasium pin meets
+# them) and the test runner.
+install_core_deps "$VENV"
+"${PIP[@]}" install -q "safetensors>=0.4"
 install_project
 
 check_cpu_torch "$VENV"

@@ -18,6 +18,7 @@ PYTHON="${PYTHON:-python3.11}"
 VERIFIERS_VERSION="0.4.0"
 STAMP_CONTENT="verifiers==$VERIFIERS_VERSION transformers<5.20 v1"
 STAMP="$VENV/.agent_gym_verifiers_stamp"
+source "$ROOT/scripts/venv_common.sh"  # install_core_deps (its torch helpers are not used here)
 
 install_project() {
     # Cheap (finds the packages without importing them), so it is checked on every run: the
@@ -31,6 +32,7 @@ install_project() {
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
     && "$VENV/bin/python" -c "import verifiers.v1" >/dev/null 2>&1; then
+    install_core_deps "$VENV"
     install_project
     echo "verifiers env already set up at $VENV ($(cat "$STAMP"))"
     exit 0
@@ -45,9 +47,8 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install -q --upgrade pip
 "${PIP[@]}" install -q "verifiers==$VERIFIERS_VERSION"
 # The project's own runtime deps (pyproject [project].dependencies) and the test runner.
-"${PIP[@]}" install -q "gymnasium>=1.2.2" "numpy>=1.26" "transformers>=4.46,<5.20" "tokenizers>=0.20" \
-    "jsonschema>=4.20" "pyyaml>=6.0" "bm25s>=0.2" "PyStemmer>=2.2" "safetensors>=0.4" \
-    pytest pytest-timeout
+install_core_deps "$VENV"
+"${PIP[@]}" install -q "safetensors>=0.4"
 install_project
 
 "$VENV/bin/python" -c "import verifiers, verifiers.v1, gymnasium, agent_gym_verifiers; print('verifiers', verifiers.__version__, 'gymnasium', gymnasium.__version__)"

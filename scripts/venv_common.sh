@@ -1,5 +1,6 @@
-# Shared by scripts/setup_vllm_cpu.sh and scripts/setup_rllib.sh (sourced, not run).
-# Both build a side venv around the local CPU torch wheel; these are the steps they share.
+# Shared by scripts/setup_vllm_cpu.sh, scripts/setup_rllib.sh and scripts/setup_verifiers.sh
+# (sourced, not run; ROOT set first). The first two build a side venv around the local CPU torch
+# wheel; all three install the project's own runtime deps with install_core_deps.
 
 TORCH_VERSION="2.13.0"
 
@@ -23,5 +24,24 @@ check_cpu_torch() {
     if [[ "$torch_v" != "$TORCH_VERSION"* || "$torch_v" == *cu* ]]; then
         echo "error: expected torch $TORCH_VERSION (CPU) in $1, found $torch_v" >&2
         exit 1
+    fi
+}
+
+# install_core_deps VENV: the project's runtime deps, read from pyproject.toml ([project].dependencies)
+# so that no side venv drifts from it (.venv-vllm once lacked bm25s, and QA envs could not run
+# there), and the test runner. Installed when one is missing: cheap to call on every run.
+install_core_deps() {
+    local venv="$1" deps
+    mapfile -t deps < <("$venv/bin/python" -c \
+        'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+        "$ROOT/pyproject.toml")
+    deps+=(pytest pytest-timeout)
+    if ! "$venv/bin/python" -c '
+import re, sys
+from importlib.metadata import version
+for req in sys.argv[1:]:
+    version(re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0])
+' "${deps[@]}" >/dev/null 2>&1; then
+        "$venv/bin/python" -m pip install -q "${deps[@]}"
     fi
 }
