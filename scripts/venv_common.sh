@@ -29,7 +29,8 @@ check_cpu_torch() {
 
 # install_core_deps VENV: the project's runtime deps, read from pyproject.toml ([project].dependencies)
 # so that no side venv drifts from it (.venv-vllm once lacked bm25s, and QA envs could not run
-# there), and the test runner. Installed when one is missing: cheap to call on every run.
+# there), and the test runner. Installed when one is missing or outside its version bounds (checked
+# with pip's own requirement parser): cheap to call on every run.
 install_core_deps() {
     local venv="$1" deps
     mapfile -t deps < <("$venv/bin/python" -c \
@@ -37,10 +38,13 @@ install_core_deps() {
         "$ROOT/pyproject.toml")
     deps+=(pytest pytest-timeout)
     if ! "$venv/bin/python" -c '
-import re, sys
+import sys
 from importlib.metadata import version
-for req in sys.argv[1:]:
-    version(re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0])
+from pip._vendor.packaging.requirements import Requirement
+for line in sys.argv[1:]:
+    req = Requirement(line)
+    if req.marker is None or req.marker.evaluate():
+        assert req.specifier.contains(version(req.name), prereleases=True), line
 ' "${deps[@]}" >/dev/null 2>&1; then
         "$venv/bin/python" -m pip install -q "${deps[@]}"
     fi
