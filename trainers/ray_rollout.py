@@ -320,14 +320,17 @@ class RolloutWorkerPool:
         rollouts got the weights on its restart and is not counted)."""
         return {"rollout/worker_restarts": float(self.restarts)}
 
-    def pids(self) -> list[int]:
+    def _on_every_worker(self, method: str) -> list[Any]:
+        """Each worker's answer to the no-argument actor method ``method``, in worker order."""
         ray = _ray()
-        return ray.get([a.pid.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+        return ray.get([getattr(a, method).remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+
+    def pids(self) -> list[int]:
+        return self._on_every_worker("pid")
 
     def engine_processes(self) -> list[dict[int, str]]:
         """Each worker's vLLM engine processes, pid -> role (``VLLM::EngineCore``, ``VLLM::Worker``)."""
-        ray = _ray()
-        return ray.get([a.engine_processes.remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+        return self._on_every_worker("engine_processes")
 
     def shutdown(self, graceful: bool = True) -> None:
         """Kill the actors (``graceful``: after each closed its backend); stop Ray when this pool
