@@ -11,9 +11,10 @@ gradients and AdamW state) buys on this CPU for the two kinds of pass an update 
 - ``score``: a no-grad forward that scores the agent tokens (old log-probs, the reference);
 - ``step``: forward + backward + AdamW step of the LoRA adapters, the loss on the agent tokens.
 
-on ``--rows`` rows of ``--tokens`` real-text tokens (the model's own chat template over repeated
-corpus-like text; the content does not change the cost), ``--agent-fraction`` of them under the
-loss mask, as one micro-batch. The sides are interleaved (fp32, bf16, fp32, bf16, ...) over
+on ``--rows`` rows of ``--tokens`` tokens of repeated English text (the content does not change
+the cost), ``--agent-fraction`` of them under the loss mask, as one micro-batch. The model and its
+LoRA adapters are built as the trainer builds them (``load_policy``, ``scale.add_lora`` with
+``ScaleConfig``'s default target modules). The sides are interleaved (fp32, bf16, fp32, bf16, ...) over
 ``--rounds`` rounds after one warm-up of each; reported: the median and range of each side's
 seconds and of the per-round ratio fp32/bf16, the load average, and how far bf16's log-probs are
 from float32's on the scored tokens (mean and max absolute difference). Writes
@@ -60,18 +61,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from types import SimpleNamespace
 
-    from agent_gym.tokenizer import load_tokenizer
     from trainers import scale
-    from trainers.models import _from_pretrained, named_model, token_logprobs
+    from trainers.config import ModelConfig, ScaleConfig
+    from trainers.models import load_policy, load_tokenizer_for, token_logprobs
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    source = named_model(args.model)
-    tokenizer = load_tokenizer(source)
-    lcfg = SimpleNamespace(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
-                           lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                "down_proj"])
-    policy = scale.add_lora(_from_pretrained(source, torch.float32), lcfg).train()
+    model = ModelConfig(name=args.model)
+    tokenizer = load_tokenizer_for(model)
+    policy = scale.add_lora(load_policy(model, tokenizer), ScaleConfig(lora_r=args.lora_r, lora_alpha=2 * args.lora_r)).train()
     opt = torch.optim.AdamW(scale.trainable(policy), lr=1e-6)
     ids, attn, mask = _batch(tokenizer, args.rows, args.tokens, args.agent_fraction, seed=0)
 
