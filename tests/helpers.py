@@ -3,9 +3,12 @@ what a failed test leaves running is killed (the suite must never hang, nor leav
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
+from pathlib import Path
+from types import ModuleType
 from typing import IO, Iterable
 
 
@@ -68,3 +71,12 @@ def kill_all(pids: Iterable[int]) -> None:
 
 
 __all__ = ["LineReader", "kill_all"]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -4,7 +4,6 @@ figures), and the paired before/after comparison."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,15 +11,11 @@ import gymnasium as gym
 import pytest
 
 import agent_gym  # noqa: F401  (registers the envs)
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("factchain_order", ROOT / "benchmarks" / "factchain_order.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("factchain_order")
 
 
 EXAMPLE = ('Example:\nQuestion: Who is the mentor of the rival of "Karimel"?\nYou: <tool_call>[{"name": "lookup", '

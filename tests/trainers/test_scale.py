@@ -328,12 +328,9 @@ def test_fsdp_two_cpu_processes_give_the_single_process_gradients(tmp_path):
 
 
 def _gpu_step():
-    import importlib.util
+    from tests.helpers import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_step")
 
 
 def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
