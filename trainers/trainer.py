@@ -522,8 +522,12 @@ class Trainer:
                                   + "; ".join(why for _, why in skipped) + ". Start a new run instead.")
         for bad, why in skipped if self.parallel.is_main else []:  # newer ones, corrupt or partial: named, passed over
             print(f"warning: skipping {bad.name} ({why}); resuming from {path.name}", file=sys.stderr)
-        if path is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; start a new run instead.")
+        if path is None:  # stopped before its first checkpoint: nothing to restore, so it starts over
+            if self.parallel.is_main:
+                print(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} yet (the run stopped before its "
+                      "first one); starting it over from iteration 0")
+            self.logger.truncate_after(-1)  # the lines of iterations it will redo
+            return
         self.load_state(st)
         set_rng_state(st["rng"])
         self.start_iteration = st["iteration"] + 1

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.trainers.conftest import tiny_rl_config
@@ -57,8 +58,50 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
     proc.wait(timeout=60)
     done_before = len(_metrics(tmp_path / "killed"))
     assert done_before < 6
-    subprocess.run(_cmd("--resume", str(tmp_path / "killed")), check=True, env=env, cwd=REPO, timeout=600,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _resume(tmp_path / "killed", env)
     straight, resumed = _metrics(tmp_path / "straight"), _metrics(tmp_path / "killed")
     assert [r["iteration"] for r in resumed] == list(range(6))
     assert resumed == straight, f"killed after {done_before} logged iterations"
+
+
+def _resume(run_dir, env):
+    r = subprocess.run(_cmd("--resume", str(run_dir)), env=env, cwd=REPO, timeout=600, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("logged", [0, 1])
+def test_killed_before_its_first_checkpoint_the_run_starts_over(tmp_path, sft_model, logged):
+    """kill -9 before any checkpoint exists (before any iteration ends, or after one ends but
+    before the first checkpoint, which only the last iteration writes here): --resume starts the run
+    over from iteration 0, drops the lines it logged, and ends as the uninterrupted run does."""
+    cfg = to_dict(tiny_rl_config(tmp_path / "unused", "grpo", sft_model, iterations=3, checkpoint_every=100))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    paths = {}
+    for name in ("straight", "killed"):
+        cfg["run_dir"] = str(tmp_path / name)
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(cfg))
+    subprocess.run(_cmd("--config", str(paths["straight"])), check=True, env=env, cwd=REPO, timeout=600,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cmd("--config", str(paths["killed"])), env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "killed"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if logged == 0 and (run_dir / "config.yaml").exists():
+            break
+        if logged and (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= logged:
+            break  # complete lines only
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not list(run_dir.glob("checkpoints/iter_*"))
+    assert len(_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []) == logged
+
+    out = _resume(run_dir, env)
+    assert "yet (the run stopped before its first one); starting it over from iteration 0" in out, out[-2000:]
+    assert _metrics(run_dir) == _metrics(tmp_path / "straight")
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*")) == ["iter_00002"]
