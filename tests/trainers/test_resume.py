@@ -27,8 +27,10 @@ def _cmd(*args):
     return [sys.executable, str(REPO / "trainers" / "train_grpo.py"), *args]
 
 
-def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
-    cfg = to_dict(tiny_rl_config(tmp_path / "unused", "grpo", sft_model, iterations=6, eval_every=2))
+def _straight_then_start_killed(tmp_path, sft_model, **kw):
+    """Run the tiny GRPO config (``kw`` over it) to its end in tmp_path/straight, then start the
+    same config in tmp_path/killed and return (env, its process), for the test to kill."""
+    cfg = to_dict(tiny_rl_config(tmp_path / "unused", "grpo", sft_model, **kw))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     paths = {}
     for name in ("straight", "killed"):
@@ -37,11 +39,15 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
         paths[name].write_text("# python trainers/train_grpo.py --config this.yaml\n" + yaml.safe_dump(cfg))
     subprocess.run(_cmd("--config", str(paths["straight"])), check=True, env=env, cwd=REPO, timeout=600,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    rng = random.Random(int(time.time()))
-    kill_after = rng.randint(1, 4)  # completed iterations before the kill, then a random delay
     proc = subprocess.Popen(_cmd("--config", str(paths["killed"])), env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return env, proc
+
+
+def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path, sft_model):
+    env, proc = _straight_then_start_killed(tmp_path, sft_model, iterations=6, eval_every=2)
+    rng = random.Random(int(time.time()))
+    kill_after = rng.randint(1, 4)  # completed iterations before the kill, then a random delay
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
@@ -76,17 +82,7 @@ def test_killed_before_its_first_checkpoint_the_run_starts_over(tmp_path, sft_mo
     """kill -9 before any checkpoint exists (before any iteration ends, or after one ends but
     before the first checkpoint, which only the last iteration writes here): --resume starts the run
     over from iteration 0, drops the lines it logged, and ends as the uninterrupted run does."""
-    cfg = to_dict(tiny_rl_config(tmp_path / "unused", "grpo", sft_model, iterations=3, checkpoint_every=100))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    paths = {}
-    for name in ("straight", "killed"):
-        cfg["run_dir"] = str(tmp_path / name)
-        paths[name] = tmp_path / f"{name}.yaml"
-        paths[name].write_text(yaml.safe_dump(cfg))
-    subprocess.run(_cmd("--config", str(paths["straight"])), check=True, env=env, cwd=REPO, timeout=600,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc = subprocess.Popen(_cmd("--config", str(paths["killed"])), env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env, proc = _straight_then_start_killed(tmp_path, sft_model, iterations=3, checkpoint_every=100)
     run_dir = tmp_path / "killed"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
