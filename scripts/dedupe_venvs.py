@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def _files(root: Path):
         for name in filenames:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            if os.path.isfile(path) and not os.path.islink(path) and st.st_size >= MIN_SIZE:
+            if stat.S_ISREG(st.st_mode) and st.st_size >= MIN_SIZE:  # lstat: a symlink is not regular
                 out[os.path.relpath(path, root)] = st
     return out
 
