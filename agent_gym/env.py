@@ -36,6 +36,7 @@ from gymnasium import spaces
 from agent_gym.chat import ChatRenderer
 from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, answer_from_text, get_format
+from agent_gym.scaffold import Scaffold, Slot, check_drop_prob
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool, ToolResult, cap_result, check_arguments, run_tool
 
@@ -153,6 +154,13 @@ class ToolEnv(gym.Env):
             function) scores every completion. An answer read this way ends the episode like a
             tagged one but earns no ``format`` reward; ``info["answer_extracted"]`` is True on its
             step. A subclass may override :meth:`untagged_answer` instead.
+        scaffold: scaffolded turns (:mod:`agent_gym.scaffold`): per turn, a prefix the env writes
+            before the model's part, stop strings that end it and the text that closes the
+            structure after it, all env tokens (loss mask 0). ``None`` (default): none. A dict
+            (``turns``, ``drop_prob``, ``slots``), ``True`` (a call slot of the first tool on every
+            turn but the last, an answer slot on the last), a ``Scaffold`` or a callable ``(env) ->
+            Slot | None``. ``info["stop_strings"]`` (reset and every step) gives the next turn's stop
+            strings for the sampler.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -177,6 +185,7 @@ class ToolEnv(gym.Env):
         max_calls_per_turn: int | None = None,
         max_tool_output_chars: int = 32_768,
         answer_source: str = "tags",
+        scaffold: Any = None,
     ):
         if answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
@@ -207,6 +216,10 @@ class ToolEnv(gym.Env):
         if tools:
             self.system_prompt += "\n\n" + self.format.instructions(list(tools))
         self.max_turns = int(max_turns)
+        self.scaffold = Scaffold.build(scaffold, self)
+        self._env_text_ids: dict[str, list[int]] = {}
+        self._slot: Slot | None = None
+        self._drop_prob = 0.0 if self.scaffold is None else self.scaffold.drop_prob
         self.max_context_tokens = int(max_context_tokens)
         self.max_tool_calls = int(max_tool_calls)
         self.max_invalid_calls = int(max_invalid_calls)
@@ -306,9 +319,17 @@ class ToolEnv(gym.Env):
         reset succeeds, since the caller meant to leave the old episode."""
         super().reset(seed=seed)
         options = options or {}
-        unknown = set(options) - {"task", "task_index"}
+        unknown = set(options) - {"task", "task_index", "scaffold_drop_prob"}
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'task', 'task_index'")
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'task', 'task_index', "
+                             "'scaffold_drop_prob'")
+        if "scaffold_drop_prob" in options:
+            if self.scaffold is None:
+                raise ValueError("reset option 'scaffold_drop_prob' needs an env built with a scaffold "
+                                 "(env kwarg scaffold: ...)")
+            self._drop_prob = check_drop_prob(options["scaffold_drop_prob"])
+        else:
+            self._drop_prob = 0.0 if self.scaffold is None else self.scaffold.drop_prob
         if "task" in options:
             task = self.check_task(options["task"])
             self.task_index = -1
@@ -323,12 +344,6 @@ class ToolEnv(gym.Env):
             task = self.get_task(self.task_index)
         self.task = task
         self.messages = self.task_messages(task)
-        self._ids = self.renderer.prompt_ids(self.messages)
-        if len(self._ids) >= self.max_context_tokens:
-            raise ValueError(f"the prompt of task {task.get('id')!r} is {len(self._ids)} tokens, over "
-                             f"max_context_tokens={self.max_context_tokens}; raise the budget.")
-        self.prompt_len = len(self._ids)
-        self._loss_mask = [0] * self.prompt_len
         self.turn = 0
         self.tool_calls_used = 0
         self.invalid_streak = 0
@@ -338,8 +353,17 @@ class ToolEnv(gym.Env):
         self.step_rewards: list[float] = []
         self.step_reward_components: list[dict[str, float]] = []
         self.step_call_statuses: list[list[str]] = []
+        self.step_slots: list[str | None] = []
         self.answer: str | None = None
         self.transcript: list[tuple[str, str]] = [(m["role"], m["content"]) for m in self.messages]
+        # The first turn's scaffold prefix (if any) is part of the prompt: everything before the
+        # first agent token.
+        self._ids = self.renderer.prompt_ids(self.messages) + self._open_slot(1)
+        if len(self._ids) >= self.max_context_tokens:
+            raise ValueError(f"the prompt of task {task.get('id')!r} is {len(self._ids)} tokens, over "
+                             f"max_context_tokens={self.max_context_tokens}; raise the budget.")
+        self.prompt_len = len(self._ids)
+        self._loss_mask = [0] * self.prompt_len
         self._done = False
         info = {
             "task_id": str(task.get("id", self.task_index)),
@@ -347,7 +371,8 @@ class ToolEnv(gym.Env):
             "prompt_len": self.prompt_len,
             "stop_token_ids": list(self.stop_token_ids),
             "tool_schemas": [t.schema() for t in self.tools.values()],
-            "max_new_tokens": self.max_context_tokens - self.prompt_len,
+            "max_new_tokens": self._room(),
+            **self._slot_info(),
         }
         return self._obs(), info
 
@@ -378,9 +403,9 @@ class ToolEnv(gym.Env):
         try:
             turn = self._append_action(action_ids)
             if turn.reason is None:  # the action fits the context budget
-                turn.parsed = self._parse(turn.text)
+                turn.parsed = self._parse(turn.read_text)
                 if turn.parsed.answer is None and not turn.parsed.calls and not turn.parsed.calls_skipped:
-                    untagged = self.untagged_answer(turn.text)
+                    untagged = self.untagged_answer(turn.read_text)
                     if untagged is not None:
                         turn.parsed.answer, turn.extracted = untagged, True
                 if turn.parsed.answer is not None:
@@ -396,11 +421,13 @@ class ToolEnv(gym.Env):
     # -- the parts of a step, in order -----------------------------------------------------------
 
     def _append_action(self, action_ids: list[int]) -> "_Turn":
-        """Append the agent's ids (loss mask 1) and, if the turn did not end with the end-of-turn
-        token, an env-owned one (mask 0). An action longer than the context left is cut to fit and
-        ends the episode (``truncation_reason="context"``) without being parsed or scored."""
+        """Append the agent's ids (loss mask 1), the scaffold's closing text if the turn has a slot
+        (env tokens, mask 0) and, if the turn did not end with the end-of-turn token, an env-owned
+        one (mask 0). An action longer than the context left is cut to fit and ends the episode
+        (``truncation_reason="context"``) without being parsed or scored."""
         self.turn += 1
-        room = self.max_context_tokens - len(self._ids)
+        slot = self._slot
+        room = self._room()  # keeps room for the slot's closing text
         dropped = max(len(action_ids) - room, 0)
         if dropped:
             action_ids = action_ids[:room]
@@ -413,12 +440,24 @@ class ToolEnv(gym.Env):
         closed_by_env = not ends_with_stop or action_ids[-1] != self.eot_id
         body = action_ids[:-1] if ends_with_stop else action_ids
         span = [start, len(self._ids)]
+        agent_text = self.tokenizer.decode(body, skip_special_tokens=False)
+        text, read_text, slot_info = agent_text, agent_text, None
+        if slot is not None:
+            value, tail = slot.cut(agent_text)
+            # A turn the model ended itself gets no closing text: it would fall outside its message.
+            close = "" if (ends_with_stop or dropped) else slot.close_to_write(tail)
+            close_ids = self._env_ids(close)
+            self._ids.extend(close_ids)
+            self._loss_mask.extend([0] * len(close_ids))
+            text, read_text = slot.prefix + agent_text + close, slot.read(value)
+            slot_info = {"slot": slot.name, "value": value, "stopped_at": None if tail is None else len(value),
+                         "close_written": close}
         if closed_by_env:
             self._ids.append(self.eot_id)
             self._loss_mask.append(0)
-        text = self.tokenizer.decode(body, skip_special_tokens=False)
         self.transcript.append(("assistant", text))
-        turn = _Turn(span=span, closed_by_env=closed_by_env, text=text, dropped=dropped)
+        turn = _Turn(span=span, closed_by_env=closed_by_env, text=text, dropped=dropped, agent_text=agent_text,
+                     read_text=read_text, slot=slot_info)
         if dropped:
             turn.truncated, turn.reason = True, "context"
         return turn
@@ -466,24 +505,75 @@ class ToolEnv(gym.Env):
             turn.truncated, turn.reason = True, "max_turns"
 
     def _append_delta(self, turn: "_Turn") -> None:
-        """The results (or a nudge) as the next messages: their chat-template delta is appended
-        unless the episode ends here or it would leave no room for a next turn."""
+        """The results (or a nudge) as the next messages: their chat-template delta, then the next
+        turn's scaffold prefix (if any), are appended unless the episode ends here or they would
+        leave no room for a next turn."""
         msgs = self.format.result_messages(turn.outcomes) if turn.outcomes else [
             {"role": "user", "content": self.format.nudge()}]
         if not turn.truncated:
             delta = self.renderer.delta_ids(msgs)
-            # Keep room for at least one token of the next turn.
-            if len(self._ids) + len(delta) >= self.max_context_tokens:
+            n_messages = len(self.messages)
+            self.messages.append({"role": "assistant", "content": turn.text})
+            self.messages.extend(msgs)
+            prefix = self._open_slot(self.turn + 1)  # a callable scaffold sees the new messages
+            # Keep room for at least one token of the next turn (and the slot's closing text).
+            if len(self._ids) + len(delta) + len(prefix) + self._close_reserve() >= self.max_context_tokens:
                 turn.truncated, turn.reason = True, "context"
+                del self.messages[n_messages:]
+                self._slot = None
             else:
-                self._ids.extend(delta)
-                self._loss_mask.extend([0] * len(delta))
-                self.messages.append({"role": "assistant", "content": turn.text})
-                self.messages.extend(msgs)
+                self._ids.extend(delta + prefix)
+                self._loss_mask.extend([0] * (len(delta) + len(prefix)))
                 self.transcript.extend((m["role"], m["content"]) for m in msgs)
                 return
         # The episode ends here: results are kept in the transcript, not the tokens.
         self.transcript.extend((m["role"] + " (after the episode ended)", m["content"]) for m in msgs)
+
+    # -- scaffolded turns (agent_gym/scaffold.py) -------------------------------------------------
+
+    def _open_slot(self, turn: int) -> list[int]:
+        """Pick turn ``turn``'s slot (the scaffold's, unless dropped with the episode's drop
+        probability) and return the ids of its prefix ([] for a free turn)."""
+        slot = None
+        if self.scaffold is not None:
+            slot = self.scaffold.slot(self, turn)
+            if slot is not None and self._drop_prob > 0 and self.np_random.random() < self._drop_prob:
+                slot = None
+        self._slot = slot
+        return [] if slot is None else self._env_ids(slot.prefix)
+
+    def _env_ids(self, text: str) -> list[int]:
+        """The ids of scaffold text the env writes into the assistant's turn, encoded as a model's
+        output would be (the format's tags are tokens where the tokenizer has them); memoized."""
+        ids = self._env_text_ids.get(text)
+        if ids is None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+            self._env_text_ids[text] = ids
+        return list(ids)
+
+    def _close_reserve(self) -> int:
+        """Context kept free for the pending slot's closing text."""
+        return 0 if self._slot is None else len(self._env_ids(self._slot.close))
+
+    def _room(self) -> int:
+        """How many ids the next action may have before the context budget cuts it."""
+        return max(self.max_context_tokens - len(self._ids) - self._close_reserve(), 0)
+
+    def _slot_info(self) -> dict[str, Any]:
+        """The next turn's scaffold, for the sampler: its stop strings and the slot's name."""
+        slot = self._slot
+        return {"stop_strings": [] if slot is None else list(slot.stop), "scaffold": None if slot is None else slot.name}
+
+    @property
+    def scaffold_prefix(self) -> str:
+        """The text the env has prefilled the pending assistant turn with ("" without a slot): a
+        chat client sends it as a partial assistant message (``continue_final_message``)."""
+        return "" if self._slot is None or self._done else self._slot.prefix
+
+    @property
+    def scaffold_stop(self) -> list[str]:
+        """The pending turn's stop strings ([] without a slot)."""
+        return [] if self._slot is None or self._done else list(self._slot.stop)
 
     def _finish(self, turn: "_Turn"):
         """Record the step (span, reward, components, statuses) and build the step's return."""
@@ -494,12 +584,15 @@ class ToolEnv(gym.Env):
             "action_span": turn.span,
             "obs_span": [turn.span[1], len(self._ids)],
             "closed_by_env": turn.closed_by_env,
-            "action_text": turn.text,
+            "action_text": turn.agent_text,
+            "turn_text": turn.text,
             "action_tokens_dropped": turn.dropped,
             "tool_calls": calls,
             "reward_components": turn.comps,
             "truncation_reason": turn.reason,
-            "max_new_tokens": max(self.max_context_tokens - len(self._ids), 0),
+            "max_new_tokens": self._room(),
+            "scaffold_slot": turn.slot,
+            **self._slot_info(),
         }
         if turn.terminated:
             info["answer"] = turn.parsed.answer
@@ -509,15 +602,17 @@ class ToolEnv(gym.Env):
         self.step_rewards.append(reward)
         self.step_reward_components.append(dict(turn.comps))
         self.step_call_statuses.append([c["status"] for c in calls])
+        self.step_slots.append(None if turn.slot is None else turn.slot["slot"])
         if turn.terminated or turn.truncated:
+            self._slot = None
             info["trajectory"] = self.episode(turn.answer_scores, turn.reason)
             self._done = True
         return self._obs(), reward, turn.terminated, turn.truncated, info
 
     _EPISODE_LISTS = ("_ids", "_loss_mask", "step_spans", "step_rewards", "step_reward_components",
-                      "step_call_statuses", "transcript", "messages")
+                      "step_call_statuses", "step_slots", "transcript", "messages")
     _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done", "outputs_truncated",
-                        "calls_skipped")
+                        "calls_skipped", "_slot")
 
     episode_state: tuple[str, ...] = ()
     """Names of per-episode attributes a subclass keeps and changes during a step (in
@@ -595,7 +690,7 @@ class ToolEnv(gym.Env):
             task_id=str(self.task.get("id", self.task_index)), task_index=self.task_index, answer=self.answer,
             answer_scores=scores, success=self.answer is not None and bool(self.is_success(scores, self.task)),
             truncation_reason=truncation_reason, tool_outputs_truncated=self.outputs_truncated,
-            tool_calls_skipped=self.calls_skipped,
+            tool_calls_skipped=self.calls_skipped, step_slots=list(self.step_slots),
         )
 
     def render(self) -> str | None:
@@ -666,7 +761,14 @@ class _Turn:
     span: list[int]
     closed_by_env: bool
     text: str
+    """The turn's content in the context: the scaffold prefix, the agent's text, the closing text written."""
     dropped: int = 0
+    agent_text: str = ""
+    """The decoded agent tokens (without the end-of-turn token)."""
+    read_text: str = ""
+    """What the env parses: the agent's text, or a slot's ``prefix + value + close``."""
+    slot: dict[str, Any] | None = None
+    """The turn's scaffold slot (name, value, where the model's part stopped, the close written), or None."""
     parsed: ParsedTurn | None = None
     comps: dict[str, float] = field(default_factory=dict)
     outcomes: list[CallOutcome] = field(default_factory=list)

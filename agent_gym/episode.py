@@ -15,7 +15,7 @@ Shapes: T = the episode's length in tokens (prompt + agent turns + env tokens), 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -27,7 +27,8 @@ class Episode:
     loss_mask: list[int]
     """(T,) 1 exactly on the tokens the agent sampled, 0 on prompt and env tokens."""
     prompt_len: int
-    """Tokens of the opening prompt (system + question), the first ``prompt_len`` of ``token_ids``."""
+    """Tokens before the first agent token, the first ``prompt_len`` of ``token_ids``: the opening prompt
+    (system + question) and, in a scaffolded env, the first turn's prefix."""
     step_spans: list[list[int]]
     """(S, 2) ``[start, end)`` of each step's agent tokens in ``token_ids`` (``end == start`` for an empty action)."""
     step_rewards: list[float]
@@ -53,6 +54,9 @@ class Episode:
     tool_calls_skipped: int = 0
     """Calls written past the env's ``max_calls_per_turn`` in a turn: neither parsed nor run (each such
     turn also has one ``too_many_calls`` status in ``step_call_statuses``)."""
+    step_slots: list[str | None] = field(default_factory=list)
+    """(S,) the scaffold slot each step's turn had (``"call:search"``, ``"answer"``...; ``None``: a free
+    turn, or an env without a scaffold; agent_gym/scaffold.py)."""
 
     @property
     def reward(self) -> float:

@@ -235,9 +235,16 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         return seeds
 
     def _per_env_options(self, options: dict[str, Any]) -> list[dict[str, Any]]:
-        unknown = set(options) - {"tasks", "task_indices", "group_size"}
+        """Each sub-env's reset options: its task (``tasks`` or ``task_indices``, in GRPO groups of
+        ``group_size``) and ``scaffold_drop_prob``, passed to every sub-env (agent_gym/scaffold.py)."""
+        unknown = set(options) - {"tasks", "task_indices", "group_size", "scaffold_drop_prob"}
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size'")
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size', "
+                             "'scaffold_drop_prob'")
+        shared = {"scaffold_drop_prob": options["scaffold_drop_prob"]} if "scaffold_drop_prob" in options else {}
+        return [{**o, **shared} for o in self._task_options(options)]
+
+    def _task_options(self, options: dict[str, Any]) -> list[dict[str, Any]]:
         if "tasks" in options and "task_indices" in options:
             raise ValueError("pass either 'tasks' or 'task_indices', not both")
         g = int(options.get("group_size", 1))

@@ -101,6 +101,10 @@ class TextView(gym.Wrapper):
 
 
 class ChatView(gym.Wrapper):
+    """Chat messages in, reply text out. In a scaffolded env (agent_gym/scaffold.py) the reply is the
+    continuation of ``tool_env.scaffold_prefix`` (the pending turn's prefill), which the messages do
+    not show; it should stop at ``tool_env.scaffold_stop`` (what ``openai_policy`` sends a server)."""
+
     def __init__(self, env: gym.Env, max_length: int = 1 << 20):
         super().__init__(env)
         self.tool_env = tool_env_of(env)
@@ -124,7 +128,7 @@ class ChatView(gym.Wrapper):
         info["retokenized"] = True
         msgs = self._messages()
         if term or trunc:  # the env does not append the final turn to its messages
-            msgs.append({"role": "assistant", "content": info["action_text"]})
+            msgs.append({"role": "assistant", "content": info["turn_text"]})
         return msgs, r, term, trunc, info
 
 

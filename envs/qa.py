@@ -74,7 +74,10 @@ Parameters
     the corpus is added for corpus-based kinds); ``corpus_path``; ``topk`` (3);
     ``max_result_tokens`` (512); ``lookup_tool`` (False); ``answer_metric`` (``"em"``);
     ``max_turns`` (6), ``max_context_tokens`` (8192), ``max_tool_calls`` (16),
-    ``max_invalid_calls`` (3) and every other ``ToolEnv`` argument.
+    ``max_invalid_calls`` (3) and every other ``ToolEnv`` argument, ``scaffold`` among them
+    (scaffolded turns for a model with no foothold: ``scaffold=True`` writes the opening of a
+    ``search`` call on every turn but the last and ``<answer>`` on the last; the model writes the
+    query and the answer; agent_gym/scaffold.py, ``configs/smollm2_qa_grpo_scaffold.yaml``).
 """
 
 from __future__ import annotations

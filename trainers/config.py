@@ -143,6 +143,11 @@ class RolloutConfig(Section):
     """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
     run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
     None: the envs live in this process (docs/integrations.md, "OpenEnv")."""
+    scaffold_drop: list[float] | None = None
+    """``[start, end]``: a scaffolded env's (``env_kwargs.scaffold``, agent_gym/scaffold.py) chance of
+    dropping a turn's slot, annealed linearly from ``start`` at the first iteration to ``end`` at the
+    last (every env's reset gets it as ``scaffold_drop_prob``), to wean the agent off the scaffold.
+    None: the env's own ``drop_prob``."""
 
     def check(self) -> None:
         if not self.env_id:
@@ -169,6 +174,15 @@ class RolloutConfig(Section):
             raise ConfigError(f"rollout.max_staleness must be 0 (rollout waits for each update) or 1 (the next "
                               f"rollout overlaps the update), got {self.max_staleness!r}")
         self._positive("timeout_s")
+        if self.scaffold_drop is not None:
+            import agent_gym
+
+            d = self.scaffold_drop
+            if len(d) != 2 or not all(0.0 <= x <= 1.0 for x in d):
+                raise ConfigError(f"rollout.scaffold_drop must be [start, end], two probabilities in [0, 1], got {d!r}")
+            if self.env_server is not None or self.env_id in agent_gym.MULTIAGENT_IDS:
+                raise ConfigError("rollout.scaffold_drop reaches in-process and Ray envs only: unset rollout.env_server "
+                                  "(a served env takes its drop_prob in env_kwargs.scaffold) and use a single-agent id")
         if self.mode == "async":
             import agent_gym
 

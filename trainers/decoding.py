@@ -86,8 +86,10 @@ class BestOfK:
         """The critic values of each prompt's candidates at the last call (value-guided)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+                 seeds: Sequence[int] | None = None,
+                 stop_strings: Sequence[Sequence[str]] | None = None) -> list[Generation]:
         n, k = len(prompts), self.k
+        extra = {} if stop_strings is None else {"stop_strings": [s for s in stop_strings for _ in range(k)]}
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()
         if len(seeds) != n:
@@ -97,7 +99,7 @@ class BestOfK:
         t0 = time.perf_counter()
         # Row i * k + j is candidate j of prompt i.
         gens = self.backend.generate([p for p in prompts for _ in range(k)], sampling,
-                                     seeds=[candidate_seed(s, j) for s in seeds for j in range(k)])
+                                     seeds=[candidate_seed(s, j) for s in seeds for j in range(k)], **extra)
         self.cost.generate_s += time.perf_counter() - t0
         self.cost.generated_tokens += sum(len(g.token_ids) for g in gens)
         if self.mode == "random-of-k":

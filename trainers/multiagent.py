@@ -30,7 +30,7 @@ from agent_gym.registration import make_multiagent
 from trainers import scale
 from trainers.backends.base import GenerationBackend, SamplingConfig
 from trainers.config import TrainConfig
-from trainers.rollout import RolloutTimes, Trajectory, summarize
+from trainers.rollout import RolloutTimes, Trajectory, generate, summarize
 from trainers.sources import eval_keys
 
 
@@ -87,9 +87,11 @@ def collect_multiagent(
     times = RolloutTimes()
     t0 = time.perf_counter()
     obs = []
+    stops: dict[tuple[int, str], list[str]] = {}  # each seat's next stop strings (a scaffolded seat's)
     for i, env in enumerate(teams.envs):
         o, infos = env.reset(seed=seed + i, options={"task_index": int(task_indices[i // group_size])})
         obs.append(o)
+        stops.update({(i, a): list(infos[a].get("stop_strings") or []) for a in infos})
     times.env_s += time.perf_counter() - t0
     stop = list(infos[agents[0]]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
@@ -103,7 +105,7 @@ def collect_multiagent(
         seeds = [int(np.random.SeedSequence([seed, i, agents.index(a), cycle]).generate_state(1)[0] & 0x7FFFFFFF)
                  for i, a in active]
         t0 = time.perf_counter()
-        gens = backend.generate(prompts, sampling, seeds=seeds)
+        gens = generate(backend, prompts, sampling, seeds, [stops.get(k, []) for k in active])
         times.generate_s += time.perf_counter() - t0
         actions: dict[int, dict[str, np.ndarray]] = {}
         for (i, a), p, g in zip(active, prompts, gens):
@@ -115,6 +117,7 @@ def collect_multiagent(
         for i, acts in actions.items():
             env = teams.envs[i]
             obs[i], _, term, trunc, infos = env.step(acts)
+            stops.update({(i, a): list(infos[a].get("stop_strings") or []) for a in infos})
             for a in acts:
                 if term[a] or trunc[a]:
                     ep = infos[a]["trajectory"]

@@ -117,12 +117,13 @@ class RolloutWorker:
         return version
 
     def collect(self, task_indices: list[int], group_size: int, sampling: SamplingConfig, seed: int, offset: int,
-                version: int) -> tuple[list[Trajectory], RolloutTimes] | None:
+                version: int, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes] | None:
         """The slice's trajectories, or None when this worker does not hold weights ``version``
         (it was restarted and has not been sent them yet)."""
         if version != self.version:
             return None
-        return collect(self.envs, self.backend, task_indices, group_size, sampling, seed=seed, offset=offset)
+        return collect(self.envs, self.backend, task_indices, group_size, sampling, seed=seed, offset=offset,
+                       reset_options=reset_options)
 
     def close(self) -> None:
         self.backend.close()
@@ -175,6 +176,7 @@ class RolloutWorkerPool:
             self.shutdown(graceful=False)
             raise
         self.version = 0
+        self._reset_options: dict[str, Any] | None = None
         self.weights_ref = None
         self.restarts = 0
         self.load_weights(state_dict)
@@ -235,18 +237,20 @@ class RolloutWorkerPool:
                         timeout=self.cfg.rollout_timeout_s)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
-                seed: int) -> tuple[list[Trajectory], RolloutTimes]:
+                seed: int, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
         """The iteration's batch: worker w's slice is tasks ``[w*k, (w+1)*k)`` (k = tasks per
         worker), returned in slice order, so the batch order is the in-process order."""
         ray = _ray()
         k = self.tasks_per_worker
         if len(task_indices) != k * self.n:
             raise ValueError(f"got {len(task_indices)} tasks for {self.n} workers x {k} tasks each")
+        self._reset_options = reset_options  # the same for every slice and every retry of one
         slices = [list(task_indices[w * k:(w + 1) * k]) for w in range(self.n)]
         args = [(slices[w], group_size, sampling, seed, w * k * group_size) for w in range(self.n)]
         results: dict[int, tuple[list[Trajectory], RolloutTimes]] = {}
         attempts = [0] * self.n
-        pending = {self.actors[w].collect.remote(*args[w], self.version): (w, time.monotonic()) for w in range(self.n)}
+        pending = {self.actors[w].collect.remote(*args[w], self.version, self._reset_options): (w, time.monotonic())
+                   for w in range(self.n)}
         self.restarts = 0
         while pending:
             oldest = min(t for _, t in pending.values())
@@ -312,7 +316,7 @@ class RolloutWorkerPool:
         # max_task_retries=-1: this call waits through the restart instead of failing on it.
         ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
                 timeout=self.cfg.rollout_timeout_s)
-        return self.actors[w].collect.remote(*args[w], self.version)
+        return self.actors[w].collect.remote(*args[w], self.version, self._reset_options)
 
     def metrics(self) -> dict[str, float]:
         """``rollout/worker_restarts``: worker restarts (deaths, timeouts, engines lost) noticed during
@@ -395,10 +399,10 @@ class RayRollout:
             raise
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]:
+                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
         if offset:
             raise ValueError("RayRollout collects whole iterations (offset 0); the pool slices them itself")
-        return self.pool.collect(task_indices, group_size, sampling, seed)
+        return self.pool.collect(task_indices, group_size, sampling, seed, reset_options)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         self.pool.load_weights(inference_state_dict(policy))

@@ -9,6 +9,7 @@ Shapes: B = trajectories in a batch, T = the longest trajectory's length (right 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -131,8 +132,10 @@ def collect(
     sampling: SamplingConfig,
     seed: int,
     offset: int = 0,
+    reset_options: dict[str, Any] | None = None,
 ) -> tuple[list[Trajectory], RolloutTimes]:
     """Run one episode in every sub-env. Env ``i`` gets task ``task_indices[i // group_size]``.
+    ``reset_options``: more options for every sub-env's reset (``scaffold_drop_prob``).
 
     Generation seeds are a pure function of ``(seed, env, turn)``, so a rollout is reproducible
     and a resumed run repeats it exactly. ``offset``: the global index of this vector env's first
@@ -146,10 +149,12 @@ def collect(
     times = RolloutTimes()
     t0 = time.perf_counter()
     obs, infos = vec.reset(seed=[seed + offset + i for i in range(n)],
-                           options={"task_indices": list(task_indices), "group_size": group_size})
+                           options={"task_indices": list(task_indices), "group_size": group_size,
+                                    **(reset_options or {})})
     times.env_s += time.perf_counter() - t0
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
+    stops = [list(info.get("stop_strings") or []) for info in infos]  # a scaffolded turn's (agent_gym/scaffold.py)
     lps: list[dict[int, float]] = [{} for _ in range(n)]
     done: list[Trajectory | None] = [None] * n
     turn = 0
@@ -158,7 +163,7 @@ def collect(
         prompts = [obs["input_ids"][i].tolist() for i in active]
         seeds = [int(np.random.SeedSequence([seed, offset + i, turn]).generate_state(1)[0] & 0x7FFFFFFF) for i in active]
         t0 = time.perf_counter()
-        gens = backend.generate(prompts, sampling, seeds=seeds)
+        gens = generate(backend, prompts, sampling, seeds, [stops[i] for i in active])
         times.generate_s += time.perf_counter() - t0
         actions: list[Any] = [None] * n
         for i, p, g in zip(active, prompts, gens):
@@ -170,6 +175,7 @@ def collect(
         obs, _, term, trunc, infos = vec.step(actions)
         times.env_s += time.perf_counter() - t0
         for i in active:
+            stops[i] = list(infos[i].get("stop_strings") or [])
             if term[i] or trunc[i]:
                 ep: Episode = infos[i]["trajectory"]
                 slp = [0.0] * len(ep.token_ids)
@@ -178,6 +184,29 @@ def collect(
                 done[i] = Trajectory(ep, slp, (offset + i) // group_size)
         turn += 1
     return [d for d in done if d is not None], times
+
+
+def generate(backend: GenerationBackend, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+             stop_strings: list[list[str]]) -> list[Any]:
+    """``backend.generate``, with each prompt's stop strings when any prompt has some (a scaffolded
+    turn). A backend whose ``generate`` takes no ``stop_strings`` is refused then, by name: without
+    them it would run past the end of the scaffold's slot."""
+    if not any(stop_strings):
+        return backend.generate(prompts, sampling, seeds=seeds)
+    if not takes_stop_strings(backend):
+        raise TypeError(f"{type(backend).__name__}.generate takes no stop_strings, which a scaffolded env "
+                        "(env kwarg scaffold) needs to end the model's part of a turn; use a backend that "
+                        "stops at strings (HFBackend, VLLMBackend, AsyncVLLMBackend) or an env without a scaffold")
+    return backend.generate(prompts, sampling, seeds=seeds, stop_strings=stop_strings)
+
+
+def takes_stop_strings(backend: Any) -> bool:
+    """Whether ``backend.generate`` accepts ``stop_strings``."""
+    try:
+        params = inspect.signature(backend.generate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "stop_strings" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:
@@ -195,6 +224,9 @@ def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:
     }
     for key in sorted({k for e in eps for k in e.answer_scores}):
         out[f"rollout/{key}"] = float(np.mean([e.answer_scores.get(key, 0.0) for e in eps]))
+    slots = [s for e in eps for s in e.step_slots]
+    if slots:  # a scaffolded env (agent_gym/scaffold.py): the share of turns the env scaffolded
+        out["rollout/scaffolded_turns"] = sum(s is not None for s in slots) / len(slots)
     reasons = Counter(e.truncation_reason or "answered" for e in eps)
     for r, c in reasons.items():
         out[f"rollout/end_{r}"] = c / n

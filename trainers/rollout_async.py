@@ -122,6 +122,7 @@ def collect_async(
     seed: int,
     offset: int = 0,
     env_threads: int | None = None,
+    reset_options: dict[str, Any] | None = None,
 ) -> tuple[list[Trajectory], AsyncRolloutTimes]:
     """Run one episode in every sub-env, each as its own coroutine; arguments and result as
     ``trainers.rollout.collect``. ``backend``: an ``AsyncVLLMBackend`` (``agenerate`` and ``run``).
@@ -145,7 +146,8 @@ def collect_async(
     times = AsyncRolloutTimes()
     t_start = time.perf_counter()
     obs, infos = vec.reset(seed=[seed + offset + i for i in range(n)],
-                           options={"task_indices": list(task_indices), "group_size": group_size})
+                           options={"task_indices": list(task_indices), "group_size": group_size,
+                                    **(reset_options or {})})
     t_reset = time.perf_counter() - t_start
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
@@ -161,11 +163,13 @@ def collect_async(
     async def trajectory(i: int) -> Trajectory:
         loop = asyncio.get_running_loop()
         ids, lps, turn = first[i], {}, 0
+        stop_strings = list(infos[i].get("stop_strings") or [])  # a scaffolded turn's (agent_gym/scaffold.py)
         while True:
             prompt = ids.tolist()
             clock.engine_start()
             try:
-                g = await backend.agenerate(prompt, sampling, turn_seed(seed, offset + i, turn))
+                g = await backend.agenerate(prompt, sampling, turn_seed(seed, offset + i, turn),
+                                            **({"stop": stop_strings} if stop_strings else {}))
             finally:
                 clock.engine_stop()
             times.generated_tokens += len(g.token_ids)
@@ -188,6 +192,7 @@ def collect_async(
                     slp[pos] = lp
                 return Trajectory(ep, slp, (offset + i) // group_size)
             ids, turn = o["input_ids"], turn + 1
+            stop_strings = list(info.get("stop_strings") or [])
 
     async def everyone() -> list[Trajectory]:
         try:
@@ -220,9 +225,9 @@ class AsyncRollout(LocalRollout):
         self._last: AsyncRolloutTimes | None = None
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0) -> tuple[list[Trajectory], AsyncRolloutTimes]:
+                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], AsyncRolloutTimes]:
         trajs, self._last = collect_async(self.envs, self.backend, list(task_indices), group_size, sampling,
-                                          seed=seed, offset=offset)
+                                          seed=seed, offset=offset, reset_options=reset_options)
         return trajs, self._last
 
     def metrics(self) -> dict[str, float]:

@@ -174,7 +174,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     eval_envs = envs.make_vector(cfg.eval.tasks, **cfg.eval.env_kwargs)
     eval_sets = {name: envs.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
     pad_id = envs.pad_id
-    backend = HFBackend(model, pad_token_id=pad_id)
+    backend = HFBackend(model, pad_token_id=pad_id, tokenizer=tok)
     logger = RunLogger(run_dir, cfg.steps, tensorboard=False, progress_bar=False)
     greedy = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=0.0)
 

@@ -7,7 +7,7 @@ The protocol (implement it to plug a new source into the loop, e.g. asynchronous
         learner_backend = None                        # the backend the learner builds: None = cfg's backend
         def __init__(self, cfg, *, env_factory, policy, backend, parallel): ...
         num_tasks: int                                # tasks in the training env (the data cursor's range)
-        def collect(self, task_indices, group_size, sampling, seed, offset=0)
+        def collect(self, task_indices, group_size, sampling, seed, offset=0, reset_options=None)
             -> tuple[list[Trajectory], RolloutTimes]
         def sync_weights(self, policy) -> None        # after each update (and after --resume)
         def evaluate(self, sampling, num_tasks, seed) -> dict[str, float]   # greedy eval, ``eval/*`` keys
@@ -20,7 +20,9 @@ The protocol (implement it to plug a new source into the loop, e.g. asynchronous
   position, so a batch is a pure function of ``(weights, task_indices, seed)`` and a resumed run
   repeats it. ``offset`` is the global index of the first sub-env when a process collects only its
   share of the iteration (FSDP ranks; ``trainers.rollout.collect`` says how it seeds and groups);
-  a source that cannot split an iteration raises on a non-zero one. A ``Trajectory`` is the env's
+  a source that cannot split an iteration raises on a non-zero one. ``reset_options`` (only passed
+  when the run sets ``rollout.scaffold_drop``): more options for every env's reset
+  (``scaffold_drop_prob``). A ``Trajectory`` is the env's
   token-exact ``Episode`` plus the sampler's per-token log-probs; a subclass may add fields
   (``AgentTrajectory.agent``), which go into the trajectory records.
 - ``sync_weights``: make the next ``collect`` sample from ``policy``'s current weights (an HF
@@ -64,7 +66,7 @@ class RolloutSource(Protocol):
     num_tasks: int
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]: ...
+                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]: ...
 
     def sync_weights(self, policy: torch.nn.Module) -> None: ...
 
@@ -89,7 +91,7 @@ def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir:
     if rollout.backend == "hf":
         from trainers.backends.hf_backend import HFBackend  # optional engines load on demand
 
-        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device)
+        return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device, tokenizer=tokenizer)
     from trainers.backends.vllm_backend import AsyncVLLMBackend, VLLMBackend
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
@@ -148,8 +150,9 @@ class LocalRollout:
         self.num_tasks = EnvFactory.num_tasks(self.envs)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]:
-        return collect(self.envs, self.backend, list(task_indices), group_size, sampling, seed=seed, offset=offset)
+                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
+        return collect(self.envs, self.backend, list(task_indices), group_size, sampling, seed=seed, offset=offset,
+                       reset_options=reset_options)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         """The HF backend samples from the policy module itself (nothing to do) or, with

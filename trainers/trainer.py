@@ -254,8 +254,18 @@ class Trainer:
         tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
         with self.parallel.full_params(self.policy):
             trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
-                                            offset=offset)
+                                            offset=offset, **self.reset_options(it))
         return self.parallel.gather_rollout(trajs, rt)
+
+    def reset_options(self, it: int) -> dict[str, Any]:
+        """``{"reset_options": ...}`` for the source's ``collect`` when the run anneals the scaffold
+        (``rollout.scaffold_drop``: iteration ``it``'s drop probability), else ``{}`` (a source
+        written before the keyword is called as before)."""
+        drop = self.cfg.rollout.scaffold_drop
+        if drop is None:
+            return {}
+        frac = min(it / max(self.cfg.iterations - 1, 1), 1.0)
+        return {"reset_options": {"scaffold_drop_prob": float(drop[0] + (drop[1] - drop[0]) * frac)}}
 
     def next_rollout(self, it: int) -> tuple[list[Trajectory], Any, int, float]:
         """Iteration ``it``'s trajectories, the weight version that sampled them and the seconds the
@@ -286,7 +296,7 @@ class Trainer:
         ``max_staleness`` 1: the source samples from its own engine or copy of the weights)."""
         tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
         trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
-                                        offset=offset)
+                                        offset=offset, **self.reset_options(it))
         return self.parallel.gather_rollout(trajs, rt)
 
     def finish_prefetch(self) -> None:

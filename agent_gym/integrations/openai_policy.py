@@ -26,7 +26,12 @@ success...), whatever model and tokenizer the server runs.
 
 With ``same_tokenizer`` (vLLM serving the model whose tokenizer the env uses), the request also
 carries vLLM's ``stop_token_ids`` (the env's) and ``skip_special_tokens: false``, so the reply
-stops and reads as the in-process backend's would. Torch-free: it needs the ``openai`` package
+stops and reads as the in-process backend's would. A scaffolded env (``scaffold``,
+agent_gym/scaffold.py) needs ``same_tokenizer``: the turn's prefix goes as a partial assistant
+message that the server continues (vLLM's ``continue_final_message``, with
+``add_generation_prompt: false``) and its stop strings as ``stop``; standard OpenAI servers can
+neither prefill nor report the stopping text exactly, so any other setting is refused before the
+first request (``ScaffoldUnsupported``). Torch-free: it needs the ``openai`` package
 (``pip install -e .[openai]``). The command line (``trainers/evaluate.py --openai-base-url``,
 which also reuses the trainer's summaries) is ``trainers.integrations.openai_eval.run_cli``.
 """
@@ -55,6 +60,19 @@ class RequestFailed(RuntimeError):
     def __init__(self, reason: str, attempts: int, errors: list[str]):
         super().__init__(f"{reason} (after {attempts} attempt{'s' if attempts != 1 else ''})")
         self.reason, self.attempts, self.errors = reason, attempts, errors
+
+
+class ScaffoldUnsupported(ValueError):
+    """A scaffolded env asked of a client that cannot prefill the assistant's turn."""
+
+
+def check_scaffold_support(tool_env: Any, cfg: "ClientConfig") -> None:
+    """Refuse a scaffolded env unless the server is vLLM with the env's tokenizer (``same_tokenizer``)."""
+    if getattr(tool_env, "scaffold", None) is not None and not cfg.same_tokenizer:
+        raise ScaffoldUnsupported(
+            "this env is scaffolded (env kwarg scaffold): each turn is prefilled and stopped at strings, which "
+            "needs a vLLM server with the env's tokenizer (--openai-same-tokenizer: continue_final_message and stop); "
+            "drop the scaffold (scaffold: null) to evaluate a server that cannot prefill")
 
 
 class _Retryable(Exception):
@@ -138,7 +156,8 @@ class ChatClient:
     def close(self) -> None:
         self.client.close()
 
-    def _request_body(self, messages, tools, stop_token_ids, seed) -> dict[str, Any]:
+    def _request_body(self, messages, tools, stop_token_ids, seed, prefill: str = "",
+                      stop: list[str] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.cfg.model, "messages": messages,
                                 "temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens}
         if tools:
@@ -149,6 +168,12 @@ class ChatClient:
         extra = dict(self.cfg.extra_body)
         if self.cfg.same_tokenizer:
             extra.update({"stop_token_ids": list(stop_token_ids or []), "skip_special_tokens": False})
+        if prefill:  # a scaffolded turn: the server continues the env's partial assistant message
+            body["messages"] = list(messages) + [{"role": "assistant", "content": prefill}]
+            extra.update({"continue_final_message": True, "add_generation_prompt": False})
+        if stop:
+            body["stop"] = list(stop)
+            extra["include_stop_str_in_output"] = True
         return {"body": body, "extra": extra}
 
     def _once(self, req: dict[str, Any]) -> Reply:
@@ -192,13 +217,15 @@ class ChatClient:
         return Reply("" if content is None else str(content), choice.get("finish_reason"), 1, [])
 
     def complete(self, messages: list[dict[str, str]], tools: list[dict] | None = None,
-                 stop_token_ids: list[int] | None = None, seed: int | None = None) -> Reply:
+                 stop_token_ids: list[int] | None = None, seed: int | None = None, prefill: str = "",
+                 stop: list[str] | None = None) -> Reply:
         """The assistant's reply to ``messages``; :class:`RequestFailed` once the retries are spent
-        or on a status that is not worth retrying."""
+        or on a status that is not worth retrying. ``prefill``: the start of the assistant's message
+        for the server to continue (the reply is the continuation only); ``stop``: stop strings."""
         errors: list[str] = []
         attempt = 0
         while True:
-            req = self._request_body(messages, tools, stop_token_ids, seed)
+            req = self._request_body(messages, tools, stop_token_ids, seed, prefill, stop)
             try:
                 r = self._once(req)
                 r.attempts, r.errors = len(errors) + 1, errors
@@ -244,9 +271,10 @@ def play_row(env: Any, row: int, client: ChatClient, seed: int | None) -> dict[s
         msgs, info = env.reset(options={"task_index": row})
         rec["task_id"] = info.get("task_id")
         tools = te.renderer.tools
+        check_scaffold_support(te, client.cfg)
         while True:
             try:
-                reply = client.complete(msgs, tools, te.stop_token_ids, seed)
+                reply = client.complete(msgs, tools, te.stop_token_ids, seed, te.scaffold_prefix, te.scaffold_stop)
             except RequestFailed as e:
                 rec["requests"] += e.attempts
                 rec["retries"] += e.attempts - 1
@@ -330,6 +358,11 @@ def evaluate_rows(env_id: str, env_kwargs: dict[str, Any], rows: list[int], cfg:
     header = {"env": env_id, "env_kwargs": env_kwargs, "model": cfg.model,
               "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "seed": seed,
               "same_tokenizer": cfg.same_tokenizer, "extra_body": cfg.extra_body}
+    probe = gym.make(env_id, **env_kwargs)
+    try:  # refused before any request or row file, not once per row
+        check_scaffold_support(probe.unwrapped, cfg)
+    finally:
+        probe.close()
     store = RowsFile(Path(out) / "rows.jsonl", json.loads(json.dumps(header)))
     done = store.finished()
     todo = [k for k in rows if k not in done]

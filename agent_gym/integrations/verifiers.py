@@ -133,9 +133,16 @@ def _make_view(env_id: str, env_kwargs: dict[str, Any]):
     from agent_gym.wrappers import ChatView
 
     try:
-        return ChatView(gym.make(env_id, **env_kwargs))
+        view = ChatView(gym.make(env_id, **env_kwargs))
     except gym.error.Error as e:
         raise ValueError(f"--env.taskset.env-id {env_id!r}: {e}") from e
+    if view.tool_env.scaffold is not None:
+        view.close()
+        raise ValueError(f"--env.taskset.env-kwargs: {env_id} is scaffolded (scaffold: ...), and a verifiers agent "
+                         "cannot prefill its assistant turns or stop them at the slot's strings; drop the scaffold "
+                         "(scaffold: null), or evaluate the scaffolded env with trainers/evaluate.py "
+                         "(--openai-base-url with --openai-same-tokenizer for a vLLM server)")
+    return view
 
 
 def _request(view: Any, row: int, cfg: AgentGymTasksetConfig) -> dict[str, Any]:

@@ -109,6 +109,31 @@ class TestAgainstLockstep:
     pytestmark = needs_vllm
 
     @pytest.mark.timeout(900)
+    def test_a_scaffolded_env_is_token_exact_too(self, engines, tok, tiny):
+        """Scaffolded turns (agent_gym/scaffold.py) through both vLLM backends: each turn's stop
+        strings go with its request, and the async rollout equals the lockstep one token for token."""
+        from agent_gym.vector import ToolVectorEnv
+        from tests.agent_gym.test_scaffold import QEnv
+        from trainers.backends import SamplingConfig
+        from trainers.rollout import collect
+        from trainers.rollout_async import collect_async
+
+        vec = ToolVectorEnv([lambda: QEnv(tokenizer=tok, vocab_size=tiny[1], scaffold=True) for _ in range(4)],
+                            info_format="list")
+        try:
+            for sampling in (SamplingConfig(max_new_tokens=12, temperature=0.0),
+                             SamplingConfig(max_new_tokens=12, temperature=1.0)):
+                a, _ = collect(vec, engines[0], [0, 1], 2, sampling, seed=5)
+                b, _ = collect_async(vec, engines[1], [0, 1], 2, sampling, seed=5)
+                for x, y in zip(a, b, strict=True):
+                    assert y.episode.token_ids == x.episode.token_ids and y.episode.loss_mask == x.episode.loss_mask
+                    assert x.episode.step_slots[0] == "call:search"
+                    torch.testing.assert_close(torch.tensor(y.sampler_logprobs), torch.tensor(x.sampler_logprobs),
+                                               atol=1e-4, rtol=0)
+        finally:
+            vec.close()
+
+    @pytest.mark.timeout(900)
     def test_greedy_is_token_exact(self, engines, tok, tiny):
         from trainers.backends import SamplingConfig
         from trainers.rollout import build_batch

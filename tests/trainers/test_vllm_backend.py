@@ -170,6 +170,24 @@ class TestGeneration:
             engine.generate([[]], SamplingConfig())
         assert engine.generate([], SamplingConfig()) == []
 
+    def test_stop_strings_match_hf_token_for_token(self, engine, tok):
+        """A scaffolded turn's stop strings (agent_gym/scaffold.py): vLLM and the HF backend stop at the
+        same token, the one whose text completes the string, and keep it whole (with its log-prob)."""
+        hf = HFBackend(build_tiny_qwen2(tok, seed=0), pad_token_id=tok.pad_token_id, tokenizer=tok)
+        prompts = _prompts(8, seed=5)
+        greedy = SamplingConfig(max_new_tokens=24, temperature=0, stop_token_ids=[tok.eos_token_id])
+        free = hf.generate(prompts, greedy)
+        stops = []  # two characters from the middle of each free output, so most rows stop early
+        for g in free:
+            text = tok.decode(g.token_ids, skip_special_tokens=False)
+            stops.append([text[len(text) // 2: len(text) // 2 + 2]] if len(text) > 6 else ["\x00never"])
+        h = hf.generate(prompts, greedy, stop_strings=stops)
+        v = engine.generate(prompts, greedy, stop_strings=stops)
+        _assert_same(h, v)
+        assert sum(g.finish_reason == "stop" and len(g.token_ids) < len(f.token_ids) for g, f in zip(v, free)) >= 4
+        for g, f in zip(v, free):
+            assert g.token_ids == f.token_ids[: len(g.token_ids)]
+
     # Last in the class: it changes the engine's weights.
     def test_load_weights_after_optimizer_step_matches_hf(self, engine, tok):
         model = build_tiny_qwen2(tok, seed=0)

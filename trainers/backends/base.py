@@ -47,6 +47,20 @@ class Generation:
     finish_reason: Literal["stop", "length"]
 
 
+def check_stop_strings(stop_strings: Sequence[Sequence[str]] | None, n: int) -> list[list[str]] | None:
+    """``stop_strings`` as n lists of non-empty strings (None when no row has any); else ValueError."""
+    if stop_strings is None:
+        return None
+    if isinstance(stop_strings, str) or len(stop_strings) != n:
+        raise ValueError(f"stop_strings must hold one list of strings per prompt ({n}), got {stop_strings!r:.200}")
+    out = []
+    for row in stop_strings:
+        if isinstance(row, str) or not all(isinstance(x, str) and x for x in row):
+            raise ValueError(f"each row of stop_strings must be a list of non-empty strings, got {row!r:.200}")
+        out.append(list(row))
+    return out if any(out) else None
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """Batched token-id generation that can take new policy weights."""
@@ -56,8 +70,11 @@ class GenerationBackend(Protocol):
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
+        stop_strings: Sequence[Sequence[str]] | None = None,
     ) -> list[Generation]:
-        """Generate one continuation per prompt. ``seeds[i]`` seeds request ``i``."""
+        """Generate one continuation per prompt. ``seeds[i]`` seeds request ``i``; ``stop_strings[i]``
+        (optional: only scaffolded envs send them, agent_gym/scaffold.py) are strings that end
+        request ``i`` when its text holds one; the token that completes one is kept whole."""
         ...
 
     def load_weights(self, state_dict: dict[str, Any]) -> None:

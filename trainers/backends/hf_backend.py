@@ -11,7 +11,12 @@ The loop:
 - the prompt is run once and its keys/values kept in a ``DynamicCache``; each step then feeds
   one token per row;
 - a row that emits a stop id is done (the stop id is kept), and finished rows are dropped from
-  the batch and from the cache, so a long straggler does not drag the whole batch along.
+  the batch and from the cache, so a long straggler does not drag the whole batch along;
+- ``stop_strings`` (per row, for scaffolded envs: agent_gym/scaffold.py): a row is also done when
+  the text of its generated ids holds one of its strings; the token that completed the string is
+  kept whole, as vLLM keeps it (its ``token_ids`` are never cut; only its text is), so the ids
+  are exactly what was sampled. Checking decodes the row's ids, so the backend needs the
+  tokenizer for it.
 
 Per-request seeds: each row owns a ``torch.Generator`` seeded with ``seeds[i]`` and draws one
 uniform number from it per generated token, then takes the inverse CDF of its own processed
@@ -29,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trainers.backends.base import Generation, SamplingConfig
+from trainers.backends.base import Generation, SamplingConfig, check_stop_strings
 
 
 class HFBackend:
@@ -42,6 +47,7 @@ class HFBackend:
     num_threads: torch intra-op threads while generating (restored afterwards); None leaves the
         process setting alone. A tiny model's per-token ops are too small to split: on 2 busy
         cores, 1 thread ran batch 64 x 64 tokens in 0.5 s where 2 threads took 6-9 s.
+    tokenizer: decodes generated ids to check ``stop_strings``; needed only for them.
     """
 
     def __init__(
@@ -50,8 +56,10 @@ class HFBackend:
         pad_token_id: int,
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
+        tokenizer: Any = None,
     ):
         self.num_threads = num_threads
+        self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.eval()
@@ -65,19 +73,21 @@ class HFBackend:
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
+        stop_strings: Sequence[Sequence[str]] | None = None,
     ) -> list[Generation]:
-        """One continuation per prompt; see the module docstring for padding and seeding."""
+        """One continuation per prompt; see the module docstring for padding, seeding and
+        ``stop_strings`` (``stop_strings[i]``: the strings that end row ``i``; ``[]`` for none)."""
         if self.num_threads is None:
-            return self._generate(prompts, sampling, seeds)
+            return self._generate(prompts, sampling, seeds, stop_strings)
         previous = torch.get_num_threads()
         torch.set_num_threads(self.num_threads)
         try:
-            return self._generate(prompts, sampling, seeds)
+            return self._generate(prompts, sampling, seeds, stop_strings)
         finally:
             torch.set_num_threads(previous)
 
     @torch.inference_mode()
-    def _generate(self, prompts, sampling, seeds) -> list[Generation]:
+    def _generate(self, prompts, sampling, seeds, stop_strings=None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("HFBackend.generate called after close()")
         _check_sampling(sampling)
@@ -88,6 +98,10 @@ class HFBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        texts = check_stop_strings(stop_strings, n)
+        if texts and self.tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer to read the generated text: build HFBackend(..., "
+                             "tokenizer=tok)")
         greedy = sampling.temperature == 0
         # Each row's uniform draws for the whole call, from its own generator, in one call per
         # row: the same stream as one draw per token (torch's CPU generator fills a tensor in
@@ -110,9 +124,13 @@ class HFBackend:
         for step in range(sampling.max_new_tokens):
             tok, lp = _sample(logits, sampling, None if uniforms is None else uniforms[rows, step])
             stopped = torch.isin(tok, stop_ids)  # (b,)
-            for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
+            for k, (r, t, l) in enumerate(zip(rows.tolist(), tok.tolist(), lp.tolist())):
                 out_ids[r].append(t)
                 out_lps[r].append(l)
+                if texts and texts[r] and not stopped[k]:
+                    text = self.tokenizer.decode(out_ids[r], skip_special_tokens=False)
+                    if any(s in text for s in texts[r]):
+                        stopped[k] = True
             for r in rows[stopped].tolist():
                 reasons[r] = "stop"
             if step == sampling.max_new_tokens - 1:

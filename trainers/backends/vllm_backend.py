@@ -82,7 +82,7 @@ except ImportError as e:  # pragma: no cover - exercised only where vllm is miss
     ) from e
 
 from trainers.backends import process_guard
-from trainers.backends.base import EngineDiedError, Generation, SamplingConfig
+from trainers.backends.base import EngineDiedError, Generation, SamplingConfig, check_stop_strings
 
 _STEP_TIMEOUT_VAR = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
 _CPU_STEP_TIMEOUT_S = 1800
@@ -234,13 +234,17 @@ class VLLMBackend(_ClosedOnExit):
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
+        stop_strings: Sequence[Sequence[str]] | None = None,
     ) -> list[Generation]:
-        """One continuation per prompt, in prompt order."""
+        """One continuation per prompt, in prompt order. ``stop_strings[i]``: vLLM's ``stop`` for
+        request ``i`` (its ids are kept whole, the stopping token included)."""
         self._check_open()
         _check_prompts(prompts, seeds)
         if not prompts:
             return []
-        params = [self.sampling_params(sampling, None if seeds is None else int(s)) for s in (seeds or [None] * len(prompts))]
+        stops = check_stop_strings(stop_strings, len(prompts)) or [[]] * len(prompts)
+        params = [self.sampling_params(sampling, None if seeds is None else int(seeds[i]), stops[i])
+                  for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
 
         def run(llm: LLM) -> list[Generation]:
@@ -385,8 +389,19 @@ class VLLMBackend(_ClosedOnExit):
     # -- helpers --------------------------------------------------------------------------
 
     @staticmethod
-    def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> "SamplingParams":
-        """The ``SamplingParams`` for one request of ``sampling`` (public for benchmarks)."""
+    def sampling_params(sampling: SamplingConfig, seed: int | None = None,
+                        stop: Sequence[str] | None = None) -> "SamplingParams":
+        """The ``SamplingParams`` for one request of ``sampling`` (public for benchmarks). ``stop``:
+        stop strings (a scaffolded turn's); vLLM then detokenizes to find them, and keeps the
+        token that completes one in ``token_ids`` (only the text is cut)."""
+        if stop:
+            return SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0, max_tokens=sampling.max_new_tokens,
+                stop_token_ids=list(sampling.stop_token_ids), ignore_eos=True, logprobs=0, seed=seed,
+                stop=list(stop), include_stop_str_in_output=True, detokenize=True, skip_special_tokens=False,
+                spaces_between_special_tokens=False,
+            )
         return SamplingParams(
             n=1,
             temperature=sampling.temperature,
@@ -495,16 +510,17 @@ class AsyncVLLMBackend(_ClosedOnExit):
             future.cancel()  # cancels the task (a no-op once it is done); vLLM aborts its requests
             raise
 
-    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None = None) -> Generation:
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None = None,
+                        stop: Sequence[str] | None = None) -> Generation:
         """One continuation of ``prompt`` (token ids), as one engine request; await it on the engine's
-        loop (``run``). ``seed`` seeds this request alone."""
+        loop (``run``). ``seed`` seeds this request alone; ``stop``: its stop strings."""
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         self._check_open()
         if len(prompt) == 0:
             raise ValueError("every prompt needs at least one token")
-        params = VLLMBackend.sampling_params(sampling, None if seed is None else int(seed))
+        params = VLLMBackend.sampling_params(sampling, None if seed is None else int(seed), stop)
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, not one per token
         final = None
         try:
@@ -527,16 +543,18 @@ class AsyncVLLMBackend(_ClosedOnExit):
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
+        stop_strings: Sequence[Sequence[str]] | None = None,
     ) -> list[Generation]:
         """One continuation per prompt, in prompt order: every request in flight at once."""
         import asyncio
 
         self._check_open()
         _check_prompts(prompts, seeds)
+        stops = check_stop_strings(stop_strings, len(prompts)) or [[]] * len(prompts)
 
         async def all_of() -> list[Generation]:
-            return list(await asyncio.gather(*(self.agenerate(p, sampling, None if seeds is None else seeds[i])
-                                               for i, p in enumerate(prompts))))
+            return list(await asyncio.gather(*(self.agenerate(p, sampling, None if seeds is None else seeds[i],
+                                                              stops[i]) for i, p in enumerate(prompts))))
 
         return self.run(all_of()) if prompts else []
 

@@ -176,7 +176,7 @@ class EnvRollout:
         seed = int(np.random.SeedSequence([self.seed, trainer.state.global_step, self._calls]).generate_state(1)[0])
         self._calls += 1
         try:
-            backend = HFBackend(model, pad_token_id=pad, device=trainer.accelerator.device)
+            backend = HFBackend(model, pad_token_id=pad, device=trainer.accelerator.device, tokenizer=trainer.processing_class)
             trajs, _ = collect(self._envs(len(tasks), vocab), backend, tasks, 1, sampling, seed=seed & 0x7FFFFFFF)
         finally:
             model.train(was_training)
