@@ -28,8 +28,9 @@ import json
 import re
 import sys
 from collections import Counter
-from math import comb
 from pathlib import Path
+
+from agent_gym.stats import sign_test
 
 QUESTION = re.compile(r'Who is the ((?:\w+ of the )*\w+) of "([^"]+)"\?')
 RELATION = re.compile(r'"relation"\s*:\s*"(\w+)"')
@@ -63,15 +64,6 @@ def load(path: str) -> dict[int, tuple[bool, str, str]]:
                 cls, start = classify(ep["text"])
                 out[ep["task_index"]] = (bool(ep["success"]), cls, start)
     return out
-
-
-def sign_test(up: int, down: int) -> float:
-    """Exact two-sided sign test: P(a split of up + down flips at least this uneven | p = 1/2)."""
-    n = up + down
-    if n == 0:
-        return 1.0
-    tail = sum(comb(n, i) for i in range(max(up, down), n + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
 
 
 def compare(before: dict, after: dict) -> dict:

@@ -22,11 +22,18 @@ each. Conditions (``CONDITIONS``):
   schemas, so the model sees only the format instruction);
 - ``agent-smollm2``: SmolLM2's trained function-calling layout (``tool_format: smollm2``,
   ``trainers/smollm.py``: signatures in ``<tools>``, a JSON list inside ``<tool_call>``);
-- ``agent-smollm2-oneshot``: the same with a one-shot demonstration of a two-search episode.
+- ``agent-smollm2-oneshot``: the same with a one-shot demonstration of a two-search episode;
+- ``agent-smollm2-scaffold``: the same env with scaffolded turns (``scaffold: true``,
+  agent_gym/scaffold.py): a search call's slot on turns 1-2 (the env writes the call's opening,
+  the model the query up to its closing quote, the env closes it), an answer slot on turn 3. These
+  are the env settings of ``configs/smollm2_qa_grpo_scaffold.yaml``, so this is the scaffolded
+  base agent that RL starts from.
 
 Metrics per condition and dataset: EM and F1 (0 for an unanswered episode), answered rate, tool
 calls per episode, valid-call rate (calls with status ok / all calls), the episodes with at least
-one valid call, and whether the gold answer (or an alias) appears anywhere in the model's replies.
+one valid call, whether the gold answer (or an alias) appears anywhere in the model's replies
+(``gold_in_reply``) and in what the env showed it after the prompt (``gold_in_retrieved``: the
+search results). ``--backend vllm`` (under ``.venv-vllm``) generates with vLLM's CPU engine.
 """
 
 from __future__ import annotations
@@ -73,10 +80,12 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "agent-hermes": {"env": "tool", "kwargs": {"tool_format": "hermes"}},
     "agent-smollm2": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_PROMPT}},
     "agent-smollm2-oneshot": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_ONESHOT}},
+    "agent-smollm2-scaffold": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_ONESHOT,
+                                                         "scaffold": True}},
 }
 FOOTHOLD = ["naiverag-tags", "naiverag-text", "naiverag-oneshot", "agent-hermes", "agent-smollm2",
             "agent-smollm2-oneshot"]
-BASELINES = ["naiverag-text", "agent-smollm2-oneshot"]
+BASELINES = ["naiverag-text", "agent-smollm2-oneshot", "agent-smollm2-scaffold"]
 
 
 def env_id(cond: str, dataset: str) -> str:
@@ -106,25 +115,33 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     if spec["env"] == "tool":
         kwargs.update(max_turns=args.max_turns, max_context_tokens=args.max_context)
     eid = env_id(cond, dataset)
+    if rows <= 0:  # every row of the file
+        probe_env = EnvFactory(eid, kwargs, tok).make()
+        rows = probe_env.unwrapped.num_tasks()
+        probe_env.close()
     t0 = time.perf_counter()
     decode = "sample" if args.temperature > 0 else "greedy"
     turn_tokens = args.max_turn_tokens or (48 if spec["env"] == "tool" else 64)
-    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, "hf", turn_tokens,
+    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, args.backend, turn_tokens,
                                        decode=decode, temperature=args.temperature or 1.0, seed=args.seed)
     wall = time.perf_counter() - t0
     probe = EnvFactory(eid, kwargs, tok).make().unwrapped
     m = summarize(episodes)
     calls = sum(sum(e.call_statuses.values()) for e in episodes)
     ok = sum(e.call_statuses.get("ok", 0) for e in episodes)
-    texts = []
+    texts, retrieved = [], []
     with open(out_dir / f"{cond}__{dataset}.jsonl", "w") as f:
         for k, ep in enumerate(episodes):
             rec = episode_record(ep, tok, condition=cond, dataset=dataset)
             agent = tok.decode([t for t, mk in zip(ep.token_ids, ep.loss_mask) if mk], skip_special_tokens=True)
+            shown = tok.decode([t for t, mk in zip(ep.token_ids[ep.prompt_len:], ep.loss_mask[ep.prompt_len:]) if not mk],
+                               skip_special_tokens=True)
             rec["agent_text"] = agent
             rec["gold"] = probe.get_task(k)["answer"]
             rec["gold_in_text"] = gold_in_text(agent, probe.get_task(k))
+            rec["gold_in_retrieved"] = gold_in_text(shown, probe.get_task(k))
             texts.append(rec["gold_in_text"])
+            retrieved.append(rec["gold_in_retrieved"])
             f.write(json.dumps(rec) + "\n")
     system_prompt = probe.system_prompt
     probe.close()
@@ -134,6 +151,7 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
         "calls_per_episode": calls / len(episodes), "valid_call_rate": (ok / calls) if calls else None,
         "episodes_with_valid_call": sum(e.call_statuses.get("ok", 0) > 0 for e in episodes) / len(episodes),
         "gold_in_reply": sum(texts) / len(texts), "turns_mean": m["rollout/turns_mean"],
+        "gold_in_retrieved": sum(retrieved) / len(retrieved) if spec["env"] == "tool" else None,
         "generated_tokens_per_episode": cost["decode/generated_tokens_per_episode"], "wall_s": wall,
         "system_prompt": system_prompt,
     }
@@ -177,7 +195,8 @@ def classify(out_dir: Path, n: int, seed: int = 0) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=30, help="dev rows 0..N-1 per dataset")
+    ap.add_argument("--rows", type=int, default=30, help="dev rows 0..N-1 per dataset (0: every row of the file)")
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: under .venv-vllm (make vllm-cpu)")
     ap.add_argument("--rows-dir", help="read DIR/<dataset>_heldout.jsonl instead of the shared dev rows (the held-out "
                     "parts that scripts/split_qa.py writes, e.g. runs/qa_split); search still uses the dataset's corpus")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -227,11 +246,13 @@ def main(argv: list[str] | None = None) -> int:
                               if k != "system_prompt"}), flush=True)
             (out_dir / "results.json").write_text(json.dumps({"results": results, "settings": vars(args),
                                                               "model_load_s": load_s, "loadavg": os.getloadavg()}, indent=1))
-    print(f"\n{'condition':24s} {'dataset':16s} {'n':>3s} {'EM':>6s} {'F1':>6s} {'ans':>5s} {'calls':>5s} {'valid':>5s} {'gold':>5s}")
+    print(f"\n{'condition':24s} {'dataset':16s} {'n':>3s} {'EM':>6s} {'F1':>6s} {'ans':>5s} {'calls':>5s} {'valid':>5s} "
+          f"{'gold':>5s} {'retr':>5s}")
     for r in results:
         vc = "-" if r["valid_call_rate"] is None else f"{r['valid_call_rate']:.2f}"
+        gr = "-" if r["gold_in_retrieved"] is None else f"{r['gold_in_retrieved']:.2f}"
         print(f"{r['condition']:24s} {r['dataset']:16s} {r['rows']:3d} {r['em']:6.3f} {r['f1']:6.3f} {r['answered']:5.2f} "
-              f"{r['calls_per_episode']:5.2f} {vc:>5s} {r['gold_in_reply']:5.2f}")
+              f"{r['calls_per_episode']:5.2f} {vc:>5s} {r['gold_in_reply']:5.2f} {gr:>5s}")
     print(f"saved {out_dir / 'results.json'}")
     return 0
 
