@@ -49,6 +49,10 @@ install_core_deps "$VENV"
 install_project
 
 check_cpu_torch "$VENV"
-"$VENV/bin/python" -c "import ray, gymnasium; print('ray', ray.__version__, 'gymnasium', gymnasium.__version__)"
+# The real thing, not only `import ray`: RLlib's new API stack and its PPO config import (a partial
+# install fails here, loudly, instead of skipping every RLlib test later).
+"$VENV/bin/python" -c "import ray, ray.rllib, gymnasium; from ray.rllib.algorithms.ppo import PPOConfig; \
+print('ray', ray.__version__, 'rllib ok', 'gymnasium', gymnasium.__version__)" \
+    || { echo "error: ray[rllib] does not import in $VENV (see above); rerun \`make rllib\` or remove $VENV" >&2; exit 1; }
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "rllib env ready at $VENV in $(( $(date +%s) - start )) s"

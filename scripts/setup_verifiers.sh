@@ -51,6 +51,7 @@ install_core_deps "$VENV"
 "${PIP[@]}" install -q "safetensors>=0.4"
 install_project
 
-"$VENV/bin/python" -c "import verifiers, verifiers.v1, gymnasium, agent_gym_verifiers; print('verifiers', verifiers.__version__, 'gymnasium', gymnasium.__version__)"
+"$VENV/bin/python" -c "import verifiers, verifiers.v1, gymnasium, agent_gym_verifiers; agent_gym_verifiers.load_environment('AgentR1/FactChain-v0'); print('verifiers', verifiers.__version__, 'gymnasium', gymnasium.__version__, 'env ok')" \
+    || { echo "error: verifiers or the agent-gym-verifiers package does not load in $VENV (see above); remove $VENV and rerun \`make verifiers\`" >&2; exit 1; }
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "verifiers env ready at $VENV in $(( $(date +%s) - start )) s"

