@@ -48,7 +48,8 @@ class RewardConfig:
 
     Outcome (on the final step): ``answer_weights`` maps an answer score name returned by the
     env's ``score_answer`` (e.g. ``em``, ``f1``) to its weight. ``format`` is paid once, at the
-    end, when the episode ends with an answer in ``<answer>`` tags.
+    end, when the episode ends with a non-blank answer in ``<answer>`` tags (empty tags earn
+    nothing).
 
     Process (every step): ``call_ok`` per successful call, ``call_invalid`` per failed call
     (any status but ``ok``), ``no_action`` for a turn with neither call nor answer. Envs may add
@@ -471,7 +472,10 @@ class ToolEnv(gym.Env):
         turn.answer_scores = {k: float(v) for k, v in scores.items()}
         for k, w in self.reward_cfg.answer_weights.items():
             turn.comps[k] = w * turn.answer_scores.get(k, 0.0)
-        turn.comps["format"] = 0.0 if turn.extracted else self.reward_cfg.format  # format pays for tags only
+        # format pays for a tagged answer with something in it: not for an answer read from untagged
+        # text, nor for empty tags (a scaffolded answer slot always has the tags; an agent could farm
+        # them empty).
+        turn.comps["format"] = 0.0 if (turn.extracted or not answer.strip()) else self.reward_cfg.format
         self.answer = answer
         turn.terminated = True
 

@@ -107,6 +107,9 @@ def test_answer_rewards_and_components_add_up():
     assert info["reward_components"] == {"em": 1.0, "f1": 0.25, "format": 0.1} and r == pytest.approx(1.35)
     assert info["trajectory"].step_rewards == pytest.approx([-0.1, -0.05, 1.35])
     assert info["trajectory"].reward_components == pytest.approx({"tool": 0.2, "invalid": -0.3, "no_action": -0.05, "em": 1.0, "f1": 0.25, "format": 0.1})
+    env.reset(options={"task_index": 1})  # empty tags are no well-formed answer: no format reward
+    _, r, term, _, info = env.step(act(env, "<answer> \n </answer>"))
+    assert term and info["answer"] == "" and info["reward_components"]["format"] == 0.0
 
 
 def test_process_components_from_env_hook():

@@ -125,7 +125,7 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     a2 = ids_of(tok, "Dorsil" + call.close)
     obs, r, term, trunc, info = env.step(np.array(a2 + [env.eot_id]))
     assert info["tool_calls"][0]["arguments"] == {"query": "Dorsil"} and info["scaffold_slot"]["close_written"] == ""
-    assert info["scaffold"] == "answer" and info["stop_strings"] == ["</answer>", "\n"]
+    assert info["scaffold"] == "answer" and info["stop_strings"] == ["<", "\n\n"]
     messages += [{"role": "assistant", "content": call.prefix + "Dorsil" + call.close}] + env.format.result_messages(
         [type("O", (), {"result": ToolResult("Doc 1 (Title: Dorsil) Dorsil was born in Dorsil.")})()])
     new = obs["input_ids"].tolist()
@@ -136,8 +136,8 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     first_call_end = len(ids)
     assert new[first_call_end:] == want_ids[len(want_ids) - (len(new) - first_call_end):], name
 
-    # Turn 3: the answer slot; the model stops at the end of the line.
-    a3 = ids_of(tok, "Dorsil\n")
+    # Turn 3: the answer slot; the model stops at a blank line.
+    a3 = ids_of(tok, "Dorsil\n\n")
     obs, r, term, trunc, info = env.step(np.array(a3))
     assert term and info["answer"] == "Dorsil" and r == 1.0
     ep = info["trajectory"]
@@ -207,8 +207,8 @@ def test_schedule_callable_and_free_turns():
     _, info = env.reset(seed=0, options={"task_index": 0})
     assert info["stop_strings"] == [] and info["scaffold"] is None and env.scaffold_prefix == ""
     _, _, _, _, info = env.step(env.encode_turn('<tool_call>{"name": "search", "arguments": {"query": "k"}}</tool_call>'))
-    assert info["stop_strings"] == ["</answer>", "\n"] and env.scaffold_prefix == "<answer>"
-    assert env.scaffold_stop == ["</answer>", "\n"]
+    assert info["stop_strings"] == ["<", "\n\n"] and env.scaffold_prefix == "<answer>"
+    assert env.scaffold_stop == ["<", "\n\n"]
     _, r, term, _, info = env.step(np.array(ids_of(env.tokenizer, "Dorsil</answer>")))
     assert term and r == 1.0 and info["trajectory"].step_slots == [None, "answer"] and env.scaffold_prefix == ""
 
