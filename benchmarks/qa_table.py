@@ -2,7 +2,7 @@
 bootstrap intervals over rows, each method's ratio to a baseline, paired tests between methods on
 the same rows, and the agent's behaviour (answered, valid calls, gold in what it retrieved).
 
-    python benchmarks/qa_table.py --spec configs/tables/smollm2_qa.yaml --out runs/qa_table
+    python benchmarks/qa_table.py --spec benchmarks/tables/smollm2_qa.yaml --out runs/qa_table
 
 The spec (YAML) names the rows and, per method, one episode file per dataset: ``trajectories.jsonl``
 of ``trainers/evaluate.py --out`` or ``<condition>__<dataset>.jsonl`` of
@@ -93,12 +93,16 @@ def build(spec: dict[str, Any], tok: Any = None) -> dict[str, Any]:
     datasets = [d for d in DATASET_NAMES if any(d in m.get("files", {}) for m in methods.values())]
     golds = {d: load_golds(rows[d]) for d in datasets if d in rows}
     cells: dict[str, dict[str, Any]] = {}
+    missing: list[str] = []
     scores: dict[tuple[str, str], dict[str, list[float]]] = {}
     for name, m in methods.items():
         cells[name] = {}
         for d in datasets:
             path = m.get("files", {}).get(d)
             if path is None:
+                continue
+            if not Path(path).is_file():  # not evaluated (yet): a "-" in the table, listed under "missing"
+                missing.append(str(path))
                 continue
             recs = load_records(path)
             ids = sorted(recs)
@@ -126,7 +130,7 @@ def build(spec: dict[str, Any], tok: Any = None) -> dict[str, Any]:
                                  "evaluate both on the same rows")
             pairs.append({"a": a, "b": b, "dataset": d, "em": paired_test(sa["em"], sb["em"]),
                           "f1": paired_test(sa["f1"], sb["f1"])})
-    return {"datasets": datasets, "cells": cells, "pairs": pairs, "baseline": base}
+    return {"datasets": datasets, "cells": cells, "pairs": pairs, "baseline": base, "missing": missing}
 
 
 def _ci(v: tuple[float, float, float]) -> str:
@@ -206,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg": os.getloadavg(), "spec": spec}
     (out / "table.json").write_text(json.dumps({**meta, **table}, indent=1))
     print(md)
+    for path in table["missing"]:
+        print(f"not evaluated yet (shown as -): {path}")
     print(f"saved {out / 'table.md'} and {out / 'table.json'}")
     return 0
 
