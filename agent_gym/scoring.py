@@ -8,16 +8,22 @@ collapse white space. Every scorer takes the maximum over the gold answer and it
 Which script each scorer matches (re-implemented from the scripts' logic, not copied):
 
 - ``exact_match`` ("em"): all three official scripts. 1 when the normalized prediction equals
-  a normalized gold, **including when both normalize to the empty string**: HotpotQA dev row
-  ``5a8b3d795542997f31a41cc1`` has the answer ``"!!!"``, and the prediction ``"!!!"`` (or an
-  empty answer) scores EM 1 there, as in ``hotpot_evaluate_v1.py``.
+  a normalized gold.
+
+**A gold that normalizes to nothing never matches**, in every scorer here. The official scripts
+score an empty prediction 1 against it (HotpotQA dev row ``5a8b3d795542997f31a41cc1`` has the
+answer ``"!!!"``: ``hotpot_evaluate_v1.py`` gives the answer ``"the"`` or an empty one EM 1), so
+as a reward it pays full marks for saying nothing. Here such a gold scores 0 against every
+prediction (EM, F1, MuSiQue's F1, substring); the row's other aliases still count. This departs
+from the scripts on rows whose gold has no word at all (one in HotpotQA's 7,405 dev rows).
 - ``f1_score`` ("f1"): HotpotQA's ``hotpot_evaluate_v1.py`` and 2WikiMultihopQA's
   ``2wikimultihop_evaluate_v1.1.py`` (the same function). If the normalized prediction or gold
   is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0; otherwise token F1 of the
   normalized answers, 0 when no token is shared (so two empty answers get F1 0, EM 1).
 - ``squad_f1_score`` ("f1_squad"): MuSiQue's ``metrics/answer.py`` (SQuAD 2.0's
   ``compute_f1``). No yes/no rule: ``f1("no city", ["Norway", "no"])`` is 2/3 (vs gold
-  ``no``: P 1/2, R 1). If either side has no token, F1 is 1 when both have none, else 0.
+  ``no``: P 1/2, R 1). A prediction without a token scores 0 (the script's 1 for two empty
+  answers is the contentless-gold case above).
 
 Each dataset's pair is in ``OFFICIAL_SCORERS`` (``official_scorers(dataset)``); the QA envs log
 ``em`` and ``f1`` from it, so ``f1`` in a MuSiQue env is the MuSiQue F1.
@@ -76,13 +82,10 @@ def _golds(golds: str | Iterable[str]) -> list[str]:
 
 
 def exact_match(pred: str, golds: str | Iterable[str]) -> float:
-    """1.0 if the normalized prediction equals a normalized gold answer or alias, else 0.0.
-
-    As in every official script, an empty normalized prediction matches a gold that also
-    normalizes to "" (gold ``"!!!"``).
-    """
+    """1.0 if the normalized prediction equals a normalized gold answer or alias, else 0.0. A
+    gold that normalizes to nothing (``"!!!"``) matches nothing (the module docstring)."""
     p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in _golds(golds)))
+    return float(any(g and p == g for g in map(normalize_answer, _golds(golds))))
 
 
 def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
@@ -117,14 +120,15 @@ def f1_score(pred: str, golds: str | Iterable[str]) -> float:
 def squad_f1_score(pred: str, golds: str | Iterable[str]) -> float:
     """Token F1 as in MuSiQue's official metric (SQuAD 2.0 ``compute_f1``), max over golds.
 
-    No yes/no rule. When the prediction or the gold has no token, F1 is 1.0 if both have
-    none, else 0.0.
+    No yes/no rule. When the prediction or the gold has no token, F1 is 0.0 (a contentless gold
+    matches nothing, the module docstring).
     """
     p = normalize_answer(pred).split()
     best = 0.0
     for gold in _golds(golds):
         g = normalize_answer(gold).split()
-        best = max(best, float(p == g) if not p or not g else _token_f1(p, g))
+        if p and g:  # a side without a token scores 0 (a contentless gold matches nothing)
+            best = max(best, _token_f1(p, g))
     return best
 
 

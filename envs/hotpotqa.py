@@ -16,8 +16,9 @@ Observation
     tool responses); ``tool_format="hermes"`` (default) or ``"search_r1"``.
 Reward
     ``em`` (weight 1) by default; ``em`` and ``f1`` match HotpotQA's official
-    ``hotpot_evaluate_v1.py`` exactly: normalized equality (a gold normalizing to "", e.g.
-    ``!!!``, is matched by an empty answer), F1 with the yes/no/noanswer rule. HotpotQA has no
+    ``hotpot_evaluate_v1.py``: normalized equality, F1 with the yes/no/noanswer rule; except that
+    a gold normalizing to "" (e.g. ``!!!``) matches no answer, where the script gives an empty
+    answer EM 1. HotpotQA has no
     aliases. ``answer_metric="f1"`` or ``"substring"`` (hackable, opt-in only). Format,
     ``call_ok``, ``call_invalid`` and ``supporting_hit`` (the first retrieval of each of the two
     supporting paragraphs) are 0 by default and set through ``rewards=``; see ``envs/qa.py``.

@@ -431,8 +431,9 @@ def test_musique_blank_answer_or_alias_is_refused(tmp_path, blank, key):
 
 def test_a_gold_with_visible_characters_that_normalizes_to_empty_stays_valid(tmp_path):
     """HotpotQA dev row 5a8b3d795542997f31a41cc1 answers "!!!" (the band): official normalization
-    drops punctuation, so it normalizes to "" and the official script gives EM 1 to "!!!" (and to
-    an empty answer). It is real data, so the loaders keep it; only blank golds are refused."""
+    drops punctuation, so it normalizes to "" (the official script gives EM 1 to "!!!" and to an
+    empty answer; agent_gym.scoring scores such a gold 0 against everything). It is real data, so
+    the loaders keep it; only blank golds are refused."""
     from agent_gym.scoring import exact_match, normalize_answer
 
     rows = [dict(r) for r in HOTPOT_ROWS]
@@ -440,7 +441,7 @@ def test_a_gold_with_visible_characters_that_normalizes_to_empty_stays_valid(tmp
     path = tmp_path / "hotpot_dev_distractor_v1.json"
     path.write_text(json.dumps(rows))
     task = load_qa("hotpotqa", data_path=path)[0]
-    assert task.answer == "!!!" and normalize_answer(task.answer) == "" and exact_match("!!!", [task.answer]) == 1.0
+    assert task.answer == "!!!" and normalize_answer(task.answer) == "" and exact_match("!!!", [task.answer]) == 0.0
     assert load_qa("hotpotqa", data_path=_jsonl(tmp_path / "n.jsonl", [{**NORMALIZED, "aliases": ["!!!"]}]))[0].aliases == ["!!!"]
 
 

@@ -62,12 +62,23 @@ def test_empty_prediction_scores_zero_against_real_golds(name, pred):
     assert scorer(pred, "Paris") == 0.0
 
 
+@pytest.mark.parametrize("name", sorted(ANSWER_SCORERS))
+@pytest.mark.parametrize("pred", ["", "the", "!!!", "a", "Paris"])
+def test_a_gold_that_normalizes_to_nothing_matches_nothing(name, pred):
+    """HotpotQA dev row 5a8b3d795542997f31a41cc1 has the gold "!!!": the official scripts give an
+    empty answer (or "the") EM 1 against it; as a reward that pays for saying nothing."""
+    scorer = get_answer_scorer(name)
+    assert scorer(pred, ["!!!"]) == 0.0 and scorer(pred, "  the ") == 0.0
+    assert scorer("Paris", ["!!!", "Paris"]) == 1.0  # the row's real aliases still count
+
+
 # Figures from the official scripts' logic (hotpot_evaluate_v1.py, 2wikimultihop_evaluate_v1.1.py,
-# MuSiQue metrics/answer.py). The first rows are the cases issue 10 found broken.
+# MuSiQue metrics/answer.py), except for a gold that normalizes to nothing (above). The first rows
+# are the cases issue 10 found broken.
 @pytest.mark.parametrize(("pred", "golds", "em", "hotpot_f1", "musique_f1"), [
-    ("!!!", ["!!!"], 1.0, 0.0, 1.0),   # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!"
-    ("", ["!!!"], 1.0, 0.0, 1.0),      # empty prediction vs a gold that normalizes to ""
-    ("the", ["!!!"], 1.0, 0.0, 1.0),
+    ("!!!", ["!!!"], 0.0, 0.0, 0.0),   # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!" (scripts: EM 1)
+    ("", ["!!!"], 0.0, 0.0, 0.0),      # empty prediction vs a gold that normalizes to "" (scripts: EM 1)
+    ("the", ["!!!"], 0.0, 0.0, 0.0),
     ("Paris", ["!!!"], 0.0, 0.0, 0.0),
     ("", ["Paris"], 0.0, 0.0, 0.0),
     ("no city", ["Norway", "no"], 0.0, 0.0, 2 / 3),  # MuSiQue has no yes/no rule

@@ -537,12 +537,14 @@ def test_each_env_scores_with_its_official_script(tmp_path, env_id, f1):
 
 
 @pytest.mark.parametrize("env_id", ["AgentR1/HotpotQA-v0", "AgentR1/MuSiQue-v0"])
-def test_gold_that_normalizes_to_empty_can_score(tmp_path, env_id):
-    # HotpotQA dev row 5a8b3d795542997f31a41cc1 has the answer "!!!": official EM 1 for "!!!".
+def test_a_gold_that_normalizes_to_nothing_pays_nothing(tmp_path, env_id):
+    # HotpotQA dev row 5a8b3d795542997f31a41cc1 has the answer "!!!": the official scripts give "!!!",
+    # "the" or an empty answer EM 1; as a reward that would pay for saying nothing.
     env = make(env_id, data_path=_one_row_file(tmp_path, "!!!", []))
-    env.reset(options={"task_index": 0})
-    _, r, term, _, info = env.step(act(env, "<answer>!!!</answer>"))
-    assert term and r == 1.0 and info["answer_scores"]["em"] == 1.0
+    for answer in ("!!!", "the", ""):
+        env.reset(options={"task_index": 0})
+        _, r, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
+        assert term and r == 0.0 and info["answer_scores"] == {"em": 0.0, "f1": 0.0} and not info["trajectory"].success
 
 
 # -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
