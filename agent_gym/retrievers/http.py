@@ -105,7 +105,8 @@ def parse_request(body: bytes, default_topk: int, max_topk: int,
     """A ``/retrieve`` body -> ``(queries, topk, return_scores)``, or ``BadRequest`` naming what
     was wrong. Shared by both servers. JSON nested too deep for the decoder (``RecursionError``),
     bytes that are not UTF-8 and integers too long to convert are 400s like any other bad JSON.
-    ``topk`` omitted, null or 0 means ``default_topk``; a larger one than ``max_topk`` is clipped."""
+    ``topk`` omitted, null or 0 means ``default_topk``; one larger than ``max_topk`` is a 400 naming
+    the limit, rather than clipped (a client asking for 10**9 passages would get 100 and no word of it)."""
     fmt = 'expected {"queries": [str, ...], "topk": int (optional), "return_scores": bool (optional)}'
     try:
         req = json.loads(body or b"null")
@@ -124,12 +125,15 @@ def parse_request(body: bytes, default_topk: int, max_topk: int,
     topk = req.get("topk") or default_topk
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         raise BadRequest(f"bad request: 'topk' must be a positive integer, got {_short.repr(topk)}; {fmt}")
+    if topk > max_topk:
+        raise BadRequest(f"bad request: 'topk' {_short.repr(topk)} is over the server's max_topk={max_topk}; ask for at "
+                         f"most {max_topk} passages per query (or start the server with a larger --max-topk)")
     with_scores = req.get("return_scores", False)
     if with_scores is None:
         with_scores = False
     if not isinstance(with_scores, bool):
         raise BadRequest(f"bad request: 'return_scores' must be true or false, got {_short.repr(with_scores)}; {fmt}")
-    return queries, min(topk, max_topk), with_scores
+    return queries, topk, with_scores
 
 
 def render_result(results: list[list[Passage]], with_scores: bool) -> dict[str, Any]:
@@ -519,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--topk", type=int, default=3, help="default topk when a request omits it")
-    s.add_argument("--max-topk", type=int, default=100, help="a larger topk is clipped to this")
+    s.add_argument("--max-topk", type=int, default=100, help="a request asking for more passages per query gets 400")
     s.add_argument("--verbose", action="store_true", help="log every request")
     s.add_argument("--server", choices=("uvicorn", "stdlib"), default="uvicorn",
                    help="uvicorn (default; FastAPI on uvicorn with the limits below, extra `serve`) or stdlib "

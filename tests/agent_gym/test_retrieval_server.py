@@ -115,6 +115,7 @@ BAD_BODIES = {  # the wire-format checks shared by both servers (agent_gym.retri
     "topk negative": (b'{"queries": ["a"], "topk": -1}', 400, "'topk'"),
     "topk bool": (b'{"queries": ["a"], "topk": true}', 400, "'topk'"),
     "topk huge int": (b'{"queries": ["a"], "topk": ' + b"9" * 5000 + b"}", 400, "not JSON"),
+    "topk over max_topk": (b'{"queries": ["a"], "topk": 1000000000}', 400, "over the server's max_topk=100"),
     "return_scores string": (b'{"queries": ["a"], "return_scores": "yes"}', 400, "'return_scores'"),
 }
 
