@@ -542,14 +542,27 @@ def _libc() -> Any:
 
 def _mount_point() -> str:
     """An empty directory of the host (made once per process, mode 0711): each call's child mounts
-    its private tmpfs on it inside its own mount namespace; the host only ever sees it empty."""
+    its private tmpfs on it inside its own mount namespace; the host only ever sees it empty. It is
+    removed when the process that made it exits (a forked child that inherits the exit hook leaves
+    it to its parent)."""
     if not _MOUNT_POINT or not os.path.isdir(_MOUNT_POINT[0]):
+        import atexit
         import tempfile
 
         d = tempfile.mkdtemp(prefix="agent_gym_sandbox_")
         os.chmod(d, 0o711)
         _MOUNT_POINT[:] = [d]
+        atexit.register(_remove_mount_point, d, os.getpid())
     return _MOUNT_POINT[0]
+
+
+def _remove_mount_point(path: str, owner: int) -> None:
+    if os.getpid() != owner:
+        return
+    try:
+        os.rmdir(path)  # empty by construction; never a recursive delete
+    except OSError:
+        pass
 
 
 @functools.lru_cache(maxsize=1)

@@ -299,3 +299,18 @@ def test_python_tool_pickles():
     status, r = run_tool(t, {"code": "print('x' * 50)"})
     assert status == "ok" and r.content == "[... 41 characters cut]\n" + "x" * 9 + "\n"  # the last 10 of 51
     np.testing.assert_equal(r.metadata["exit_code"], 0)
+
+
+@pytest.mark.timeout(120)
+def test_the_mount_point_directory_is_removed_at_exit():
+    """Each process that used the sandbox left an empty /tmp/agent_gym_sandbox_* behind."""
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom agent_gym.sandbox import run_python, _MOUNT_POINT\n"
+            "r = run_python('print(1)')\nassert r.stdout.strip() == '1', r\n"
+            "assert os.path.isdir(_MOUNT_POINT[0])\nprint(_MOUNT_POINT[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    made = out.stdout.strip().splitlines()[-1]
+    assert "agent_gym_sandbox_" in made and not os.path.exists(made)
