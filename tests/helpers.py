@@ -89,3 +89,18 @@ def _load_file(path: Path) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def assert_implements(obj: object, protocol: type) -> None:
+    """``obj`` has every method of ``protocol`` taking the protocol's parameters by the same names in
+    the same order (extra trailing parameters allowed), which ``isinstance`` against a
+    ``runtime_checkable`` protocol does not check (it looks only at the names of the methods)."""
+    import inspect
+
+    for name, member in vars(protocol).items():
+        if name.startswith("_") or not callable(member):
+            continue
+        assert callable(getattr(obj, name, None)), f"{type(obj).__name__} has no method {name}"
+        want = [p for p in inspect.signature(member).parameters if p != "self"]
+        have = list(inspect.signature(getattr(obj, name)).parameters)
+        assert have[: len(want)] == want, f"{type(obj).__name__}.{name}{have} does not take {want} like {protocol.__name__}"

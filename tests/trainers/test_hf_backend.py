@@ -48,7 +48,9 @@ def _full_forward_logprobs(model, prompt, completion, sampling) -> torch.Tensor:
 
 
 def test_implements_protocol(backend):
-    assert isinstance(backend, GenerationBackend)
+    from tests.helpers import assert_implements
+
+    assert_implements(backend, GenerationBackend)  # every method, with the protocol's parameters
 
 
 def test_tiny_model_shape(tok, model):

@@ -114,7 +114,9 @@ class TestGeneration:
     pytestmark = needs_vllm
 
     def test_protocol(self, engine):
-        assert isinstance(engine, GenerationBackend)
+        from tests.helpers import assert_implements
+
+        assert_implements(engine, GenerationBackend)  # every method, with the protocol's parameters
 
     def test_multi_turn_greedy_matches_hf(self, engine, tok):
         hf = HFBackend(build_tiny_qwen2(tok, seed=0), pad_token_id=tok.pad_token_id)
