@@ -242,7 +242,9 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size', "
                              "'scaffold_drop_prob'")
         shared = {"scaffold_drop_prob": options["scaffold_drop_prob"]} if "scaffold_drop_prob" in options else {}
-        return [{**o, **shared} for o in self._task_options(options)]
+        # called as ToolVectorEnv._task_options so that RemoteVectorEnv (agent_gym/serve.py), which borrows
+        # this method, gets it too
+        return [{**o, **shared} for o in ToolVectorEnv._task_options(self, options)]  # type: ignore[arg-type]
 
     def _task_options(self, options: dict[str, Any]) -> list[dict[str, Any]]:
         if "tasks" in options and "task_indices" in options:
