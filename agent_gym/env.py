@@ -220,7 +220,7 @@ class ToolEnv(gym.Env):
         self.scaffold = Scaffold.build(scaffold, self)
         self._env_text_ids: dict[str, list[int]] = {}
         self._slot: Slot | None = None
-        self._drop_prob = 0.0 if self.scaffold is None else self.scaffold.drop_prob
+        self._drop_prob = 0.0  # the episode's, set by reset (the scaffold's own, or the reset option)
         self.max_context_tokens = int(max_context_tokens)
         self.max_tool_calls = int(max_tool_calls)
         self.max_invalid_calls = int(max_invalid_calls)

@@ -10,25 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_gym.tokenizer import default_tokenizer
 from agent_gym.vector import ToolVectorEnv
 from tests.agent_gym.test_scaffold import QEnv
+from tests.trainers.test_hf_backend import model, tok  # noqa: F401  (the tiny model and tokenizer fixtures)
 from trainers.backends.base import Generation, SamplingConfig
 from trainers.backends.hf_backend import HFBackend
 from trainers.rollout import collect
-from trainers.tiny_model import build_tiny_qwen2
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qa" / "hotpotqa" / "hotpot_dev_distractor_v1.json"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return default_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return build_tiny_qwen2(tok, seed=0)
 
 
 def first_stop(tok, ids, stops):
