@@ -267,6 +267,17 @@ class AlgorithmConfig(Section):
     ``auto``: ``tis`` when ``max_staleness`` is 1, else ``none``."""
     tis_cap: float = 2.0
     """The truncation of the behaviour weight (``tis``); Yao et al. use 2."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476): a group whose trajectories all
+    scored the same (the env's rewards; no spread, so every advantage in it is 0) is dropped
+    before scoring, and the batch is refilled with groups of further tasks until it holds
+    ``tasks_per_iter`` groups with a spread or ``dynamic_sampling_max_extra`` extra episodes
+    have been sampled; then the update trains on the groups there are (``dynamic/*`` metrics).
+    Grouped estimators only (grpo, rloo); in-process rollouts (lockstep or async)."""
+    dynamic_sampling_max_extra: int | None = None
+    """The most extra episodes an iteration may sample to refill dropped groups, rounded down to
+    whole batches (each refill round samples one batch of fresh tasks); null: one batch
+    (``tasks_per_iter * group_size``); 0: drop without refilling."""
 
     @property
     def uses_critic(self) -> bool:
@@ -308,6 +319,9 @@ class AlgorithmConfig(Section):
                 raise ConfigError(f"algorithm.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
+        if self.dynamic_sampling_max_extra is not None and self.dynamic_sampling_max_extra < 0:
+            raise ConfigError(f"algorithm.dynamic_sampling_max_extra must be >= 0 (0: drop groups without refilling) "
+                              f"or null, got {self.dynamic_sampling_max_extra}")
         if not self.tis_cap >= 1:
             raise ConfigError(f"algorithm.tis_cap must be >= 1 (a weight cap below 1 would shrink on-policy tokens), "
                               f"got {self.tis_cap}")
@@ -585,6 +599,17 @@ class TrainConfig(Sectioned):
                               "with needs_groups=True)")
         if self.eval.every <= 0:
             raise ConfigError(f"eval.every must be positive for RL, got {self.eval.every}")
+        if a.dynamic_sampling:
+            refused = [(not a.needs_groups, f"adv_estimator: {a.adv_estimator!r}, which has no groups to compare "
+                        "(use grpo or rloo)"),
+                       (r.max_staleness > 0, "rollout.max_staleness: 1 (the next rollout runs during the update; "
+                        "a refill would race it): set rollout.max_staleness: 0"),
+                       (r.workers > 0, f"rollout.workers: {r.workers} (Ray workers take whole shares of a fixed "
+                        "batch): set rollout.workers: 0"),
+                       (s.fsdp, "scale.fsdp: true (each rank collects its own share): set scale.fsdp: false")]
+            for bad, why in refused:
+                if bad:
+                    raise ConfigError(f"algorithm.dynamic_sampling: true does not combine with {why}")
         if s.max_tokens_per_microbatch is not None:
             check_agg_units(a.loss_agg, "")
         if s.fsdp:

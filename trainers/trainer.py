@@ -192,17 +192,25 @@ class Trainer:
         for it in range(self.start_iteration, cfg.iterations):
             t0 = time.perf_counter()
             trajs, rt, version, waited = self.next_rollout(it)
+            sampled = trajs
+            dyn_metrics: dict[str, float] = {}
+            if cfg.algorithm.dynamic_sampling:
+                trajs, rt, dyn_metrics = self.dynamic_sample(it, trajs, rt)
             t_fb = time.perf_counter()
-            batch = self.score(trajs)
-            adv_metrics = self.compute_advantages(batch)
-            update_metrics = self.update(batch, it)
+            if trajs:
+                batch = self.score(trajs)
+                adv_metrics = self.compute_advantages(batch)
+                update_metrics = self.update(batch, it)
+            else:  # every group dropped and the refill cap spent: nothing to train on
+                batch, adv_metrics, update_metrics = None, {}, {"update/skipped": 1.0, "policy/loss": 0.0,
+                                                                "policy/total_loss": 0.0}
             t_fb = time.perf_counter() - t_fb
             staleness = self.version - version  # the weights that sampled the batch, against the ones it updated
             self.version += 1
             if not cfg.rollout.max_staleness:
                 self.sync_weights()  # else pushed before the next rollout starts (next_rollout)
-            metrics = {**summarize(trajs), **self.source.metrics(), **adv_metrics, **update_metrics,
-                       **self.mismatch(batch), "rollout/policy_version": float(version),
+            metrics = {**summarize(sampled), **self.source.metrics(), **dyn_metrics, **adv_metrics, **update_metrics,
+                       **(self.mismatch(batch) if batch is not None else {}), "rollout/policy_version": float(version),
                        "rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
             if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
                 self.finish_prefetch()  # the engine evaluates the learner's weights, not the sampler's
@@ -212,7 +220,7 @@ class Trainer:
             metrics["time/rollout_wait_s"] = waited
             metrics.update(self.gc_stats.take())
             self.logger.log(it, metrics)
-            self.logger.log_trajectories(it, self.trajectory_records(trajs[: cfg.log_trajectories], policy_version=version,
+            self.logger.log_trajectories(it, self.trajectory_records(sampled[: cfg.log_trajectories], policy_version=version,
                                                                      staleness=staleness))
             last = metrics
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or self.should_stop(metrics):
@@ -291,6 +299,44 @@ class Trainer:
             self._pending = (self._prefetcher.submit(self.collect_only, it + 1), it + 1, self.version)
         return trajs, rt, version, waited
 
+    def dynamic_sample(self, it: int, trajs: list[Trajectory], rt: Any) -> tuple[list[Trajectory], Any, dict[str, float]]:
+        """``algorithm.dynamic_sampling``: drop the groups of ``trajs`` without a reward spread, then
+        refill from further rounds, each one batch of fresh tasks (the rollout's vector env is one
+        batch wide, and DAPO samples whole batches too), drawn from ``(seed, it, round)`` among the
+        tasks not yet used this iteration, until ``tasks_per_iter`` groups have a spread or the
+        extra-episode cap (rounded down to whole batches) is spent. The kept groups are renumbered
+        0.. in the order they were sampled; past ``tasks_per_iter`` the later ones are left out.
+        Metrics: ``dynamic/dropped_groups`` (of every group sampled), ``dynamic/extra_episodes``,
+        ``dynamic/rounds``, ``dynamic/kept_groups``, ``dynamic/short_groups`` (how many groups fewer
+        than ``tasks_per_iter`` the update trains on, the cap being spent)."""
+        cfg = self.cfg
+        want = cfg.tasks_per_iter
+        cap = cfg.algorithm.dynamic_sampling_max_extra
+        max_rounds = (cfg.batch_size if cap is None else cap) // cfg.batch_size
+        kept, dropped = keep_spread_groups(trajs, self.pad_id)
+        used = set(self.task_indices(it))
+        rounds = 0
+        while len(kept) < want and rounds < max_rounds:
+            rng = np.random.default_rng([cfg.seed, it, 1 + rounds])
+            tasks = [int(t) for t in rng.permutation(self.num_tasks) if int(t) not in used][:want]
+            if len(tasks) < want:  # fewer fresh tasks than a batch: the rest repeats used ones
+                tasks += [int(t) for t in rng.permutation(self.num_tasks)[: want - len(tasks)]]
+            used.update(tasks)
+            self.policy.eval()
+            with self.parallel.full_params(self.policy):
+                more, rt2 = self.source.collect(tasks, cfg.group_size, self.sampling, derive_seed(cfg.seed, it, 2, rounds),
+                                                **self.reset_options(it))
+            rt = _add_times(rt, rt2)
+            rounds += 1
+            new_kept, new_dropped = keep_spread_groups(more, self.pad_id)
+            kept += new_kept
+            dropped += new_dropped
+        kept = kept[:want]
+        out = [dataclasses.replace(tr, group=i) for i, grp in enumerate(kept) for tr in grp]
+        return out, rt, {"dynamic/dropped_groups": float(dropped), "dynamic/extra_episodes": float(rounds * cfg.batch_size),
+                         "dynamic/rounds": float(rounds), "dynamic/kept_groups": float(len(kept)),
+                         "dynamic/short_groups": float(want - len(kept))}
+
     def collect_only(self, it: int) -> tuple[list[Trajectory], Any]:
         """Iteration ``it``'s rollout without touching the learner's modules (the background rollout of
         ``max_staleness`` 1: the source samples from its own engine or copy of the weights)."""
@@ -366,8 +412,26 @@ class Trainer:
         m.update(self._is_metrics)
         return {k: float(v) for k, v in m.items()}
 
-    def update(self, batch: RolloutBatch, it: int) -> dict[str, float]:
+    def void_update(self, batch: RolloutBatch) -> bool:
+        """Whether no term of the loss can have a gradient on ``batch``: every advantage on the loss
+        mask is 0 (every GRPO group without a spread) and there is no critic, no entropy bonus and
+        no KL term in the loss. Every process must agree (FSDP: one rank alone skipping would hang
+        the others' collectives), so it is void only if it is void on every rank."""
         cfg = self.cfg
+        if self.critic is not None or cfg.entropy_coef > 0 or (self.ref is not None and cfg.kl_mode == "loss"
+                                                               and cfg.kl_coef > 0):
+            return False
+        signal_here = bool((batch.advantages * batch.loss_mask != 0).any())  # NaN counts as signal: it is checked later
+        return not self.parallel.any_rank(signal_here)
+
+    def update(self, batch: RolloutBatch, it: int) -> dict[str, float]:
+        """The optimizer steps on ``batch``: ``ppo_epochs`` passes over shuffled minibatches. A void
+        batch (``void_update``) skips the forward, the backward and the optimizer step (an Adam step
+        on zero gradients would still move the weights by its momentum and weight decay, and the
+        learning-rate schedule does not advance): ``update/skipped`` is 1."""
+        cfg = self.cfg
+        if self.void_update(batch):  # every token's surrogate is exactly 0 (A = 0): the loss is known
+            return {"update/skipped": 1.0, "policy/loss": 0.0, "policy/total_loss": 0.0}
         self.policy.train()
         if self.critic is not None:
             self.critic.train()
@@ -386,7 +450,7 @@ class Trainer:
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
-        return {k: v / count for k, v in sums.items()}
+        return {**{k: v / count for k, v in sums.items()}, "update/skipped": 0.0}
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
@@ -569,6 +633,27 @@ class Trainer:
             with scale.autocast(self.cfg):
                 out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
         return torch.cat(out)
+
+
+def keep_spread_groups(trajs: list[Trajectory], pad_id: int) -> tuple[list[list[Trajectory]], int]:
+    """The groups of ``trajs`` whose scores differ (each a list, in order of first appearance) and
+    the number of groups left out: those whose every trajectory scored the same, judged as the
+    group estimators judge it (``algos.group_spread``: the sum of the env's rewards on agent
+    tokens, equal up to rounding), so a dropped group is exactly one whose advantages would be 0."""
+    if not trajs:
+        return [], 0
+    b = build_batch(trajs, pad_id)
+    spread = algos.group_spread(b.token_rewards, b.loss_mask, b.group_ids)  # (B,) bool
+    groups: dict[int, list[int]] = {}
+    for i, tr in enumerate(trajs):
+        groups.setdefault(tr.group, []).append(i)
+    kept = [[trajs[i] for i in rows] for rows in groups.values() if bool(spread[rows[0]])]
+    return kept, len(groups) - len(kept)
+
+
+def _add_times(a: Any, b: Any) -> Any:
+    """Two rollouts' ``RolloutTimes`` summed (generation and env seconds, generated tokens)."""
+    return dataclasses.replace(a, **{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(a)})
 
 
 def lr_multiplier(step: int, warmup_steps: int, schedule: str = "constant", total_steps: int = 0) -> float:

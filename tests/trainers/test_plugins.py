@@ -117,7 +117,11 @@ def _config(tmp_path, name, run, **rollout):
         "rollout": {"env_id": "PluginTest/Echo-v0", "env_kwargs": {"max_turns": 2, "tools_in_prompt": False},
                     "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 8, **rollout},
         "algorithm": {"algo": "grpo", "adv_estimator": "scaled_grpo", "adv_kwargs": {"tau": 0.5},
-                      "loss_agg": "scaled-token-mean", "loss_kwargs": {"scale": 2.0}, "minibatch_size": 4},
+                      "loss_agg": "scaled-token-mean", "loss_kwargs": {"scale": 2.0}, "minibatch_size": 4,
+                      # The untrained model earns no reward, so every advantage is 0 and the update would
+                      # be skipped (trainer.void_update); the entropy bonus, aggregated by the plugin's
+                      # aggregation too, keeps it.
+                      "entropy_coef": 0.01},
         "eval": {"every": 100, "tasks": 2}}))
     return p
 

@@ -22,7 +22,7 @@ from .registry import (
     register_kl,
 )
 
-_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo")
+_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "group_spread", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo")
 _LOSSES = ("KLKind", "aggregate", "behaviour_weights", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
            "masked_mean", "policy_loss", "value_loss")
 
@@ -49,6 +49,7 @@ __all__ = [
     "gae",
     "get_adv_est",
     "get_agg",
+    "group_spread",
     "grpo",
     "kl_in_reward",
     "kl_loss",

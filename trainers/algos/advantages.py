@@ -443,6 +443,16 @@ def gae(
     return adv, returns, metrics
 
 
+def group_spread(token_rewards: Tensor, loss_mask: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) bool: whether row i's group has scores that differ, judged as grpo and rloo judge it
+    (the sum of each row's agent-token rewards; a std within rounding of 0 is no spread). Where it
+    is False, those estimators give every token of the group the advantage 0. DAPO's dynamic
+    sampling (``algorithm.dynamic_sampling``) drops those groups."""
+    _check_inputs(token_rewards, loss_mask, None, group_ids)
+    score, scale = _scores(token_rewards, loss_mask.bool())
+    return _group_stats(score, group_ids, scale)[3] > 0
+
+
 def _per_trajectory(
     a: Tensor, score: Tensor, gstd: Tensor, token_rewards: Tensor, m: Tensor
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
