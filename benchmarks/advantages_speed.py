@@ -18,6 +18,11 @@ import os
 import statistics
 import time
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import numpy as np
 import torch
 
@@ -87,7 +92,7 @@ def main() -> None:
     out = {"rounds": args.rounds, "threads": args.threads, "discount": args.discount, "load_before": load_before,
            "load_after": os.getloadavg(), "results": results}
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    save("advantages_speed", out)
+    write_raw(__file__, out, outputs=[save("advantages_speed", out)])
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 import gymnasium as gym  # noqa: E402
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"saved {out}")
+    write_raw(__file__, report, argv=argv, outputs=[out])
     ok = all(p == len(pairs) for k in ("verdict_cold", "verdict_warm") for p in passes[k])
     return 0 if ok and not any(r["verdict"] for r in forged.values()) else 1
 

@@ -31,6 +31,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_raw(__file__, result, argv=argv, outputs=[args.out])
     return 0
 
 

@@ -24,6 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,6 +66,7 @@ def main() -> None:
         print(f"{k:22s} {v:.4f}" if isinstance(v, float) else f"{k:22s} {v}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
+    write_raw(__file__, out, outputs=[args.out])
 
 
 if __name__ == "__main__":

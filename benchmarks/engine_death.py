@@ -34,6 +34,11 @@ import threading
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +139,7 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_raw(__file__, result, outputs=[args.out])
 
 
 if __name__ == "__main__":

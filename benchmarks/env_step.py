@@ -30,6 +30,11 @@ import statistics
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import numpy as np
 
 import agent_gym  # noqa: E402,F401
@@ -191,6 +196,7 @@ def main() -> None:
             results["hotpotqa_bm25_top3"] = hotpot
     for k, v in results.items():
         print(f"{k:28s} " + "  ".join(f"{a}={b:.1f}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items()))
+    write_raw(__file__, results, outputs=[args.out])  # this run's figures (--out may merge in an earlier run's)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.only and out.is_file():  # keep the other benchmark's figures

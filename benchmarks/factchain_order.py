@@ -30,6 +30,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 from agent_gym.stats import sign_test
 
 QUESTION = re.compile(r'Who is the ((?:\w+ of the )*\w+) of "([^"]+)"\?')
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_raw(__file__, result, argv=argv, outputs=[args.out] if args.out else [])
     return 0
 
 

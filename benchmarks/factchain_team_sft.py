@@ -19,6 +19,11 @@ import os
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 REPO = Path(__file__).resolve().parents[1]
 
 ENV_KWARGS = {"tools_in_prompt": False}
@@ -101,6 +106,7 @@ def main() -> None:
     out = REPO / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    write_raw(__file__, result, outputs=[out])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.report import save, spread  # noqa: E402
@@ -63,7 +68,7 @@ def main() -> None:
               f"[{s['gc_full_s']['min']:.3f}-{s['gc_full_s']['max']:.3f}], all GC {s['gc_s']['median']:.3f} s, "
               f"iteration {s['iteration_s_median']['median']:.3f} s, frozen {s['frozen_objects']['median']:.0f}")
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    save("gc_pauses", out)
+    write_raw(__file__, out, outputs=[save("gc_pauses", out)])
 
 
 if __name__ == "__main__":

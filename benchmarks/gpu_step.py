@@ -54,6 +54,11 @@ from pathlib import Path
 
 import torch
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
@@ -293,15 +298,18 @@ def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, a
     return out
 
 
-def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35, model: str = "qwen2.5-3b") -> None:
+def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35, model: str = "qwen2.5-3b") -> dict[str, dict]:
+    """Print the memory budgets on paper of ``model``'s configurations; returns them by name."""
+    budgets: dict[str, dict] = {}
     if model == "smollm2-135m-instruct":  # its GPU configs: full fine-tuning, no checkpointing, vLLM at 0.3
         for name, r, algo in (("full fine-tuning + bf16 autocast, 16384-token micro-batches, PPO (critic) "
                                "(configs/smollm2_qa_ppo_gpu.yaml)", 0, "ppo"),
                               ("the same, GRPO (no critic) (configs/smollm2_qa_grpo_gpu.yaml)", 0, "grpo"),
                               ("LoRA r=8 as in the CPU runs, PPO", 8, "ppo")):
-            b = memory_budget(SMOLLM2_135M, r, False, 16384, agent_fraction, vllm_fraction=0.3, critic=algo == "ppo")
-            _print_budget(name, b)
-        return
+            budgets[name] = memory_budget(SMOLLM2_135M, r, False, 16384, agent_fraction, vllm_fraction=0.3,
+                                          critic=algo == "ppo")
+            _print_budget(name, budgets[name])
+        return budgets
     # name, lora_r, checkpointing, tokens per backward, pure bf16
     cases = [("LoRA r=64 + bf16 autocast + checkpointing + 8192-token micro-batches (paper configs)", 64, True, tokens, False),
              ("full fine-tuning + bf16 autocast + checkpointing + 8192-token micro-batches", 0, True, tokens, False),
@@ -309,7 +317,9 @@ def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35, model: str =
              ("the configs before: pure bf16, no checkpointing, one backward per 32-row minibatch of ~2k tokens",
               0, False, 32 * 2048, True)]
     for name, r, ck, n_tok, pure in cases:
-        _print_budget(name, memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure))
+        budgets[name] = memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure)
+        _print_budget(name, budgets[name])
+    return budgets
 
 
 def _print_budget(name: str, b: dict[str, float]) -> None:
@@ -346,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tiny is the tiny random model: leave out --model, or use --cpu")
     args.cpu = args.cpu or args.tiny
     if args.budget:
-        print_budgets(model=args.model)
+        write_raw(__file__, {"model": args.model, "budgets_gib": print_budgets(model=args.model)}, label="budget",
+                  argv=argv)
         return 0
     args.group = lambda algo: args.grpo_group if algo == "grpo" else 1
     if not args.cpu and not torch.cuda.is_available():
@@ -385,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
+    write_raw(__file__, results, argv=argv, outputs=[args.out])
     return 0
 
 

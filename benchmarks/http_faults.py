@@ -34,6 +34,11 @@ import time
 import tracemalloc
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym.retrievers import RetrieverError  # noqa: E402
@@ -137,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     res = ROOT / "benchmarks" / "results"
     res.mkdir(exist_ok=True)
     (res / "http_faults.json").write_text(json.dumps(out, indent=1))
+    write_raw(__file__, out, argv=argv, outputs=[res / "http_faults.json"])
     return 0
 
 

@@ -23,6 +23,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ("import sys, agent_gym; "
          "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'trainers')}))")
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
+    write_raw(__file__, res, argv=argv, outputs=[args.out])
     return 0
 
 

@@ -26,6 +26,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
@@ -128,6 +133,7 @@ def report(results: list[dict], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     plot(results, out.with_name("learning_curves.png"))
+    write_raw(__file__, results, outputs=[out, out.with_name("learning_curves.png")])
 
 
 def _f(x: float | None) -> str:

@@ -16,6 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.report import save, spread  # noqa: E402
@@ -52,7 +57,7 @@ def main() -> None:
         print(f"{k}: {v['median']:.3f} ms per log() [{v['min']:.3f}-{v['max']:.3f}]")
     print(f"ratio {out['ratio_each_over_batched']:.1f}x; load average before {load_before[0]:.2f}, "
           f"after {out['load_after'][0]:.2f}")
-    save("logger_cost", out)
+    write_raw(__file__, out, outputs=[save("logger_cost", out)])
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ import time
 import types
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym import math_answer  # noqa: E402
@@ -149,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"saved {args.out}")
+    write_raw(__file__, out, argv=argv, outputs=[args.out])
     return 0
 
 

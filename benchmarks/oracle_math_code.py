@@ -22,6 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import gymnasium as gym  # noqa: E402
 
 import agent_gym  # noqa: E402,F401
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"saved {args.out}")
+    write_raw(__file__, report, argv=argv, outputs=[args.out])
     return 0 if all(r["success_rate"] == 1.0 for r in report["results"]) else 1
 
 

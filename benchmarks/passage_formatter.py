@@ -23,6 +23,11 @@ import statistics
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym.retrievers import Passage  # noqa: E402
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"saved {out}")
+    write_raw(__file__, results, argv=argv, outputs=[out])
     return 0
 
 

@@ -16,6 +16,11 @@ import json
 import re
 import sys
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 from agent_gym.scoring import normalize_answer
 
 
@@ -49,8 +54,11 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
 def main(argv: list[str]) -> int:
     if not argv or len(argv) % 2:
         raise SystemExit("usage: python benchmarks/qa_answers.py TRAJECTORIES.jsonl ROWS.jsonl [TRAJECTORIES ROWS ...]")
+    counts = []
     for traj, rows in zip(argv[::2], argv[1::2]):
-        print(json.dumps({"trajectories": traj, "rows": rows, **answer_counts(traj, rows)}))
+        counts.append({"trajectories": traj, "rows": rows, **answer_counts(traj, rows)})
+        print(json.dumps(counts[-1]))
+    write_raw(__file__, counts, argv=argv)
     return 0
 
 

@@ -30,6 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import yaml
 
 from agent_gym.scoring import normalize_answer
@@ -209,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(sys.argv), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "spec": spec}
     (out / "table.json").write_text(json.dumps({**meta, **table}, indent=1))
+    write_raw(__file__, {**meta, **table, "table_md": md}, argv=argv, outputs=[out / "table.md", out / "table.json"])
     print(md)
     for path in table["missing"]:
         print(f"not evaluated yet (shown as -): {path}")

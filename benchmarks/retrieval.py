@@ -36,6 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym.datasets import load_corpus, load_qa  # noqa: E402
@@ -156,8 +161,10 @@ def main() -> int:
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "load_avg_at_end": os.getloadavg(), "dense_torch_threads": DENSE_TORCH_THREADS,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "targets": targets}, indent=2))
+    result = {"meta": meta, "rows": rows, "targets": targets}
+    args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
+    write_raw(__file__, result, outputs=[args.out])
     return 0
 
 

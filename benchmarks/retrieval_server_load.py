@@ -41,6 +41,11 @@ import threading
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym.retrievers import RetrieverError, make_retriever  # noqa: E402
@@ -274,6 +279,7 @@ def main() -> int:
     out = {"config": vars(args), "cpus": os.cpu_count(), "summary": summary, "rounds": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
+    write_raw(__file__, out, outputs=[args.out])
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -27,6 +27,11 @@ import json
 import statistics
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 from agent_gym.integrations.rllib import train
 
 ENV = {"num_hops": 1, "num_relations": 1, "num_entities": 4, "tools_in_prompt": False}
@@ -78,6 +83,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")
+    write_raw(__file__, results, outputs=[out])
 
 
 if __name__ == "__main__":

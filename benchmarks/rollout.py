@@ -37,6 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +201,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
+    write_raw(__file__, results, outputs=[out])
 
 
 if __name__ == "__main__":

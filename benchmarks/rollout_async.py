@@ -37,6 +37,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 import numpy as np
 
 from agent_gym.env import ToolEnv
@@ -235,7 +240,7 @@ def main() -> None:
               f"{res['async_over_lockstep']['median']:.2f} (range {res['async_over_lockstep']['min']:.2f}-"
               f"{res['async_over_lockstep']['max']:.2f})")
     print(f"load average before {out['load_average_before']}, after {out['load_average_after']}")
-    save("rollout_async", out)
+    write_raw(__file__, out, outputs=[save("rollout_async", out)])
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym import sandbox as new  # noqa: E402
@@ -56,9 +61,15 @@ def load_old(ref: str):
     return mod
 
 
-def attacks(old) -> None:
-    """Each class of issue 19's attacks, through the old sandbox and the new one."""
+def attacks(old) -> list[str]:
+    """Each class of issue 19's attacks, through the old sandbox and the new one: the lines printed."""
     from tests.agent_gym import test_sandbox_hostile as hostile
+
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line)
+        lines.append(line)
 
     def survivors(mod) -> list[int]:
         time.sleep(1)
@@ -71,16 +82,16 @@ def attacks(old) -> None:
     big = {"wall_s": 20, "cpu_s": 10, "memory_mb": 128, "max_procs": 8}
     for label, mod in (("before", old), ("now", new)):
         r = mod.run_python(hostile.REAPER_HIJACK, {"wall_s": 2})
-        print(f"{label:>6} reaper hijack: {r.status}; live processes 1 s after the call: {len(survivors(mod))}")
-        print(f"{label:>6} ptrace/process_vm on the reaper: {mod.run_python(hostile.PTRACE_REAPER, big).stdout.strip()}")
+        say(f"{label:>6} reaper hijack: {r.status}; live processes 1 s after the call: {len(survivors(mod))}")
+        say(f"{label:>6} ptrace/process_vm on the reaper: {mod.run_python(hostile.PTRACE_REAPER, big).stdout.strip()}")
         for name in ("SYSV_SHM", "MEMFD"):
             r = mod.run_python(getattr(hostile, name), big)
-            print(f"{label:>6} {name}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.status}")
+            say(f"{label:>6} {name}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.status}")
         flood = "import os\nn = 0\ntry:\n    while n < 30000:\n        os.mkdir(f'/tmp/d{n}')\n        n += 1\n" \
                 "except OSError as e:\n    print(e.strerror)\nprint('directories', n)"
-        print(f"{label:>6} inode flood: {mod.run_python(flood, big).stdout.strip().splitlines()[-1]}")
+        say(f"{label:>6} inode flood: {mod.run_python(flood, big).stdout.strip().splitlines()[-1]}")
         r = mod.run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", big)
-        print(f"{label:>6} self-SIGKILL: {r.status}, {r.detail}")
+        say(f"{label:>6} self-SIGKILL: {r.status}, {r.detail}")
         helper = hostile.KEYRING_HELPER
         if mod is old:
             helper = helper.replace("from agent_gym.sandbox import run_python",
@@ -89,7 +100,8 @@ def attacks(old) -> None:
                                     "run_python = sandbox_cost.load_old(sys.argv[2]).run_python")
         p = subprocess.run([sys.executable, "-c", helper], input=hostile.KEYRING_ATTACK, capture_output=True,
                            text=True, timeout=60, cwd=ROOT)
-        print(f"{label:>6} keyring: {p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-300:]}")
+        say(f"{label:>6} keyring: {p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-300:]}")
+    return lines
 
 
 def _uid(pid: str) -> int:
@@ -123,7 +135,7 @@ def main() -> None:
     new.check_available(python)
     old.check_available(python)
     if args.attacks:
-        attacks(old)
+        write_raw(__file__, {"old_ref": args.old_ref, "attacks": attacks(old)}, label="attacks")
         return
     limits = {"wall_s": 30}
 
@@ -184,6 +196,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
+    write_raw(__file__, res, outputs=[args.out])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DATASETS = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "musique": "MuSiQue"}
@@ -217,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         c = classify(Path(args.out), args.classify)
         print(json.dumps(c, indent=1))
         (Path(args.out) / "failure_classes.json").write_text(json.dumps(c, indent=1))
+        write_raw(__file__, c, label="classify", argv=argv, outputs=[Path(args.out) / "failure_classes.json"])
         return 0
     if not (DATA / "hotpotqa" / "dev_sample.jsonl").is_file():
         raise SystemExit(f"error: the shared dev rows are not at {DATA} (set AGENT_GYM_SHARED_DATA)")
@@ -254,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['condition']:24s} {r['dataset']:16s} {r['rows']:3d} {r['em']:6.3f} {r['f1']:6.3f} {r['answered']:5.2f} "
               f"{r['calls_per_episode']:5.2f} {vc:>5s} {r['gold_in_reply']:5.2f} {gr:>5s}")
     print(f"saved {out_dir / 'results.json'}")
+    write_raw(__file__, {"results": results, "settings": vars(args), "model_load_s": load_s}, argv=argv,
+              outputs=[out_dir / "results.json", *(out_dir / f"{r['condition']}__{r['dataset']}.jsonl" for r in results)])
     return 0
 
 

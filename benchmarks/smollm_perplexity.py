@@ -19,6 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
+    write_raw(__file__, out, argv=argv, outputs=[args.out])
     return 0
 
 

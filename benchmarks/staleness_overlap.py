@@ -30,6 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.report import save, spread  # noqa: E402
@@ -76,7 +81,7 @@ def main() -> None:
            "iteration_time_ratio_1_over_0": ratio}
     print(json.dumps({"summary": summary, "iteration_time_ratio_1_over_0": ratio,
                       "load_before": load_before, "load_after": out["load_after"]}, indent=1))
-    save("staleness_overlap", out)
+    write_raw(__file__, out, outputs=[save("staleness_overlap", out)])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.report import save, spread  # noqa: E402
@@ -112,7 +117,7 @@ def main() -> None:
         print(f"{k}: {v['median']:.3f} s per step [{v['min']:.3f}-{v['max']:.3f}], "
               f"{out['ratio_to_1_thread'][k]:.2f}x of 1 thread")
     print(f"hogs {args.hogs}; load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
-    save("threads_under_load", out)
+    write_raw(__file__, out, outputs=[save("threads_under_load", out)])
 
 
 if __name__ == "__main__":

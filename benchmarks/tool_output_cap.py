@@ -32,6 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT_BYTES = 10_000_000
 EMPTY_CALLS = 4_000
@@ -133,6 +138,7 @@ def main() -> None:
     print(f"load average (1 min) before/after each round: {summary['load_average_1m']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    write_raw(__file__, {**summary, "runs": runs}, outputs=[args.out])
 
 
 if __name__ == "__main__":

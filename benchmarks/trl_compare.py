@@ -50,6 +50,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ENV_ID = "AgentR1/BenchReplyReward-v0"
@@ -265,7 +270,8 @@ def main() -> None:
           f"{a.threads}, OMP_WAIT_POLICY=PASSIVE both; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     path = RESULTS / "trl_compare.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
-    save("trl_compare", {**previous, f"threads_{a.threads}": out})
+    saved = save("trl_compare", {**previous, f"threads_{a.threads}": out})
+    write_raw(__file__, out, outputs=[saved])  # this run's entry only
 
 
 if __name__ == "__main__":

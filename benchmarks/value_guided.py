@@ -26,6 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.provenance import write_raw
+except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
+    from provenance import write_raw
+
 REPO = Path(__file__).resolve().parents[1]
 
 import numpy as np  # noqa: E402
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
+    write_raw(__file__, result, argv=argv, outputs=[out])
     print(f"\ncheckpoint {ckpt} ({json.dumps(result['provenance'])})")
     print(f"{args.eval_set}: {args.tasks} questions, K={args.k}, T={temperature}, seeds {args.seeds}, "
           f"load average {min(load):.1f}-{max(load):.1f}")
