@@ -274,6 +274,17 @@ class AlgorithmConfig(Section):
     ``tasks_per_iter`` groups with a spread or ``dynamic_sampling_max_extra`` extra episodes
     have been sampled; then the update trains on the groups there are (``dynamic/*`` metrics).
     Grouped estimators only (grpo, rloo); in-process rollouts (lockstep or async)."""
+    overlong: Literal["none", "mask", "soft"] = "none"
+    """Episodes cut by a length limit. ``none``: trained on like any other. ``mask``: an episode the
+    env truncated at its context (``truncation_reason`` ``context``) or turn limit (``max_turns``)
+    carries no loss (its rewards still count in its group's statistics; DAPO's overlong filtering).
+    ``soft``: DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13) added to
+    the episode's reward: 0 up to ``overlong_max_tokens - overlong_buffer`` agent tokens, falling
+    linearly to -1 at ``overlong_max_tokens``, -1 past it. Metrics ``overlong/*``."""
+    overlong_max_tokens: int | None = None
+    """``overlong: soft``: L_max, in agent tokens per episode (all turns together)."""
+    overlong_buffer: int | None = None
+    """``overlong: soft``: L_cache, the length over which the penalty ramps from 0 to -1 (<= overlong_max_tokens)."""
     dynamic_sampling_max_extra: int | None = None
     """The most extra episodes an iteration may sample to refill dropped groups, rounded down to
     whole batches (each refill round samples one batch of fresh tasks); null: one batch
@@ -319,6 +330,15 @@ class AlgorithmConfig(Section):
                 raise ConfigError(f"algorithm.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
+        if self.overlong == "soft":
+            L, c = self.overlong_max_tokens, self.overlong_buffer
+            if L is None or c is None or not 0 < c <= L:
+                raise ConfigError(f"algorithm.overlong: soft needs overlong_max_tokens (L_max) and overlong_buffer "
+                                  f"(L_cache) with 0 < overlong_buffer <= overlong_max_tokens, got {L} and {c} (DAPO "
+                                  "used L_max 20480 and L_cache 4096 tokens)")
+        elif self.overlong_max_tokens is not None or self.overlong_buffer is not None:
+            raise ConfigError(f"algorithm.overlong_max_tokens and overlong_buffer apply to overlong: soft only "
+                              f"(overlong is {self.overlong!r}): set overlong: soft or remove them")
         if self.dynamic_sampling_max_extra is not None and self.dynamic_sampling_max_extra < 0:
             raise ConfigError(f"algorithm.dynamic_sampling_max_extra must be >= 0 (0: drop groups without refilling) "
                               f"or null, got {self.dynamic_sampling_max_extra}")

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -123,6 +123,8 @@ class Trainer:
         self._stop = False
         self._kl_reward_metrics: dict[str, Any] = {}
         self._is_metrics: dict[str, float] = {}
+        self._overlong_metrics: dict[str, float] = {}
+        self._overlong_rows = torch.zeros(0, dtype=torch.bool)
         self.gc_stats: GcStats | None = None
         self.version = 0
         """The learner's weight version: the number of updates made (the start iteration after --resume)."""
@@ -362,6 +364,7 @@ class Trainer:
             pos = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
             prompt = torch.tensor([t.episode.prompt_len for t in trajs])[:, None]  # (B, 1)
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
+        self._overlong_metrics, self._overlong_rows = overlong_shaping(batch, trajs, cfg.algorithm)
         # Built on the CPU from the episodes; scored and trained where the models are.
         return self.score_batch(batch.to(cfg.device))
 
@@ -410,6 +413,11 @@ class Trainer:
         m = dict(m)
         m.update(self._kl_reward_metrics)
         m.update(self._is_metrics)
+        m.update(self._overlong_metrics)
+        if cfg.algorithm.overlong == "mask" and self._overlong_rows.any():
+            # After the advantages: a truncated episode still counts in its group's statistics; it
+            # only carries no loss (its loss-mask row is cleared, so token means skip its tokens).
+            batch.loss_mask[self._overlong_rows.to(batch.loss_mask.device)] = 0.0
         return {k: float(v) for k, v in m.items()}
 
     def void_update(self, batch: RolloutBatch) -> bool:
@@ -649,6 +657,33 @@ def keep_spread_groups(trajs: list[Trajectory], pad_id: int) -> tuple[list[list[
         groups.setdefault(tr.group, []).append(i)
     kept = [[trajs[i] for i in rows] for rows in groups.values() if bool(spread[rows[0]])]
     return kept, len(groups) - len(kept)
+
+
+LENGTH_TRUNCATIONS = ("context", "max_turns")
+"""The ``Episode.truncation_reason`` values of an episode cut by a length limit (``algorithm.overlong``)."""
+
+
+def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any) -> tuple[dict[str, float], torch.Tensor]:
+    """``algorithm.overlong`` on a built batch (CPU, before scoring): ``soft`` adds DAPO's length
+    penalty (``algos.soft_overlong_penalty`` of each row's agent-token count) to the reward of the
+    row's last agent token, so it enters the trajectory's score; ``mask`` only marks the rows cut by
+    a length limit (``LENGTH_TRUNCATIONS``), whose loss mask ``compute_advantages`` clears after the
+    advantages. Returns the ``overlong/*`` metrics and the (B,) bool rows truncated by length."""
+    cut = torch.tensor([tr.episode.truncation_reason in LENGTH_TRUNCATIONS for tr in trajs], dtype=torch.bool)
+    if algo.overlong == "none":
+        return {}, cut & False
+    metrics = {"overlong/truncated_frac": float(cut.float().mean())}
+    if algo.overlong == "soft":
+        lengths = batch.loss_mask.sum(-1)  # (B,) agent tokens
+        pen = algos.soft_overlong_penalty(lengths, algo.overlong_max_tokens, algo.overlong_buffer)  # (B,)
+        has = lengths > 0
+        last = (batch.loss_mask.shape[1] - 1 - batch.loss_mask.flip(-1).argmax(-1))  # (B,) last agent token
+        rows = has.nonzero().flatten()
+        batch.token_rewards[rows, last[rows]] += pen[rows].to(batch.token_rewards.dtype)
+        metrics.update({"overlong/penalty_mean": float(pen.mean()), "overlong/penalized_frac": float((pen < 0).float().mean())})
+        return metrics, cut & False
+    metrics["overlong/masked_frac"] = metrics["overlong/truncated_frac"]
+    return metrics, cut
 
 
 def _add_times(a: Any, b: Any) -> Any:

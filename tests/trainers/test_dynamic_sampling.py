@@ -191,3 +191,104 @@ def test_void_update_is_not_skipped_with_an_entropy_bonus(tmp_path, sft_model):
     assert tr.opt.state != {}  # the entropy term has a gradient: the step was taken
     tr.cleanup()
     assert _records(tmp_path / "run")[0]["update/skipped"] == 0.0
+
+
+# -- overlong handling (algorithm.overlong) ---------------------------------------------------------
+
+
+def test_soft_overlong_penalty_by_hand():
+    # L_max 10, L_cache 4: 0 up to 6 tokens, then (6 - n) / 4 down to -1 at 10, -1 past it.
+    n = torch.tensor([0, 6, 7, 8, 10, 11, 100])
+    got = algos.soft_overlong_penalty(n, max_tokens=10, buffer=4)
+    assert got.tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0])
+    with pytest.raises(ValueError, match="0 < buffer <= max_tokens"):
+        algos.soft_overlong_penalty(n, max_tokens=4, buffer=5)
+
+
+def _traj(n_agent, reward, reason, group):
+    """A hand-built two-turn episode: 2 prompt tokens, then per turn n_agent agent tokens and one env token."""
+    from agent_gym.episode import Episode
+    from trainers.rollout import Trajectory
+
+    ids, mask, spans = [1, 2], [0, 0], []
+    for _ in range(2):
+        spans.append([len(ids), len(ids) + n_agent])
+        ids += [5] * n_agent + [9]
+        mask += [1] * n_agent + [0]
+    ep = Episode(token_ids=ids, loss_mask=mask, prompt_len=2, step_spans=spans, step_rewards=[0.0, reward],
+                 step_reward_components=[{}, {"em": reward}], step_call_statuses=[[], []], task_id="t",
+                 task_index=0, answer=None if reason else "x", answer_scores={}, success=False,
+                 truncation_reason=reason)
+    return Trajectory(ep, [0.0] * len(ids), group)
+
+
+def _trainer(tmp_path, sft_model, **algorithm):
+    cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=1)
+    for k, v in algorithm.items():
+        setattr(cfg.algorithm, k, v)
+    cfg.algorithm.check()
+    return Trainer(cfg)  # not set up: only its batch arithmetic is used
+
+
+def test_overlong_mask_and_soft_penalty_by_hand(tmp_path, sft_model):
+    from trainers.rollout import build_batch
+    from trainers.trainer import overlong_shaping
+
+    # Group 0: an answer (reward 1, 3+3 agent tokens) and an episode cut at the context (reward 0).
+    # Group 1: an answer of 5+5 agent tokens (reward 1) and one cut by max_turns (2+2, reward 0.5).
+    trajs = [_traj(3, 1.0, None, 0), _traj(3, 0.0, "context", 0), _traj(5, 1.0, None, 1),
+             _traj(2, 0.5, "max_turns", 1)]
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)  # GRPO on two scores 1 apart: +-0.5 / (std sqrt(0.5) + eps)
+    a2 = 0.25 / (0.125 ** 0.5 + 1e-6)  # and 0.5 apart: +-0.25 / (std sqrt(0.125) + eps)
+
+    tr = _trainer(tmp_path, sft_model, overlong="mask")
+    batch = build_batch(trajs, 0)
+    tr._overlong_metrics, tr._overlong_rows = overlong_shaping(batch, trajs, tr.cfg.algorithm)
+    m = tr.compute_advantages(batch)
+    assert m["overlong/masked_frac"] == 0.5
+    # The truncated rows counted in their groups' statistics (row 0's advantage is +a, not 0) but
+    # carry no loss now; the answered rows keep theirs.
+    assert batch.loss_mask[1].sum() == 0 and batch.loss_mask[3].sum() == 0
+    assert batch.loss_mask[0].sum() == 6 and batch.loss_mask[2].sum() == 10
+    assert float(batch.advantages[0, 2]) == pytest.approx(a, rel=1e-6)
+    assert float(batch.advantages[2, 2]) == pytest.approx(a2, rel=1e-6)  # 1 against 0.5
+
+    # soft, L_max 10, L_cache 4: row 0 has 6 agent tokens (no penalty), row 1 6 (none), row 2 10
+    # (-1), row 3 4 (none). Group 1's scores become 1 - 1 = 0 and 0.5: row 2 is now the worse one.
+    tr = _trainer(tmp_path, sft_model, overlong="soft", overlong_max_tokens=10, overlong_buffer=4)
+    batch = build_batch(trajs, 0)
+    tr._overlong_metrics, tr._overlong_rows = overlong_shaping(batch, trajs, tr.cfg.algorithm)
+    assert float(batch.token_rewards[2].sum()) == pytest.approx(0.0)
+    assert float(batch.token_rewards[2, 2 + 5 + 1 + 4]) == pytest.approx(0.0)  # the penalty sits on the last agent token
+    m = tr.compute_advantages(batch)
+    assert m["overlong/penalty_mean"] == pytest.approx(-0.25) and m["overlong/penalized_frac"] == 0.25
+    assert float(batch.advantages[2, 2]) == pytest.approx(-a2, rel=1e-6)
+    assert batch.loss_mask.sum() == 6 + 6 + 10 + 4  # soft masks nothing
+
+
+def test_overlong_config_is_checked():
+    base = {"rollout": {"env_id": "AgentR1/FactChain-v0"}}
+    with pytest.raises(ConfigError, match="overlong: soft needs overlong_max_tokens"):
+        from_dict({**base, "algorithm": {"overlong": "soft", "overlong_max_tokens": 100}})
+    with pytest.raises(ConfigError, match="apply to overlong: soft only"):
+        from_dict({**base, "algorithm": {"overlong": "mask", "overlong_buffer": 10}})
+    with pytest.raises(ConfigError, match="overlong"):
+        from_dict({**base, "algorithm": {"overlong": "drop"}})
+
+
+def test_overlong_mask_in_a_run(tmp_path, sft_model):
+    # One turn only: the tiny model's first turn is a lookup, so most episodes end at max_turns.
+    cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=1, entropy_coef=0.01)
+    cfg.rollout.env_kwargs["max_turns"] = 1
+    cfg.algorithm.overlong = "mask"
+    tr = Trainer(cfg)
+    tr.setup()
+    seen = []
+    orig = tr.update
+    tr.update = lambda batch, it: (seen.append(batch.loss_mask.sum(-1).tolist()), orig(batch, it))[1]
+    tr.train()
+    tr.cleanup()
+    rec = _records(tmp_path / "run")[0]
+    assert rec["overlong/masked_frac"] > 0
+    masked = [n == 0 for n in seen[0]]
+    assert sum(masked) / len(masked) == rec["overlong/masked_frac"]

@@ -22,7 +22,8 @@ from .registry import (
     register_kl,
 )
 
-_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "group_spread", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo")
+_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "group_spread", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo",
+               "soft_overlong_penalty")
 _LOSSES = ("KLKind", "aggregate", "behaviour_weights", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
            "masked_mean", "policy_loss", "value_loss")
 
@@ -63,5 +64,6 @@ __all__ = [
     "register_kl",
     "reinforce_pp",
     "rloo",
+    "soft_overlong_penalty",
     "value_loss",
 ]

@@ -453,6 +453,17 @@ def group_spread(token_rewards: Tensor, loss_mask: Tensor, group_ids: Tensor) ->
     return _group_stats(score, group_ids, scale)[3] > 0
 
 
+def soft_overlong_penalty(lengths: Tensor, max_tokens: int, buffer: int) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), per trajectory:
+    0 up to ``max_tokens - buffer`` tokens, then falling linearly to -1 at ``max_tokens``, and -1
+    past it. ``lengths`` (B,) are the trajectories' agent-token counts; returns (B,) float32."""
+    if not 0 < buffer <= max_tokens:
+        raise ValueError(f"need 0 < buffer <= max_tokens, got buffer={buffer}, max_tokens={max_tokens}")
+    n = lengths.to(torch.float32)
+    start = float(max_tokens - buffer)
+    return torch.where(n <= start, torch.zeros_like(n), torch.clamp((start - n) / buffer, min=-1.0))
+
+
 def _per_trajectory(
     a: Tensor, score: Tensor, gstd: Tensor, token_rewards: Tensor, m: Tensor
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
