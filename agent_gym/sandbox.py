@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent_gym.cli_errors import UserError
 from agent_gym.tools import Tool, ToolResult
 
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`, which `make setup` "
@@ -71,7 +72,7 @@ def issued_uids() -> set[int]:
     return set(_ISSUED_UIDS)
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(UserError, RuntimeError):
     """The sandbox cannot run on this machine (no bwrap, no user namespaces, no interpreter)."""
 
 

@@ -52,6 +52,7 @@ from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
 
+from agent_gym.cli_errors import ArgumentParser, command, prog_name, registered_ids_hint
 from agent_gym.episode import Episode
 from agent_gym.factory import jsonable as _jsonable  # (tests import the old name)
 
@@ -194,7 +195,7 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
     import agent_gym
 
     if env_id not in agent_gym.ENV_IDS:
-        raise ValueError(f"unknown env id {env_id!r}; registered: {sorted(agent_gym.ENV_IDS)}")
+        raise ValueError(f"unknown env id {env_id!r}; {registered_ids_hint(env_id)}")
     if not isinstance(max_concurrent_envs, int) or max_concurrent_envs < 1:
         raise ValueError(f"max_concurrent_envs must be a positive integer, got {max_concurrent_envs!r}")
     probe = AgentGymEnvironment(env_id, env_kwargs)  # fail now, not in the first session
@@ -491,7 +492,8 @@ def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, dict[str, Any]]:
-    ap = argparse.ArgumentParser(prog="python -m agent_gym.serve", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog=prog_name("python -m agent_gym.serve", argv, module="agent_gym.serve"),
+                        description=__doc__.split("\n\n")[0])
     ap.add_argument("env_id", nargs="?", help="a registered id (default: the config's env_id)")
     ap.add_argument("--config", help="a YAML file with env_id and env_kwargs, at the top or under rollout: (a trainer "
                                      "config works; other keys are ignored)")
@@ -503,19 +505,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, 
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     if args.config and not Path(args.config).is_file():
-        raise SystemExit(f"error: --config {args.config} is not a file")
+        raise SystemExit(f"error: --config {args.config} is not a file; pass a YAML file with env_id and env_kwargs "
+                         "(a trainer config works)")
     cfg = _load_mapping(args.config, "--config") if args.config else {}
     if isinstance(cfg.get("rollout"), dict):  # a sectioned trainer config: the env is the rollout section's
         cfg = {**cfg["rollout"], **{k: v for k, v in cfg.items() if k in ("env_id", "env_kwargs")}}
     env_id = args.env_id or cfg.get("env_id")
     if not env_id:
-        raise SystemExit("error: name an env id (python -m agent_gym.serve AgentR1/FactChain-v0) or give a --config with env_id")
+        raise SystemExit(f"error: name an env id ({ap.prog} AgentR1/FactChain-v0) or give a --config with env_id")
     kwargs = dict(cfg.get("env_kwargs") or {})
     if args.env_kwargs:
         kwargs.update(_load_mapping(args.env_kwargs, "--env-kwargs"))
     return args, env_id, kwargs
 
 
+@command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -533,4 +537,4 @@ __all__ = ["AgentGymAction", "AgentGymClient", "AgentGymEnvironment", "AgentGymO
            "AgentGymState", "RemoteToolEnv", "RemoteVectorEnv", "build_app", "describe_env", "main"]
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,7 +24,6 @@ left out of the page. ``token_ids`` and ``loss_mask`` are required.
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -32,6 +31,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from agent_gym.cli_errors import ArgumentParser, UserError, command, prog_name, report
 
 _ITER_FILE = re.compile(r"iter_(\d+)\.jsonl$")
 
@@ -58,7 +59,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-class ViewerError(ValueError):
+class ViewerError(UserError, ValueError):
     """The trajectory files cannot be shown as they are; the message says why and what to do."""
 
 
@@ -405,8 +406,10 @@ def write_viewer(path: str | Path, out: str | Path | None = None, tokenizer: Any
     return out_path, sum(len(it["trajectories"]) for it in data["iterations"])
 
 
+@command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent_gym.view", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog=prog_name("python -m agent_gym.view", argv, module="agent_gym.view"),
+                        description=__doc__.split("\n\n")[0])
     ap.add_argument("path", help="a run's trajectories/ directory (or the run directory, or one iter_XXXXX.jsonl)")
     ap.add_argument("-o", "--out", help="where to write the page (default: <run>/trajectories.html)")
     ap.add_argument("--tokenizer", help="tokenizer directory or hub name (default: the run's, from config.yaml)")
@@ -415,8 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         tok = run_tokenizer(Path(args.path), args.tokenizer) if args.tokenizer else None
         out, n = write_viewer(args.path, args.out, tok)
     except ViewerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(str(e), 2)
     print(f"wrote {out} ({n} trajectories); open file://{out.resolve()} in a browser")
     return 0
 

@@ -108,6 +108,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from agent_gym.cli_errors import UserError
 from agent_gym.env import ToolEnv
 from agent_gym.sandbox import PythonTool, SandboxLimits, SandboxResult, check_available, run_python
 from envs import code_harness
@@ -121,7 +122,7 @@ MBPP_PROMPT = ("Write the Python function the task asks for. You may test code w
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974), "all": (1, 10 ** 9)}
 
 
-class CodeDataError(ValueError):
+class CodeDataError(UserError, ValueError):
     """A problem file or row that cannot be read; the message names the file, the line and the key."""
 
 

@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from agent_gym.cli_errors import UserError
 from agent_gym.env import ToolEnv
 from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, extract_answer, last_boxed, normalize
 from agent_gym.math_answer import check_available as check_math_verify_available
@@ -169,7 +170,7 @@ def synthetic_task(seed: int, index: int) -> dict[str, Any]:
 # -- MATH data -----------------------------------------------------------------------------------
 
 
-class MathDataError(ValueError):
+class MathDataError(UserError, ValueError):
     """A MATH file or row that cannot be read; the message names the file, the row and the key."""
 
 

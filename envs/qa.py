@@ -89,7 +89,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_gym.datasets import QATask, corpus_from_tasks, load_corpus, load_qa
-from agent_gym.datasets.base import DATASETS, RowRef, gold_aliases, gold_answer, resolve_data_file, string_list
+from agent_gym.datasets.base import (DATASETS, DataPathError, RowRef, gold_aliases, gold_answer, resolve_data_file,
+                                     string_list)
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, make_retriever
@@ -197,7 +198,7 @@ class MultiHopQAEnv(ToolEnv):
             raise ValueError("retriever must be a kind name, an http(s):// URL, or an object with "
                              f"search(queries, k); got {type(retriever).__name__}")
         if corpus_path is not None and not Path(corpus_path).expanduser().is_file():
-            raise FileNotFoundError(f"{self.env_id}: corpus_path {str(corpus_path)!r} does not exist")
+            raise DataPathError(f"{self.env_id}: corpus_path {str(corpus_path)!r} does not exist", "corpus_path")
         self.answer_metric = answer_metric
         reward_cfg = self._reward_config(rewards, answer_metric)
         self._scored = sorted(set(reward_cfg.answer_weights) | {"em", "f1", answer_metric})

@@ -3,11 +3,14 @@
     python trainers/train_ppo.py --config configs/factchain_ppo.yaml [key=value ...]
     python trainers/train_ppo.py --resume runs/factchain_ppo [key=value ...]
     python trainers/train_grpo.py --plugin my_project.algos --config my.yaml   # a module that registers names
+
+From the command line (``main`` without ``argv``) a bad input is one line and exit status 2, through
+``agent_gym/cli_errors.py`` (``--debug`` shows the traceback); a non-finite loss exits 3 and a run whose
+files could not be written 4 (``_failure``).
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
@@ -16,15 +19,19 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
+from agent_gym.cli_errors import (TRAIN_ENV_KWARGS, ArgumentParser, command, config_yaml_message, describe, prog_name,
+                                  report)
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, load_config, parse_overrides
 
 
-def script_main(algo: str) -> None:
-    """The scripts' entry: exit with ``main``'s status. A torchrun rank that trained (fsdp: true)
+def script_main(algo: str | Callable[[list[str]], str]) -> None:
+    """The scripts' entry: exit with ``main``'s status (``algo`` a function of the arguments:
+    ``agent-gym-train``'s ``trainers.console.config_algo``). A torchrun rank that trained (fsdp: true)
     ends through ``trainers.distributed.exit_rank``, which skips the interpreter's finalization (a
     gloo thread can abort the process there)."""
     rc = main(algo)
@@ -34,8 +41,12 @@ def script_main(algo: str) -> None:
     sys.exit(rc)
 
 
-def main(algo: str, argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"train_{algo}", description=f"Train an agent with {algo.upper()}.")
+@command(env_kwargs=TRAIN_ENV_KWARGS)  # without argv (the command line): one line and exit 2 on a bad input
+def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) -> int:
+    if callable(algo):  # agent-gym-train: PPO or GRPO as the config says (a bad config: one line, exit 2)
+        algo = "ppo" if algo(sys.argv[1:] if argv is None else argv) == "ppo" else "grpo"
+    prog = prog_name(f"train_{algo}", argv)
+    ap = ArgumentParser(prog=prog, description=f"Train an agent with {algo.upper()}.")
     ap.add_argument("--config", help="a YAML file from configs/ (its sections mirror trainers.config.TrainConfig)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides (e.g. algorithm.lr=1e-5), values "
@@ -48,6 +59,10 @@ def main(algo: str, argv: list[str] | None = None) -> int:
     try:
         plugins.load(args.plugin, "--plugin")
         if args.resume:
+            if not (Path(args.resume) / "config.yaml").is_file():
+                raise ConfigError(f"--resume {args.resume}: not a run directory (no config.yaml there); pass the "
+                                  "run_dir of an earlier run (it holds config.yaml and checkpoints/), or start a new "
+                                  "run with --config FILE")
             over = parse_overrides(args.overrides)
             if args.plugin:  # added to the run's own (its config.yaml's plugins)
                 saved = Path(args.resume) / "config.yaml"
@@ -58,20 +73,21 @@ def main(algo: str, argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides, defaults={"algorithm": {"algo": algo}}, plugins=args.plugin)
         family = {"ppo": ("ppo",), "grpo": ("grpo", "rloo", "reinforce_pp")}[algo]
         if cfg.algo not in family:
-            raise ConfigError(f"config key 'algorithm.algo' is {cfg.algo!r}, which train_{algo}.py does not run; use "
-                              f"{'train_ppo.py' if cfg.algo == 'ppo' else 'train_grpo.py'} or set algorithm.algo to one "
-                              f"of {family}")
+            other = "ppo" if cfg.algo == "ppo" else "grpo"
+            use = f"agent-gym-train-{other} (or agent-gym-train)" if prog.startswith("agent-gym") else f"train_{other}.py"
+            raise ConfigError(f"config key 'algorithm.algo' is {cfg.algo!r}, which {prog} does not run; use "
+                              f"{use} or set algorithm.algo to one of {family}")
     except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(str(e), 2)
+    except yaml.YAMLError as e:  # an override's value, the config file, or the run's config.yaml
+        return report(config_yaml_message(e, args.config or str(Path(args.resume) / "config.yaml"), args.overrides), 2)
     try:
         last = run(cfg, resume=bool(args.resume))
     except Exception as e:
         failure = _failure(e, cfg.run_dir)
         if failure is None:
             raise
-        print(f"error: {failure[1]}", file=sys.stderr)
-        return failure[0]
+        return report(failure[1], failure[0])
     keys = [k for k in ("rollout/success_rate", "eval/success_rate", "rollout/reward_mean") if k in last]
     if os.environ.get("RANK", "0") == "0":  # under torchrun (fsdp) rank 0 alone reports
         print(json.dumps({k: round(last[k], 4) for k in keys}))
@@ -80,10 +96,10 @@ def main(algo: str, argv: list[str] | None = None) -> int:
 
 def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     """The exit status and message of a run that failed in a known way, or ``None`` (then the
-    traceback is shown): 2 bad config, model or path; 3 a non-finite loss; 4 the run's files could
-    not be written (a full disk, a checkpoint that failed; earlier checkpoints are intact)."""
+    traceback is shown): 2 bad config, model, data or path (``agent_gym.cli_errors.describe``); 3 a
+    non-finite loss; 4 the run's files could not be written (a full disk, a checkpoint that failed;
+    earlier checkpoints are intact)."""
     from trainers.checkpoint import CheckpointError, format_bytes
-    from trainers.models import ModelLoadError
     from trainers.trainer import NonFiniteLossError
 
     chain = [e]
@@ -93,8 +109,6 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     if first is not None:  # a failed checkpoint, possibly followed by a failure while closing the run
         after = "" if first is e else f" (Then, while closing the run: {type(e).__name__}: {e}.)"
         return 4, f"{first}{after}"
-    if isinstance(e, (ConfigError, ModelLoadError, FileNotFoundError)):
-        return 2, str(e)
     if isinstance(e, NonFiniteLossError):
         return 3, str(e)
     full = next((x for x in chain if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT)), None)
@@ -106,7 +120,8 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
         return 4, (f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}) in {_where(full)}; "
                    f"{free} is free under {run_dir}. The checkpoints already written are intact: free space (or move "
                    f"run_dir), then continue with --resume {run_dir}.")
-    return None
+    message = describe(e, TRAIN_ENV_KWARGS)  # ConfigError, ModelLoadError, a missing file, ...
+    return None if message is None else (2, message)
 
 
 def _where(e: BaseException) -> str:

@@ -8,8 +8,11 @@ which ``make setup`` runs):
     agent-gym-serve AgentR1/FactChain-v0                                  # = python -m agent_gym.serve (OpenEnv)
 
 Each one calls the same ``main`` as the script it names, so flags, output and exit status are the
-same. The env-side commands that need no trainer (``agent-gym-serve``, ``agent-gym-retrieval-server``,
-``agent-gym-view``) point at ``agent_gym``'s own ``main`` functions directly.
+same; called without ``argv``, each ``main`` runs under ``agent_gym.cli_errors.run_main``: a bad input
+prints one line, ``error: <what is wrong>; <what to type instead>``, and exits 2 (``--debug`` or
+``AGENT_GYM_DEBUG=1`` shows the traceback). The env-side commands that need no trainer
+(``agent-gym-serve``, ``agent-gym-retrieval-server``, ``agent-gym-view``) point at ``agent_gym``'s own
+``main`` functions directly.
 """
 
 from __future__ import annotations
@@ -42,12 +45,7 @@ def train() -> None:
               "Train with PPO or GRPO as the config's algorithm.algo says (ppo -> agent-gym-train-ppo, "
               "grpo/rloo/reinforce_pp -> agent-gym-train-grpo); every other flag is theirs:\n")
         script_main("grpo")  # prints train_grpo's own help and exits 0
-    try:
-        algo = config_algo(sys.argv[1:])
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    script_main("ppo" if algo == "ppo" else "grpo")
+    script_main(config_algo)  # a config that names no algo, or is missing or bad YAML: one line, exit 2
 
 
 def config_algo(argv: list[str]) -> str:
@@ -57,6 +55,8 @@ def config_algo(argv: list[str]) -> str:
     when the file names none). The training script then
     checks it against the whole config, so a wrong guess here is an error there, never a silent switch."""
     import yaml
+
+    from agent_gym.cli_errors import UsageError, yaml_message
 
     algo, path = None, None
     for i, a in enumerate(argv):
@@ -68,15 +68,18 @@ def config_algo(argv: list[str]) -> str:
             algo = yaml.safe_load(value)
     if algo is None and path is not None:
         if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} not found (--config takes a YAML file, --resume a run "
-                             "directory that holds config.yaml)")
-        data: Any = yaml.safe_load(path.read_text()) or {}
+            raise UsageError(f"config file {str(path)!r} not found (--config takes a YAML file, e.g. "
+                             "configs/factchain_grpo.yaml; --resume a run directory that holds config.yaml)")
+        try:
+            data: Any = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UsageError(yaml_message(e, str(path))) from e
         section = data.get("algorithm") if isinstance(data, dict) else None
         algo = (section or {}).get("algo") if isinstance(section, dict) else None
         if algo is None and isinstance(data, dict):
             algo = data.get("algo", "ppo")  # TrainConfig's default algo
     if algo is None:
-        raise ValueError("agent-gym-train needs the algorithm: pass --config FILE (with algorithm: {algo: ...}), "
+        raise UsageError("agent-gym-train needs the algorithm: pass --config FILE (with algorithm: {algo: ...}), "
                          "--resume RUN_DIR, or an override algorithm.algo=ppo|grpo|rloo|reinforce_pp; or run "
                          "agent-gym-train-ppo / agent-gym-train-grpo")
     return str(algo)
@@ -85,10 +88,10 @@ def config_algo(argv: list[str]) -> str:
 def sft() -> None:
     from trainers.train_sft import main
 
-    sys.exit(main())
+    sys.exit(main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)
 
 
 def evaluate() -> None:
     from trainers.evaluate import main
 
-    sys.exit(main())
+    sys.exit(main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)

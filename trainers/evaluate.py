@@ -34,7 +34,6 @@ episode, and the wall time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
@@ -44,9 +43,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from agent_gym.cli_errors import ArgumentParser, check_env_id, command, prog_name, yaml_message
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
 from trainers.eval_tasks import clamp_tasks
+
+
+MODEL_CHOICES = ("a local model directory (e.g. runs/RUN/model, written by agent-gym-sft), --checkpoint RUN_DIR for an "
+                 "RL run's policy, tiny, smollm2-135m-instruct, or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)")
 
 
 def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:
@@ -156,8 +160,10 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
     return [t.episode for t in trajs], tok, cost_keys
 
 
+@command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Evaluate a model or a scripted policy on an env.")
+    ap = ArgumentParser(prog=prog_name("evaluate.py", argv),
+                        description="Evaluate a model or a scripted policy on an env.")
     ap.add_argument("--env", help="env id (required, unless --checkpoint: then the run's env_id)")
     ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments (over the checkpoint's)")
     ap.add_argument("--policy", choices=["model", "oracle", "wrong"], default="model")
@@ -203,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.rollout import summarize
     from trainers.trainer import episode_record, eval_keys
 
-    env_kwargs = yaml.safe_load(args.env_kwargs) or {}
+    try:
+        env_kwargs = yaml.safe_load(args.env_kwargs) or {}
+    except yaml.YAMLError as e:
+        ap.error(yaml_message(e, f"--env-kwargs {args.env_kwargs!r}"))
     if not isinstance(env_kwargs, dict):
         ap.error("--env-kwargs must be a YAML mapping, e.g. '{split: test}'")
     if args.k < 1:
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--eval-set names one of a run's eval_sets; it needs --checkpoint")
     if args.policy != "model" and (args.checkpoint or args.decode != "greedy"):
         ap.error(f"--policy {args.policy} is scripted: --checkpoint and --decode apply to --policy model")
+    if args.env is not None:
+        check_env_id(args.env, "--env")  # before a model is loaded for it
     tasks = list(range(args.tasks))
     summary_extra: dict[str, Any] = {}
     if args.policy == "model":
@@ -240,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"error: --decode value-guided needs a critic, and --model {args.model} is a policy only (an HF "
                     "model has no value head). Pass --checkpoint with a PPO run directory (its checkpoints/iter_*/"
                     "state.pt holds the critic), or use --decode random-of-k or sample.")
-            from trainers.models import load_policy, load_tokenizer_for
+            from trainers.models import check_model_source, load_policy, load_tokenizer_for
 
+            check_model_source(args.model, "--model", choices=MODEL_CHOICES)  # before transformers tries the hub
             mcfg = ModelConfig(name=args.model)
             tok = load_tokenizer_for(mcfg)
             policy = load_policy(mcfg, tok, seed=args.seed).eval()

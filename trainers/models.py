@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Any
 
 import torch
 from torch import nn
 
+from agent_gym.cli_errors import UserError
 from agent_gym.tokenizer import load_tokenizer
 from trainers import smollm
 from trainers.algos import entropy_from_logits, logprobs_from_logits
@@ -25,8 +27,47 @@ from trainers.hf_save import save_policy  # noqa: F401  (its callers import it f
 from trainers.tiny_model import build_tiny_qwen2
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     pass
+
+
+MODEL_CHOICES = ("a model directory (e.g. runs/RUN/model, written by agent-gym-sft), tiny, smollm2-135m-instruct, "
+                 "or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+"""A hub repository id, ``owner/name``."""
+
+
+def check_model_source(name: str, what: str = "model", choices: str = MODEL_CHOICES) -> None:
+    """Raise ``ModelLoadError`` naming ``name`` and what to pass (``choices``), before transformers
+    looks at the network, when ``name`` is none of: ``tiny``, a named model, an existing model directory
+    (one with ``config.json``), a hub id ``owner/name`` (with ``HF_HUB_OFFLINE=1``: one in the local
+    cache). A name that looks like a path (``./x``, ``/x``, ``~/x``, ``a/b/c``) or is a bare word that is
+    no directory here is a missing directory, not a hub name."""
+    if name == "tiny" or smollm.is_alias(name):
+        return
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return
+        if os.path.isfile(os.path.join(path, "model", "config.json")):
+            hint = f"pass {os.path.join(name, 'model')} (the run's model directory)"
+        elif os.path.isdir(os.path.join(path, "checkpoints")):
+            hint = f"it is an RL run: agent-gym-eval --checkpoint {name} evaluates its policy; or pass {choices}"
+        else:
+            hint = f"pass {choices}"
+        raise ModelLoadError(f"{what} {name!r} is a directory but not a model directory (no config.json); {hint}")
+    if os.path.exists(path):
+        raise ModelLoadError(f"{what} {name!r} is a file, not a model directory; pass {choices}")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or ".." in name or not HUB_ID.match(name):
+        raise ModelLoadError(f"{what} {name!r} does not exist (no directory {os.path.abspath(path)}, and not a hub "
+                             f"name owner/name); pass {choices}")
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ModelLoadError(f"{what} {name!r}: no such directory here, and the hub model is not in the local cache "
+                                 f"while HF_HUB_OFFLINE=1; download it online first (unset HF_HUB_OFFLINE) or pass "
+                                 f"{choices}")
 
 
 def named_model(name: str | None) -> str | None:
@@ -59,13 +100,21 @@ def load_tokenizer_for(model: ModelConfig):
         return load_tokenizer(m.tokenizer)
     if m.name == "tiny":
         return load_tokenizer(init_from) if init_from else load_tokenizer(None)
-    return load_tokenizer(named_model(m.name))
+    check_model_source(m.name, "model.name")
+    source = named_model(m.name)
+    try:
+        return load_tokenizer(source)
+    except ValueError as e:  # a hub name that could not be fetched, a directory without a tokenizer
+        raise ModelLoadError(f"model.name {m.name!r}: {e}") from e
 
 
 def load_policy(model: ModelConfig, tokenizer: Any, seed: int | None = None) -> nn.Module:
     """The trainable policy of the model section ``model``, in train mode, on ``model.device``;
     ``seed`` initialises the ``tiny`` model (default 0; a whole config passes its ``seed``)."""
     m, seed = _model_section(model, seed)
+    if str(m.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"model.device is {m.device!r}, but torch sees no CUDA GPU on this machine "
+                             f"(torch {torch.__version__}); pass model.device=cpu, or run on a GPU machine")
     dtype = getattr(torch, m.dtype)
     source = named_model(m.init_from or (None if m.name == "tiny" else m.name))
     if source is None:
@@ -80,10 +129,7 @@ def load_policy(model: ModelConfig, tokenizer: Any, seed: int | None = None) -> 
 def _from_pretrained(source: str, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    local = source.startswith((".", "/", "~")) or os.path.exists(source)
-    if local and not os.path.isdir(os.path.expanduser(source)):
-        raise ModelLoadError(f"model path {source!r} does not exist. Pass an existing HF model directory, a "
-                             "hub name (e.g. Qwen/Qwen2.5-3B-Instruct) or model=tiny.")
+    check_model_source(source)
     try:
         return AutoModelForCausalLM.from_pretrained(os.path.expanduser(source), dtype=dtype)
     except Exception as e:

