@@ -38,6 +38,7 @@ from agent_gym.episode import Episode
 from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, answer_from_text, get_format
 from agent_gym.scaffold import Scaffold, Slot, check_drop_prob
 from agent_gym.tokenizer import load_tokenizer
+from agent_gym.tool_log import ToolRecorder, ToolReplay
 from agent_gym.tools import Tool, ToolResult, cap_result, check_arguments, run_tool
 
 
@@ -162,6 +163,10 @@ class ToolEnv(gym.Env):
             turn but the last, an answer slot on the last), a ``Scaffold`` or a callable ``(env) ->
             Slot | None``. ``info["stop_strings"]`` (reset and every step) gives the next turn's stop
             strings for the sampler.
+        tool_record: a JSONL file to append every tool call to (name, arguments, status, result,
+            keyed by task id, reset seed and the call's ordinal; :mod:`agent_gym.tool_log`).
+        tool_replay: a file ``tool_record`` wrote: calls are served from it and no tool runs; a
+            call that differs from the recording raises ``ToolReplayMismatch`` naming it.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -187,6 +192,8 @@ class ToolEnv(gym.Env):
         max_tool_output_chars: int = 32_768,
         answer_source: str = "tags",
         scaffold: Any = None,
+        tool_record: str | None = None,
+        tool_replay: str | None = None,
     ):
         if answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
@@ -231,6 +238,12 @@ class ToolEnv(gym.Env):
         self._parse_takes_limit = "max_calls" in inspect.signature(self.format.parse).parameters
         self.reward_cfg = RewardConfig.from_any(rewards)
         self.render_mode = render_mode
+        if tool_record is not None and tool_replay is not None:
+            raise ValueError("tool_record and tool_replay exclude each other: record a rollout first, then replay it "
+                             "from that file")
+        self._tool_record = ToolRecorder(tool_record) if tool_record is not None else None
+        self._tool_replay = ToolReplay(tool_replay) if tool_replay is not None else None
+        self.episode_seed: int | None = None
 
         self.eot_id = self.renderer.eot_id
         stop = [self.eot_id]
@@ -319,6 +332,7 @@ class ToolEnv(gym.Env):
         exactly as before the call (the RNG included), and :meth:`step` refuses to act until a
         reset succeeds, since the caller meant to leave the old episode."""
         super().reset(seed=seed)
+        self.episode_seed = None if seed is None else int(seed)  # a tool call's key for record and replay
         options = options or {}
         unknown = set(options) - {"task", "task_index", "scaffold_drop_prob"}
         if unknown:
@@ -753,8 +767,16 @@ class ToolEnv(gym.Env):
         if self.tool_calls_used >= self.max_tool_calls:
             return CallOutcome(call, "budget", ToolResult(
                 f"Error: tool budget of {self.max_tool_calls} calls is spent.", ok=False))
+        key = {"task_id": str(self.task.get("id", self.task_index)), "seed": self.episode_seed,
+               "call": self.tool_calls_used}
+        if self._tool_replay is not None:  # agent_gym/tool_log.py: the recorded result, no tool run
+            status, result = self._tool_replay.serve(**key, name=call.name, arguments=call.arguments)
+        else:
+            status, result = run_tool(t, call.arguments, validate=False, scope=self)  # abandoned calls bounded per env
+            if self._tool_record is not None:
+                self._tool_record.write(**key, turn=self.turn, name=call.name, arguments=call.arguments,
+                                        status=status, result=result)
         self.tool_calls_used += 1
-        status, result = run_tool(t, call.arguments, validate=False, scope=self)  # abandoned calls bounded per env
         return CallOutcome(call, status, result)
 
 
