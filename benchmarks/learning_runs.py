@@ -56,7 +56,7 @@ def rl(algo: str, seed: int, root: Path, model: Path, extra: list[str], name: st
     script = "trainers/train_ppo.py" if algo == "ppo" else "trainers/train_grpo.py"
     t0 = time.time()
     rc = sh([PY, script, "--config", f"configs/factchain_{algo}.yaml", f"run_dir={run_dir}", f"seed={seed}",
-             f"init_from={model}", "progress_bar=false", "torch_threads=1", *extra], root / f"{name}.log")
+             f"init_from={model}", "progress_bar=false", "torch_threads=1", "run.overwrite=true", *extra], root / f"{name}.log")
     recs, evals = read_evals(run_dir) if rc == 0 else ([], [])
     return summarize_run(run_dir, name, algo, seed, model, rc, (time.time() - t0) / 60, len(recs), evals)
 

@@ -407,6 +407,11 @@ class RunConfig(Section):
     progress_bar: bool = True
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
+    overwrite: bool = False
+    """A new run (no ``--resume``) into a ``run_dir`` that already holds a run (its ``metrics.jsonl``
+    or a checkpoint) is refused, naming ``--resume`` and this key: the old run's metrics would be
+    mixed with the new one's and its checkpoints kept. ``true``: that run's files are removed first
+    (``trainers.logger.RUN_FILES``; anything else in the folder is left)."""
 
     def check(self) -> None:
         self._positive("iterations", "checkpoint_every", "keep_checkpoints")

@@ -32,6 +32,41 @@ class NullLogger:
         pass
 
 
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tb", "curves.png", "model", "final.json", "config.yaml")
+"""What a run (RL or SFT) writes in its run_dir; ``claim_run_dir`` removes these for ``overwrite``."""
+RUN_MARKERS = ("metrics.jsonl", "checkpoints", "model", "final.json")
+"""Their presence means the folder holds a run (a lone config.yaml is a run that failed at set-up)."""
+
+
+def claim_run_dir(run_dir: str | Path, *, overwrite: bool, key: str, resumable: bool) -> None:
+    """Make ``run_dir`` a new run's: refused (``ConfigError``) when it already holds a run
+    (``RUN_MARKERS``) unless ``overwrite``, which removes that run's files (``RUN_FILES``) first. A
+    fresh run would otherwise append its metrics to the old run's ``metrics.jsonl`` (two records per
+    iteration) and keep its checkpoints beside the new ones."""
+    import shutil
+
+    from trainers.errors import ConfigError
+
+    root = Path(run_dir)
+    held = [name for name in RUN_MARKERS if (root / name).exists() and not _empty_dir(root / name)]
+    if not held:
+        return
+    if not overwrite:
+        how = f"continue it with --resume {root}, " if resumable else ""
+        raise ConfigError(f"run_dir {str(root)!r} already holds a run ({', '.join(held)}); {how}choose another "
+                          f"run_dir, or set {key}=true to replace it")
+    for name in RUN_FILES:
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
 class RunLogger:
     def __init__(self, run_dir: str | Path, total_iterations: int, tensorboard: bool = True, wandb: bool = False,
                  progress_bar: bool = True, config: dict[str, Any] | None = None, fsync_every_s: float = 30.0):

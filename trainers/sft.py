@@ -43,6 +43,9 @@ class SFTConfig(Sectioned):
     plugins: list[str] = field(default_factory=list)
     """Modules imported before the config is checked (they may register the env)."""
     run_dir: str = "runs/sft"
+    overwrite: bool = False
+    """As the RL trainer's ``run.overwrite``: a run_dir that already holds a run (its metrics, model
+    or final.json) is refused unless this is true, which removes that run's files first."""
     seed: int = 0
     env_id: str | None = None
     """Required: the env whose demonstrations are played (no env is assumed)."""
@@ -156,12 +159,13 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from agent_gym.factory import EnvFactory
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
-    from trainers.logger import RunLogger
+    from trainers.logger import RunLogger, claim_run_dir
     from trainers.models import load_policy, load_tokenizer_for, save_policy
     from trainers.trainer import evaluate_greedy
 
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
+    claim_run_dir(run_dir, overwrite=cfg.overwrite, key="overwrite", resumable=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     tok = load_tokenizer_for(cfg.model)

@@ -44,7 +44,7 @@ from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_ch
 from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
 from trainers.distributed import FSDP
 from trainers.gc_stats import GcStats
-from trainers.logger import NullLogger, RunLogger
+from trainers.logger import NullLogger, RunLogger, claim_run_dir
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.multiagent import TeamRollout
 from trainers.parallel import Parallelism, SingleProcess
@@ -142,6 +142,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
+        if self.parallel.is_main and not self.resume:
+            claim_run_dir(self.run_dir, overwrite=cfg.run.overwrite, key="run.overwrite", resumable=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.parallel.is_main:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
