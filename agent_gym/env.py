@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -368,6 +369,7 @@ class ToolEnv(gym.Env):
         self.step_rewards: list[float] = []
         self.step_reward_components: list[dict[str, float]] = []
         self.step_call_statuses: list[list[str]] = []
+        self.step_calls: list[list[str]] = []
         self.step_slots: list[str | None] = []
         self.answer: str | None = None
         self.transcript: list[tuple[str, str]] = [(m["role"], m["content"]) for m in self.messages]
@@ -620,6 +622,7 @@ class ToolEnv(gym.Env):
         self.step_rewards.append(reward)
         self.step_reward_components.append(dict(turn.comps))
         self.step_call_statuses.append([c["status"] for c in calls])
+        self.step_calls.append([call_signature(c["name"], c["arguments"]) for c in calls])
         self.step_slots.append(None if turn.slot is None else turn.slot["slot"])
         if turn.terminated or turn.truncated:
             self._slot = None
@@ -628,7 +631,7 @@ class ToolEnv(gym.Env):
         return self._obs(), reward, turn.terminated, turn.truncated, info
 
     _EPISODE_LISTS = ("_ids", "_loss_mask", "step_spans", "step_rewards", "step_reward_components",
-                      "step_call_statuses", "step_slots", "transcript", "messages")
+                      "step_call_statuses", "step_calls", "step_slots", "transcript", "messages")
     _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done", "outputs_truncated",
                         "calls_skipped", "_slot")
 
@@ -709,6 +712,7 @@ class ToolEnv(gym.Env):
             answer_scores=scores, success=self.answer is not None and bool(self.is_success(scores, self.task)),
             truncation_reason=truncation_reason, tool_outputs_truncated=self.outputs_truncated,
             tool_calls_skipped=self.calls_skipped, step_slots=list(self.step_slots),
+            step_calls=[list(c) for c in self.step_calls],
         )
 
     def render(self) -> str | None:
@@ -803,6 +807,15 @@ class _Turn:
     truncated: bool = False
     reason: str | None = None
     extracted: bool = False  # the answer came from untagged_answer, not from answer tags
+
+
+def call_signature(name: Any, arguments: Any) -> str:
+    """A call as ``name(arguments)``, the arguments as canonical JSON (``Episode.step_calls``)."""
+    try:
+        args = json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        args = repr(arguments)
+    return f"{name}({args})"
 
 
 class _Missing:

@@ -54,6 +54,10 @@ class Episode:
     tool_calls_skipped: int = 0
     """Calls written past the env's ``max_calls_per_turn`` in a turn: neither parsed nor run (each such
     turn also has one ``too_many_calls`` status in ``step_call_statuses``)."""
+    step_calls: list[list[str]] = field(default_factory=list)
+    """(S,) each step's calls as ``name(arguments)``, the arguments as canonical JSON (keys sorted),
+    parallel to ``step_call_statuses``: what the collapse monitors compare (a query repeated within
+    an episode, ``trainers.rollout.summarize``)."""
     step_slots: list[str | None] = field(default_factory=list)
     """(S,) the scaffold slot each step's turn had (``"call:search"``, ``"answer"``...; ``None``: a free
     turn, or an env without a scaffold; agent_gym/scaffold.py)."""

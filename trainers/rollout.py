@@ -209,6 +209,40 @@ def takes_stop_strings(backend: Any) -> bool:
     return "stop_strings" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+LENGTH_CUTS = ("context", "max_turns")
+"""The ``Episode.truncation_reason`` values of an episode cut by a length limit (the monitors,
+``algorithm.overlong``)."""
+
+
+def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
+    """What goes wrong in agent RL, per batch (docs/metrics.md, "Collapse monitors"): calls per
+    episode, calls that repeat an earlier successful call of the same episode (same name and
+    arguments), answers given without any successful call, episodes cut by a length limit, and
+    the agent's reply length per turn (mean and longest)."""
+    n = len(eps)
+    calls = repeats = 0
+    no_call_answers = 0
+    replies: list[int] = []
+    for e in eps:
+        seen: set[str] = set()
+        ok_calls = 0
+        for sigs, statuses in zip(e.step_calls, e.step_call_statuses):
+            for sig, status in zip(sigs, statuses):
+                calls += 1
+                if status != "ok":
+                    continue
+                ok_calls += 1
+                repeats += sig in seen
+                seen.add(sig)
+        no_call_answers += e.answered and ok_calls == 0
+        replies += [end - start for start, end in e.step_spans]
+    return {"monitor/calls_per_episode": calls / n, "monitor/repeated_calls_per_episode": repeats / n,
+            "monitor/answer_without_call_rate": no_call_answers / n,
+            "monitor/length_cut_rate": sum(e.truncation_reason in LENGTH_CUTS for e in eps) / n,
+            "monitor/reply_tokens_mean": float(np.mean(replies)) if replies else 0.0,
+            "monitor/reply_tokens_max": float(max(replies, default=0))}
+
+
 def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:
     """Episode-level metrics of a batch (see docs/metrics.md). ``rollout/<score>`` is the mean of
     each answer score the env reports (``em``, ``f1``...; 0 for an episode without an answer)."""
@@ -237,6 +271,7 @@ def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:
         comps.update(e.reward_components)
     for s, c in statuses.items():
         out[f"tools/{s}_per_episode"] = c / n
+    out.update(collapse_monitors(eps))
     for k, v in comps.items():
         out[f"reward/{k}"] = v / n
     return out

@@ -49,7 +49,7 @@ from trainers.models import Critic, load_policy, load_tokenizer_for, token_logpr
 from trainers.multiagent import TeamRollout
 from trainers.parallel import Parallelism, SingleProcess
 from trainers.ray_rollout import RayRollout
-from trainers.rollout import RolloutBatch, Trajectory, build_batch, summarize
+from trainers.rollout import LENGTH_CUTS, RolloutBatch, Trajectory, build_batch, summarize
 from trainers.rollout_async import AsyncRollout
 from trainers.sources import (  # noqa: F401  (make_vector_env, eval_keys, evaluate_greedy: importers use these names)
     LocalRollout,
@@ -661,17 +661,13 @@ def keep_spread_groups(trajs: list[Trajectory], pad_id: int) -> tuple[list[list[
     return kept, len(groups) - len(kept)
 
 
-LENGTH_TRUNCATIONS = ("context", "max_turns")
-"""The ``Episode.truncation_reason`` values of an episode cut by a length limit (``algorithm.overlong``)."""
-
-
 def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any) -> tuple[dict[str, float], torch.Tensor]:
     """``algorithm.overlong`` on a built batch (CPU, before scoring): ``soft`` adds DAPO's length
     penalty (``algos.soft_overlong_penalty`` of each row's agent-token count) to the reward of the
     row's last agent token, so it enters the trajectory's score; ``mask`` only marks the rows cut by
-    a length limit (``LENGTH_TRUNCATIONS``), whose loss mask ``compute_advantages`` clears after the
+    a length limit (``LENGTH_CUTS``), whose loss mask ``compute_advantages`` clears after the
     advantages. Returns the ``overlong/*`` metrics and the (B,) bool rows truncated by length."""
-    cut = torch.tensor([tr.episode.truncation_reason in LENGTH_TRUNCATIONS for tr in trajs], dtype=torch.bool)
+    cut = torch.tensor([tr.episode.truncation_reason in LENGTH_CUTS for tr in trajs], dtype=torch.bool)
     if algo.overlong == "none":
         return {}, cut & False
     metrics = {"overlong/truncated_frac": float(cut.float().mean())}
