@@ -19,14 +19,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
 try:
-    from benchmarks.provenance import write_raw
+    from benchmarks.provenance import git_tree, write_raw
 except ModuleNotFoundError:  # run by path: benchmarks/ is on sys.path, the repository root may not be
-    from provenance import write_raw
+    from provenance import git_tree, write_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ("import sys, agent_gym; "
@@ -43,15 +42,8 @@ def sample(tree: Path) -> tuple[float, list[str]]:
 
 
 def checkout(ref: str, into: Path) -> Path:
-    """The tree of ``ref`` (agent_gym, envs, trainers only) under ``into``."""
-    archive = subprocess.run(["git", "archive", "--format=tar", ref, "agent_gym", "envs", "trainers"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    path = into / "archive.tar"
-    path.write_bytes(archive)
-    with tarfile.open(path) as tf:
-        tf.extractall(into)
-    return into
+    """The tree of ``ref`` (agent_gym, envs, trainers) under ``into``."""
+    return git_tree(ref, into, ["agent_gym", "envs", "trainers"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -253,3 +253,18 @@ def write_raw(script: str | os.PathLike, result: Any, *, label: str | None = Non
         print(f"note: {shown} is {len(text.encode()) / 2**20:.1f} MiB, too big to commit under results/ "
               "(results/README.md): keep the figures, drop the bulk, before citing it", file=sys.stderr)
     return path
+
+
+def git_tree(ref: str, into: Path, paths: Sequence[str]) -> Path:
+    """The files under ``paths`` at commit ``ref``, extracted under ``into`` (a benchmark's "before"
+    side: the same script measuring an older tree, interleaved with this one)."""
+    import tarfile
+
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, *paths], cwd=REPO, capture_output=True,
+                             check=True, timeout=120).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / "archive.tar"
+    path.write_bytes(archive)
+    with tarfile.open(path) as tf:
+        tf.extractall(into)
+    return into
