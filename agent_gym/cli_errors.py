@@ -1,4 +1,4 @@
-"""The one place where a command's errors become one line (issue 33).
+"""The one place where a command's errors become one line (a bad input never ends in a traceback).
 
 Every console script (``agent-gym-train``, ``-train-ppo``, ``-train-grpo``, ``-sft``, ``-eval``,
 ``-serve``, ``-retrieval-server``, ``-view``) and every ``python trainers/*.py`` / ``python -m

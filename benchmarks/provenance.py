@@ -1,4 +1,4 @@
-"""Where a benchmark's raw output goes, and what produced it (issue 30, item 7: "Figures kept").
+"""Where a benchmark's raw output goes, and what produced it (so a figure cited in docs/results.md can be checked).
 
 Every script in ``benchmarks/`` ends with ``write_raw(__file__, result)``: the figures it measured
 (``result``, any JSON-able data) go to ``results/<script stem>/<UTC date>_<label>.json`` as

@@ -1,4 +1,4 @@
-"""Cost of one sandboxed call (issue 19): the sandbox before the issue (bubblewrap + prlimit, no
+"""Cost of one sandboxed call (the namespace sandbox against the one before it): the sandbox before (bubblewrap + prlimit, no
 seccomp, no cgroups), the sandbox now (seccomp filter, per-call cgroups, private tmpfs with an
 inode bound, pid-namespace teardown), and a bare ``python3 -I -S`` start with no sandbox (the floor).
 
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from agent_gym import sandbox as new  # noqa: E402
 
-# The last commit whose sandbox predates issue 19.
+# The last commit whose sandbox predates the namespace sandbox.
 DEFAULT_OLD_REF = "e5dff7d"
 
 
@@ -50,7 +50,7 @@ def load_old(ref: str):
                          capture_output=True, text=True).stdout
     if "seccomp" in src:
         raise SystemExit(f"{ref}:agent_gym/sandbox.py already has the seccomp filter: pass --old-ref "
-                         "a commit from before issue 19")
+                         "a commit from before the namespace sandbox")
     path = Path(tempfile.mkdtemp()) / "old_sandbox.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("old_sandbox", path)
@@ -62,7 +62,7 @@ def load_old(ref: str):
 
 
 def attacks(old) -> list[str]:
-    """Each class of issue 19's attacks, through the old sandbox and the new one: the lines printed."""
+    """Each class of the hostile-code attacks, through the old sandbox and the new one: the lines printed."""
     from tests.agent_gym import test_sandbox_hostile as hostile
 
     lines: list[str] = []

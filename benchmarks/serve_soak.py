@@ -1,4 +1,4 @@
-"""Is the OpenEnv server's memory bounded over many sessions? (issue 33: RSS rose 241 -> 264 MiB
+"""Is the OpenEnv server's memory bounded over many sessions? (measured before the fix: RSS rose 241 -> 264 MiB
 over 800 sessions, slowing but not flat.)
 
     python benchmarks/serve_soak.py                                   # 5,000 sessions, RSS every 100

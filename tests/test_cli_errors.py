@@ -1,4 +1,4 @@
-"""Bad input meets one clear line everywhere (issue 33): every console script, and the ``python
+"""Bad input meets one clear line everywhere: every console script, and the ``python
 trainers/*.py`` / ``python -m agent_gym.*`` forms, turn a user error into one line on stderr, ``error:
 <what is wrong>; <what to type instead>``, with exit status 2 and no traceback (``agent_gym/cli_errors.py``);
 ``--debug`` or ``AGENT_GYM_DEBUG=1`` shows the traceback; usage lines name what the user typed.
@@ -130,7 +130,7 @@ def test_a_bad_input_is_one_line_naming_the_fix(bad_inputs, name, args, status, 
 
 @pytest.mark.timeout(120)
 def test_the_issue_examples_say_what_is_wrong(bad_inputs):
-    """The reports of issue 33: the missing model directory is named as such (not the network), and
+    """The reported cases: the missing model directory is named as such (not the network), and
     the QA env offline gives the flag, not Python."""
     r = _run([_script("agent-gym-eval"), "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],
              bad_inputs)

@@ -1,4 +1,4 @@
-"""Figures kept (issue 30, item 7): every benchmark script writes its raw output with its provenance
+"""Figures kept: every benchmark script writes its raw output with its provenance
 through ``benchmarks/provenance.py`` (results/README.md). The record has every field, with real
 values; every script in ``benchmarks/`` calls the helper (checked statically, so a new script
 without it fails here); a cheap script run end to end leaves its file; every JSON file committed

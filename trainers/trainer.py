@@ -669,7 +669,7 @@ def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any
     advantages. Returns the ``overlong/*`` metrics and the (B,) bool rows truncated by length."""
     cut = torch.tensor([tr.episode.truncation_reason in LENGTH_CUTS for tr in trajs], dtype=torch.bool)
     if algo.overlong == "none":
-        return {}, cut & False
+        return {}, torch.zeros_like(cut)
     metrics = {"overlong/truncated_frac": float(cut.float().mean())}
     if algo.overlong == "soft":
         lengths = batch.loss_mask.sum(-1)  # (B,) agent tokens
@@ -679,7 +679,7 @@ def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any
         rows = has.nonzero().flatten()
         batch.token_rewards[rows, last[rows]] += pen[rows].to(batch.token_rewards.dtype)
         metrics.update({"overlong/penalty_mean": float(pen.mean()), "overlong/penalized_frac": float((pen < 0).float().mean())})
-        return metrics, cut & False
+        return metrics, torch.zeros_like(cut)
     metrics["overlong/masked_frac"] = metrics["overlong/truncated_frac"]
     return metrics, cut
 

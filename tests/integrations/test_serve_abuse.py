@@ -1,4 +1,4 @@
-"""The OpenEnv server under abuse (issue 33): ``python -m agent_gym.serve`` as a real process.
+"""The OpenEnv server under abuse (malformed frames, stateless steps, closes, many sessions): ``python -m agent_gym.serve`` as a real process.
 
 - ``POST /step`` (openenv-core's stateless step: a fresh env, never reset) is a 409 naming the
   WebSocket session to use, not a 500;
