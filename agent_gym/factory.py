@@ -1,4 +1,4 @@
-"""One way to build envs: :class:`EnvFactory` (an env id, its kwargs, a tokenizer) and :func:`pad_token_id`.
+"""One way to build envs: :class:`EnvFactory` (an env id, its kwargs, a tokenizer).
 
 The trainer, its Ray rollout workers, SFT, evaluation and the TRL/RLlib adapters all turn the same
 three things into envs: a registered id, the env kwargs of a config, and the tokenizer (with the
@@ -8,12 +8,12 @@ They build one factory and ask it::
     factory = EnvFactory("AgentR1/FactChain-v0", {"num_hops": 2}, tokenizer, vocab_size=2112)
     env = factory.make()                        # gym.make(id, tokenizer=..., vocab_size=..., num_hops=2)
     vec = factory.make_vector(8, split="test")  # gym.make_vec through the id's vector entry point
-    factory.pad_id                              # the tokenizer's pad id, else its eos id
+    factory.pad_id                              # the tokenizer's pad id, else its eos id (tokenizer.pad_token_id)
 
 ``server="http://host:port"`` makes the factory's envs remote: sessions on a
 ``python -m agent_gym.serve`` process (OpenEnv), with the same interface as the in-process ones
-(:class:`agent_gym.serve.RemoteVectorEnv` for ``make_vector``, :class:`agent_gym.serve.RemoteToolEnv`
-for ``make``). The server builds its envs from its own arguments, so the first remote env checks that
+(:class:`agent_gym.env_client.RemoteVectorEnv` for ``make_vector``,
+:class:`agent_gym.env_client.RemoteToolEnv` for ``make``). The server builds its envs from its own arguments, so the first remote env checks that
 they are this factory's: the same id, env kwargs, vocabulary size and tokenizer (a fingerprint of
 its vocabulary, special tokens and chat template), and says which one differs. ``local()`` is the
 same factory without the server (the trainer evaluates in-process: its eval envs take overrides a
@@ -24,51 +24,23 @@ A factory is picklable (the tokenizer included) so it can be sent to a Ray worke
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Mapping
 
 import gymnasium as gym
+import numpy as np
+
+from agent_gym.tokenizer import load_tokenizer, pad_token_id, tokenizer_fingerprint
+from agent_gym.vector import ToolVectorEnv
 
 _BOUND = ("tokenizer", "vocab_size")
 """Env kwargs a factory sets itself (from its tokenizer and vocab size), unless env_kwargs names them."""
 
 
-def pad_token_id(tokenizer: Any, default: int | None = None) -> int:
-    """The id to pad token rows with: the tokenizer's pad id, else its eos id, else ``default``.
-
-    Padding is masked out wherever the project pads (left padding in the backends, right padding
-    in the update's batch), so any valid id would do; this picks one the same way everywhere.
-    Raises ``ValueError`` when the tokenizer has neither and no ``default`` is given."""
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
-    if default is not None:
-        return int(default)
-    raise ValueError(f"{type(tokenizer).__name__} has neither pad_token_id nor eos_token_id, so there is no id to "
-                     "pad rows with: set tokenizer.pad_token (e.g. tokenizer.pad_token = tokenizer.unk_token) first")
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A short hash of what makes two tokenizers encode and render alike: the vocabulary (token ->
-    id), the special tokens and the chat template. Equal fingerprints on two machines mean the same
-    ids for the same text."""
-    from agent_gym.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(tokenizer)
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    special = {k: str(v) for k, v in sorted((getattr(tok, "special_tokens_map", None) or {}).items())}
-    blob = json.dumps([vocab, special, getattr(tok, "chat_template", None)], ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def jsonable(x: Any) -> Any:
     """``x`` as JSON carries it: numpy values as Python ones, tuples and sets as lists, mapping keys as
     strings; any other value that is not JSON-native becomes its ``repr``. How the OpenEnv server
-    sends infos and kwargs (``agent_gym.serve``), and how a factory compares its kwargs with a server's."""
-    import numpy as np
-
+    sends infos and kwargs (``agent_gym.env_server``), and how a factory compares its kwargs with a server's."""
     if isinstance(x, Mapping):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set, frozenset)):
@@ -132,9 +104,7 @@ class EnvFactory:
 
     @property
     def pad_id(self) -> int:
-        """:func:`pad_token_id` of the factory's tokenizer (the built-in one when it has none)."""
-        from agent_gym.tokenizer import load_tokenizer
-
+        """:func:`agent_gym.tokenizer.pad_token_id` of the factory's tokenizer (the built-in one when it has none)."""
         return pad_token_id(load_tokenizer(self.tokenizer))
 
     def replace(self, **changes: Any) -> "EnvFactory":
@@ -155,10 +125,11 @@ class EnvFactory:
 
     def make(self, **overrides: Any) -> Any:
         """One env: ``gym.make(env_id, **kwargs(**overrides))`` (Gymnasium's wrappers on it: use
-        ``.unwrapped`` for the ``ToolEnv``), or a :class:`~agent_gym.serve.RemoteToolEnv` session."""
+        ``.unwrapped`` for the ``ToolEnv``), or a :class:`~agent_gym.env_client.RemoteToolEnv` session."""
         if self.server:
             self._remote_only(overrides)
-            from agent_gym.serve import RemoteToolEnv
+            # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
+            from agent_gym.env_client import RemoteToolEnv
 
             return RemoteToolEnv(self.server, message_timeout_s=self.server_timeout_s)
         return gym.make(self.env_id, **self.kwargs(**overrides))
@@ -167,19 +138,18 @@ class EnvFactory:
         """``num_envs`` envs stepped together: the id's registered vector entry point
         (``gym.make_vec(..., vectorization_mode="vector_entry_point")``, a ``ToolVectorEnv`` with
         infos as one dict per env and no autoreset, as the trainer's rollout wants), or, with a
-        server, a :class:`~agent_gym.serve.RemoteVectorEnv` of ``num_envs`` sessions."""
+        server, a :class:`~agent_gym.env_client.RemoteVectorEnv` of ``num_envs`` sessions."""
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if self.server:
             self._remote_only(overrides)
-            from agent_gym.serve import RemoteVectorEnv
+            # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
+            from agent_gym.env_client import RemoteVectorEnv
 
             return RemoteVectorEnv(self.server, num_envs, message_timeout_s=self.server_timeout_s)
         spec = gym.spec(self.env_id)
         kwargs = self.kwargs(**overrides)
         if spec.vector_entry_point is None:  # registered with gym.register directly, not agent_gym.register_env
-            from agent_gym.vector import ToolVectorEnv
-
             return ToolVectorEnv.from_entry_point(spec.entry_point, num_envs=num_envs, num_threads=self.num_threads,
                                                   info_format="list", **{**(spec.kwargs or {}), **kwargs})
         return gym.make_vec(self.env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
@@ -207,6 +177,8 @@ class EnvFactory:
     def server_info(self) -> dict[str, Any]:
         """``GET /agent_gym/env`` of the server: its env id, kwargs, vocabulary size, task count and
         tokenizer fingerprint. ``ConnectionError`` naming the URL when nothing answers there."""
+        # import-time cost: urllib.request takes ~50 ms (http.client, email, ssl) and only a served
+        # env needs it; the trainer imports this module on every run
         import urllib.error
         import urllib.request
 
@@ -235,8 +207,6 @@ class EnvFactory:
         theirs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in _BOUND}
         if mine != theirs:
             diffs.append(f"env kwargs (besides tokenizer and vocab_size): server {theirs}, here {mine}")
-        from agent_gym.tokenizer import load_tokenizer
-
         tok = load_tokenizer(self.env_kwargs.get("tokenizer", self.tokenizer))
         vocab = self.env_kwargs.get("vocab_size", self.vocab_size)
         if vocab is None:  # the env's own default (ToolEnv): the tokenizer's size
@@ -255,4 +225,4 @@ class EnvFactory:
         return info
 
 
-__all__ = ["EnvFactory", "jsonable", "pad_token_id", "tokenizer_fingerprint"]
+__all__ = ["EnvFactory", "jsonable"]

@@ -43,7 +43,7 @@ The verdict, in order (:func:`judge`):
    pipe closes, and is killed at exit, so a killed trainer leaves no runaway check behind.
 
 Measured on a hand-labelled battery of 404 (answer, gold) pairs (``tests/fixtures/math_battery.jsonl``,
-``benchmarks/math_verifier.py``; figures in docs/envs/math.md): the old sympy checker accepted 41 of
+``benchmarks/verdicts/math_verifier.py``; figures in docs/envs/math.md): the old sympy checker accepted 41 of
 190 wrong answers and rejected 72 of 214 right ones, math-verify alone 5 and 19, this checker 0 and 1
 (``ab`` against gold ``ba``: a run of letters is read as a word).
 """

@@ -17,15 +17,18 @@ Each id also gets a ``vector_entry_point``: ``gym.make_vec(id, n)`` (or
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 from typing import Any
 
 import gymnasium as gym
 
-ENV_IDS: dict[str, tuple[str, dict]] = {}
-"""id -> (entry point, default kwargs): every id registered through ``register_env``."""
+from agent_gym.env_ids import ENV_IDS, MULTIAGENT_IDS  # the tables this module fills (their own module: env_ids.py)
 
 
 def _vector_creator(entry_point: str, num_envs: int = 1, **kwargs):
+    # import-time cost: agent_gym.vector adds ~15 ms to `import agent_gym` (and to every command's
+    # --help); only gym.make_vec needs it
     from agent_gym.vector import ToolVectorEnv
 
     return ToolVectorEnv.from_entry_point(entry_point, num_envs=num_envs, **kwargs)
@@ -61,10 +64,6 @@ def register_env(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = 
     )
 
 
-MULTIAGENT_IDS: dict[str, tuple[str, dict]] = {}
-"""id -> (entry point, default kwargs): the multi-agent (PettingZoo) ids, made with ``make_multiagent``."""
-
-
 def register_multiagent(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = None) -> None:
     """Register a multi-agent id for ``entry_point`` ("module:Class" of an
     :class:`agent_gym.multiagent.MultiAgentToolEnv`). Gymnasium's ``gym.make`` cannot return a
@@ -84,11 +83,7 @@ def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
     """Build a registered multi-agent env: PettingZoo's AEC view by default (the env wrapped by
     ``pettingzoo.utils.conversions.parallel_to_aec``), or the ``ParallelEnv`` itself with
     ``parallel=True``. ``kwargs`` override the registered defaults."""
-    import importlib
-
     if env_id not in MULTIAGENT_IDS:
-        import importlib.util
-
         hint = ("" if importlib.util.find_spec("pettingzoo") else
                 " (pettingzoo is not installed, so the multi-agent envs are not registered: "
                 "pip install 'agent-gym[pettingzoo]')")
@@ -99,7 +94,7 @@ def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
     env = cls(**{**defaults, **kwargs})
     if parallel:
         return env
-    from pettingzoo.utils.conversions import parallel_to_aec
+    from pettingzoo.utils.conversions import parallel_to_aec  # optional dependency (the pettingzoo extra)
 
     return parallel_to_aec(env)
 

@@ -3,14 +3,20 @@
 The default tokenizer lets ``gym.make("AgentR1/FactChain-v0")`` work offline with no download.
 It is a byte-level BPE (so every string encodes, and decoding is lossless) trained in code on a
 fixed corpus of generic English (common words, letter pairs, numbers, punctuation and the
-tool-call protocol's JSON syntax; no env's words since issue 21, so it favours no env), with
+tool-call protocol's JSON syntax; no env's words since 2026-11-25, so it favours no env), with
 ChatML special tokens and the tool-call tags as single tokens. Training is deterministic, so two
 processes build the same vocabulary; the result is cached per process.
+
+Also what the project asks of any tokenizer: :func:`pad_token_id` (the id to pad rows with) and
+:func:`tokenizer_fingerprint` (whether two tokenizers encode alike, as an env server and its client
+must).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import threading
 import os
 from typing import Any
@@ -123,6 +129,8 @@ def build_bpe_tokenizer(
     Used for the default tokenizer and, in tests, for tokenizers of other chat-template families
     (Llama 3, Mistral), which differ in their special tokens and template only.
     """
+    # import-time cost: transformers takes seconds to import, and the default tokenizer (this
+    # function) is built only when an env is made
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -181,7 +189,7 @@ def load_tokenizer(spec: Any = None):
     if spec is None:
         return default_tokenizer()
     if isinstance(spec, (str, os.PathLike)):
-        with IMPORT_LOCK:
+        with IMPORT_LOCK:  # import-time cost (seconds), and a first import is not thread-safe
             from transformers import AutoTokenizer
 
         spec = str(spec)
@@ -208,3 +216,30 @@ def load_tokenizer(spec: Any = None):
                 "transformers tokenizer, a path, a hub name or None."
             )
     return spec
+
+
+def pad_token_id(tokenizer: Any, default: int | None = None) -> int:
+    """The id to pad token rows with: the tokenizer's pad id, else its eos id, else ``default``.
+
+    Padding is masked out wherever the project pads (left padding in the backends, right padding
+    in the update's batch), so any valid id would do; this picks one the same way everywhere.
+    Raises ``ValueError`` when the tokenizer has neither and no ``default`` is given."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    if default is not None:
+        return int(default)
+    raise ValueError(f"{type(tokenizer).__name__} has neither pad_token_id nor eos_token_id, so there is no id to "
+                     "pad rows with: set tokenizer.pad_token (e.g. tokenizer.pad_token = tokenizer.unk_token) first")
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of what makes two tokenizers encode and render alike: the vocabulary (token ->
+    id), the special tokens and the chat template. Equal fingerprints on two machines mean the same
+    ids for the same text. ``tokenizer`` is anything :func:`load_tokenizer` takes."""
+    tok = load_tokenizer(tokenizer)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    special = {k: str(v) for k, v in sorted((getattr(tok, "special_tokens_map", None) or {}).items())}
+    blob = json.dumps([vocab, special, getattr(tok, "chat_template", None)], ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
@@ -103,8 +104,6 @@ class ToolVectorEnv(gym.vector.VectorEnv):
     @classmethod
     def from_entry_point(cls, entry_point: str, num_envs: int = 1, num_threads: int | None = None,
                          autoreset: bool = False, info_format: str = "gymnasium", **env_kwargs: Any):
-        from gymnasium.envs.registration import load_env_creator
-
         if not isinstance(num_envs, int) or num_envs <= 0:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         env_kwargs.pop("max_episode_steps", None)
@@ -242,7 +241,7 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size', "
                              "'scaffold_drop_prob'")
         shared = {"scaffold_drop_prob": options["scaffold_drop_prob"]} if "scaffold_drop_prob" in options else {}
-        # called as ToolVectorEnv._task_options so that RemoteVectorEnv (agent_gym/serve.py), which borrows
+        # called as ToolVectorEnv._task_options so that RemoteVectorEnv (agent_gym/env_client.py), which borrows
         # this method, gets it too
         return [{**o, **shared} for o in ToolVectorEnv._task_options(self, options)]  # type: ignore[arg-type]
 

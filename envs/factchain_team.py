@@ -62,7 +62,7 @@ Parameters
     ``kb_seed``, ``split``, ``question_style``, and every ``MultiAgentToolEnv`` argument
     (tokenizer, limits, rewards, ``tools_in_prompt``, ``render_mode``: ``"ansi"`` or ``"human"``).
 Versions
-    v0: first release. Changed within v0 (issue 20): a given ``system_prompt`` string is followed
+    v0: first release. Changed within v0 (2026-11-25): a given ``system_prompt`` string is followed
     by the seat's identity (it used to replace the per-seat prompt, so both seats started with the
     same ids), indistinguishable seats are refused, and a seat's ``max_invalid_calls`` defaults to
     ``max_cycles + 1`` (was 3: PettingZoo's ``max_cycles_test`` failed with the defaults).

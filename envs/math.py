@@ -30,7 +30,7 @@ Reward
 Oracle
     ``demonstration(task)``: for a synthetic task, one python call running the task's own
     program (which prints the answer), then ``<answer>\\boxed{gold}</answer>``; for a MATH task
-    (which has no program), the boxed gold answer. ``benchmarks/oracle_math_code.py`` and
+    (which has no program), the boxed gold answer. ``benchmarks/verdicts/oracle_math_code.py`` and
     ``trainers/evaluate.py --policy oracle`` run it; it scores 1.0 on every problem.
 Data
     ``data_path=None`` (default): ``num_tasks`` (500) synthetic problems built in code from
@@ -52,7 +52,7 @@ Parameters
     ``max_turns`` (6), ``max_context_tokens`` (4096), and every ``ToolEnv``
     argument. ``rewards`` defaults to ``{"answer_weights": {"correct": 1.0}}``.
 Versions
-    v0: first release. Since issue 20, answers are checked by math-verify under a time limit
+    v0: first release. Since 2026-11-25, answers are checked by math-verify under a time limit
     (before: the project's own sympy checker, with no limit on symbolic expansion; on the
     404-pair battery of docs/envs/math.md it accepted 41 of 190 wrong answers and rejected 72 of
     214 right ones, the new checker 0 and 1).

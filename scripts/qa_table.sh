@@ -3,7 +3,7 @@
 # every method greedy on every held-out row of `make qa-split` (HotpotQA and 2Wiki: the held-out
 # half; MuSiQue: all of it, never trained on), each searching its own dataset's corpus, on vLLM's
 # CPU engine. Each step writes under runs/qa_table/ and is skipped when its output exists, so the
-# script resumes. Then benchmarks/qa_table.py builds the table from benchmarks/tables/smollm2_qa.yaml.
+# script resumes. Then benchmarks/analysis/qa_table.py builds the table from benchmarks/analysis/tables/smollm2_qa.yaml.
 #
 #   bash scripts/qa_table.sh baselines            # Naive RAG, the base agent unscaffolded and scaffolded
 #   bash scripts/qa_table.sh checkpoint NAME RUN_DIR [scaffold|noscaffold]   # a trained run
@@ -24,7 +24,7 @@ rows_kwargs() {  # the held-out rows of $1 and its own corpus
 case "${1:-}" in
 baselines)
     [[ -f "$OUT/baselines/results.json" ]] && [[ $(grep -c '"condition"' "$OUT/baselines/results.json") -ge 9 ]] \
-        || "$PY" benchmarks/smollm_baselines.py --backend vllm --rows 0 --rows-dir runs/qa_split \
+        || "$PY" benchmarks/experiments/smollm_baselines.py --backend vllm --rows 0 --rows-dir runs/qa_split \
             --conditions naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold --out "$OUT/baselines"
     ;;
 checkpoint)
@@ -49,7 +49,7 @@ d = d.get('env_kwargs') or (d.get('rollout') or {}).get('env_kwargs') or d; d.up
     done
     ;;
 table)
-    "$PY" benchmarks/qa_table.py --spec benchmarks/tables/smollm2_qa.yaml --out "$OUT"
+    "$PY" benchmarks/analysis/qa_table.py --spec benchmarks/analysis/tables/smollm2_qa.yaml --out "$OUT"
     ;;
 *)
     sed -n '2,12p' "$0"; exit 2

@@ -73,11 +73,6 @@ def kill_all(pids: Iterable[int]) -> None:
 __all__ = ["LineReader", "kill_all"]
 
 
-def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
-    return _load_file(Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
-
-
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (the set-up's helpers are scripts, not a package)."""
     return _load_file(Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")

@@ -129,7 +129,7 @@ def test_a_bad_input_is_one_line_naming_the_fix(bad_inputs, name, args, status, 
 
 
 @pytest.mark.timeout(120)
-def test_the_issue_examples_say_what_is_wrong(bad_inputs):
+def test_the_reported_bad_inputs_say_what_is_wrong(bad_inputs):
     """The reported cases: the missing model directory is named as such (not the network), and
     the QA env offline gives the flag, not Python."""
     r = _run([_script("agent-gym-eval"), "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],

@@ -1,4 +1,4 @@
-"""The commands run without patching ``sys.path`` (issue 21): the console scripts of
+"""The commands run without patching ``sys.path``: the console scripts of
 ``[project.scripts]`` (installed by ``pip install -e .``, which ``make setup`` runs) and the scripts
 run by path (``python trainers/train_ppo.py``), from a directory outside the repository, where only
 the editable install can find ``agent_gym``, ``envs`` and ``trainers``."""
@@ -25,7 +25,7 @@ def _project_scripts() -> list[str]:
 
 SCRIPTS = _project_scripts()
 BY_PATH = ("trainers/train_ppo.py", "trainers/train_grpo.py", "trainers/train_sft.py", "trainers/evaluate.py",
-           "scripts/merge_qa.py", "benchmarks/env_step.py")
+           "scripts/merge_qa.py", "benchmarks/perf/env_step.py")
 
 
 def _help(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

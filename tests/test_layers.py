@@ -1,7 +1,9 @@
 """The layers of docs/design.md ("Layers") hold, checked by import-linter's contracts in
 ``.importlinter``: ``agent_gym`` imports neither ``envs`` nor ``trainers``, ``envs`` do not import
-``trainers``, and ``agent_gym``'s core does not import torch (every import statement counts, at
-module level or inside a function). The checker is shown to fail on each kind of forbidden import
+``trainers``, ``agent_gym``'s core does not import torch, and the trainer loop (``trainers.trainer``)
+is given its parts: it imports no Ray, FSDP, async or multi-agent module, nor ``trainers.compose``
+which picks them (every import statement counts, at module level or inside a function, directly or
+through another module). The checker is shown to fail on each kind of forbidden import
 by running it on a copy of the packages with violations planted, and ``import agent_gym`` is shown
 to load neither torch nor an env module nor the trainer in a fresh interpreter."""
 
@@ -32,7 +34,7 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_project_keeps_every_layer_contract():
     res = lint_imports(ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "Contracts: 3 kept, 0 broken." in res.stdout, res.stdout
+    assert "Contracts: 4 kept, 0 broken." in res.stdout, res.stdout
 
 
 @pytest.mark.timeout(200)
@@ -47,11 +49,14 @@ def test_the_checker_fails_on_each_forbidden_import(tmp_path):
     (tmp_path / "agent_gym" / "planted_user.py").write_text("def f():\n    from trainers import config\n")
     (tmp_path / "envs" / "planted_trainer.py").write_text("import trainers.rollout\n")
     (tmp_path / "agent_gym" / "planted_torch.py").write_text("import torch\n")
+    trainer = tmp_path / "trainers" / "trainer.py"
+    trainer.write_text(trainer.read_text() + "\n\ndef planted():\n    from trainers import ray_rollout\n")
+    planted_line = len(trainer.read_text().splitlines())
     res = lint_imports(tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "Contracts: 0 kept, 3 broken." in res.stdout, res.stdout
+    assert "Contracts: 0 kept, 4 broken." in res.stdout, res.stdout
     for line in ("agent_gym.planted_user -> trainers.config (l.2)", "envs.planted_trainer -> trainers.rollout (l.1)",
-                 "agent_gym.planted_torch -> torch (l.1)"):
+                 "agent_gym.planted_torch -> torch (l.1)", f"trainers.trainer -> trainers.ray_rollout (l.{planted_line})"):
         assert line in res.stdout, res.stdout
 
 

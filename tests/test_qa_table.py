@@ -1,6 +1,6 @@
-"""benchmarks/qa_table.py end to end on hand-made episode files: means, intervals, ratios to the
-baseline and the paired tests match values worked by hand; rows that differ between two methods
-are refused; a method not evaluated yet shows as missing."""
+"""benchmarks/analysis/qa_table.py end to end on hand-made episode files: means, intervals, ratios
+to the baseline and the paired tests match values worked by hand; rows that differ between two
+methods are refused; a method not evaluated yet shows as missing."""
 
 import json
 import subprocess
@@ -22,9 +22,9 @@ def records(path, rows):
 
 def run(tmp_path, spec):
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "qa_table.py"), "--spec", str(tmp_path / "spec.yaml"),
-                           "--out", str(tmp_path / "out"), "--tokenizer", "none"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "analysis" / "qa_table.py"),
+                           "--spec", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"), "--tokenizer", "none"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def test_table_by_hand(tmp_path):

@@ -1,8 +1,9 @@
 """Figures kept: every benchmark script writes its raw output with its provenance
-through ``benchmarks/provenance.py`` (results/README.md). The record has every field, with real
-values; every script in ``benchmarks/`` calls the helper (checked statically, so a new script
-without it fails here); a cheap script run end to end leaves its file; every JSON file committed
-under ``results/`` carries the provenance."""
+through ``agent_gym/provenance.py`` (results/README.md). The record has every field, with real
+values; every script in ``benchmarks/``'s folders calls the helper (checked statically, so a new
+script without it fails here) and has a stem of its own (its results/ folder); a cheap script run
+end to end leaves its file; every JSON file committed under ``results/`` carries the provenance and
+names a script that exists."""
 
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import provenance
+from agent_gym import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 LIBRARIES = {
-    "provenance.py": "the helper itself",
     "report.py": "spread() and save() shared by the interleaved benchmarks; it measures nothing",
 }
-"""Modules of benchmarks/ that are imported by the scripts and are not scripts themselves."""
+"""Modules of benchmarks/ that are imported by the scripts and are not scripts themselves (and the
+packages' ``__init__.py``)."""
+QA_ANSWERS = BENCHMARKS / "analysis" / "qa_answers.py"
 
 
 def _git_head() -> str | None:
@@ -52,7 +54,7 @@ def _check_record(p: dict) -> None:
 
 @pytest.mark.timeout(60)
 def test_the_record_has_every_field_with_real_values():
-    rec = provenance.provenance_record(BENCHMARKS / "qa_answers.py", argv=["a.jsonl", "b.jsonl"], outputs=[ROOT / "x"])
+    rec = provenance.provenance_record(QA_ANSWERS, argv=["a.jsonl", "b.jsonl"], outputs=[ROOT / "x"])
     _check_record(rec)
     head = _git_head()
     if head is not None:  # in a checkout: the commit is the real one
@@ -62,8 +64,8 @@ def test_the_record_has_every_field_with_real_values():
     else:
         assert rec["git"]["commit"] == "unknown" and rec["git"]["error"]
     assert len(rec["load_average"]["start"]) == 3 and len(rec["load_average"]["end"]) == 3
-    assert rec["command"] == "python benchmarks/qa_answers.py a.jsonl b.jsonl"  # main(argv) in-process
-    assert rec["script"] == "benchmarks/qa_answers.py" and rec["outputs"] == ["x"]
+    assert rec["command"] == "python benchmarks/analysis/qa_answers.py a.jsonl b.jsonl"  # main(argv) in-process
+    assert rec["script"] == "benchmarks/analysis/qa_answers.py" and rec["outputs"] == ["x"]
     assert rec["cpu_count"] == os.cpu_count() and rec["python"] == ".".join(map(str, sys.version_info[:3]))
     assert "torch" not in rec["packages"] or "torch" in sys.modules  # never imported to be reported
 
@@ -78,8 +80,8 @@ def test_git_missing_gives_unknown(monkeypatch):
 @pytest.mark.timeout(60)
 def test_write_raw_names_the_file_and_never_overwrites(tmp_path, monkeypatch):
     monkeypatch.setenv(provenance.ENV_DIR, str(tmp_path))
-    paths = [provenance.write_raw(BENCHMARKS / "logger_cost.py", {"ms": 1.5, "path": Path("/a")}, label="my run/1")
-             for _ in range(3)]
+    script = BENCHMARKS / "perf" / "logger_cost.py"
+    paths = [provenance.write_raw(script, {"ms": 1.5, "path": Path("/a")}, label="my run/1") for _ in range(3)]
     day = dt.datetime.now(dt.timezone.utc).date().isoformat()
     assert [p.name for p in paths] == [f"{day}_my-run-1.json", f"{day}_my-run-1_2.json", f"{day}_my-run-1_3.json"]
     assert all(p.parent == tmp_path / "logger_cost" for p in paths)
@@ -96,11 +98,12 @@ def test_under_pytest_the_committed_folder_is_never_the_default(monkeypatch):
 
 
 def _scripts() -> list[Path]:
-    return sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in LIBRARIES)
+    """Every script, in whichever folder of benchmarks/ it sits."""
+    return sorted(p for p in BENCHMARKS.rglob("*.py") if p.name not in LIBRARIES and p.name != "__init__.py")
 
 
 def _calls_write_raw(tree: ast.Module) -> bool:
-    imported = any(isinstance(n, ast.ImportFrom) and n.module in ("benchmarks.provenance", "provenance")
+    imported = any(isinstance(n, ast.ImportFrom) and n.module == "agent_gym.provenance"
                    and any(a.name == "write_raw" for a in n.names) for n in ast.walk(tree))
     called = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "write_raw"
                  for n in ast.walk(tree))
@@ -111,8 +114,11 @@ def _calls_write_raw(tree: ast.Module) -> bool:
 def test_every_benchmark_script_writes_its_raw_output_through_the_helper():
     scripts = _scripts()
     assert len(scripts) >= 30, [p.name for p in scripts]
+    assert not [p for p in scripts if p.parent == BENCHMARKS], "a script belongs in one of benchmarks/'s folders"
+    stems = [p.stem for p in scripts]  # results/<stem>/ is the script's folder: one script per stem
+    assert len(set(stems)) == len(stems), sorted({s for s in stems if stems.count(s) > 1})
     missing = [p.name for p in scripts if not _calls_write_raw(ast.parse(p.read_text(), str(p)))]
-    assert not missing, (f"{missing}: end the script with write_raw(__file__, result) from benchmarks/provenance.py "
+    assert not missing, (f"{missing}: end the script with write_raw(__file__, result) from agent_gym/provenance.py "
                          "(results/README.md), or list it in LIBRARIES here if it is a module the scripts import")
     for name in LIBRARIES:  # a library is not a script: were it to become one, it would need the helper
         text = (BENCHMARKS / name).read_text()
@@ -128,16 +134,16 @@ def test_a_cheap_benchmark_end_to_end_leaves_its_raw_file(tmp_path):
     rows.write_text(json.dumps({"answer": "Paris"}) + "\n" + json.dumps({"answer": "yes"}) + "\n")
     out = tmp_path / "results"
     env = {**os.environ, provenance.ENV_DIR: str(out)}
-    env.pop("PYTHONPATH", None)  # by path, as users run it: the helper is found beside the script
-    res = subprocess.run([sys.executable, str(BENCHMARKS / "qa_answers.py"), str(traj), str(rows)], cwd=ROOT,
+    env.pop("PYTHONPATH", None)  # by path, as users run it: the helper comes from the installed agent_gym
+    res = subprocess.run([sys.executable, str(QA_ANSWERS), str(traj), str(rows)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stderr[-3000:]
     (path,) = (out / "qa_answers").glob("*.json")
     assert path.name.endswith(".json") and str(path.relative_to(out)) in res.stderr
     data = json.loads(path.read_text())
     _check_record(data["provenance"])
-    assert data["provenance"]["script"] == "benchmarks/qa_answers.py"
-    assert data["provenance"]["command"].endswith(f"benchmarks/qa_answers.py {traj} {rows}")
+    assert data["provenance"]["script"] == "benchmarks/analysis/qa_answers.py"
+    assert data["provenance"]["command"].endswith(f"benchmarks/analysis/qa_answers.py {traj} {rows}")
     head = _git_head()
     if head is not None:
         assert data["provenance"]["git"]["commit"] == head
@@ -158,6 +164,7 @@ def _committed_under_results() -> list[Path]:
 
 @pytest.mark.timeout(60)
 def test_every_committed_raw_file_has_its_provenance():
+    scripts = {p.stem: str(p.relative_to(ROOT)) for p in _scripts()}
     for path in _committed_under_results():
         rel = path.relative_to(ROOT)
         assert path.suffix in (".json", ".md"), f"{rel}: only raw JSON outputs and notes belong in results/"
@@ -167,4 +174,8 @@ def test_every_committed_raw_file_has_its_provenance():
         data = json.loads(path.read_text())
         assert set(data) == {"provenance", "result"}, rel
         _check_record(data["provenance"])
-        assert path.parent.parent == ROOT / "results" and data["provenance"]["script"] == f"benchmarks/{path.parent.name}.py"
+        assert path.parent.parent == ROOT / "results", rel
+        stem = path.parent.name
+        assert stem in scripts, f"{rel}: no benchmark script {stem}.py (a renamed script keeps its stem)"
+        # the script's path now, or before benchmarks/ was sorted into folders (a raw file is history)
+        assert data["provenance"]["script"] in (scripts[stem], f"benchmarks/{stem}.py"), rel

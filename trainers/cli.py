@@ -54,7 +54,7 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
     plugins.add_argument(ap)
     args = ap.parse_args(argv)
     warnings.simplefilter("default", ConfigDeprecationWarning)  # say which flat keys moved, once each
-    from trainers.trainer import resume_config, run
+    from trainers.compose import check, resume_config, run
 
     try:
         plugins.load(args.plugin, "--plugin")
@@ -71,12 +71,7 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
             cfg = resume_config(args.resume, over)
         else:
             cfg = load_config(args.config, args.overrides, defaults={"algorithm": {"algo": algo}}, plugins=args.plugin)
-        family = {"ppo": ("ppo",), "grpo": ("grpo", "rloo", "reinforce_pp")}[algo]
-        if cfg.algo not in family:
-            other = "ppo" if cfg.algo == "ppo" else "grpo"
-            use = f"agent-gym-train-{other} (or agent-gym-train)" if prog.startswith("agent-gym") else f"train_{other}.py"
-            raise ConfigError(f"config key 'algorithm.algo' is {cfg.algo!r}, which {prog} does not run; use "
-                              f"{use} or set algorithm.algo to one of {family}")
+        check(cfg, script=algo, prog=prog)  # what cannot be combined, this command's algorithms included
     except (ConfigError, FileNotFoundError) as e:
         return report(str(e), 2)
     except yaml.YAMLError as e:  # an override's value, the config file, or the run's config.yaml
@@ -84,7 +79,7 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
     try:
         last = run(cfg, resume=bool(args.resume))
     except Exception as e:
-        failure = _failure(e, cfg.run_dir)
+        failure = _failure(e, cfg.run.run_dir)
         if failure is None:
             raise
         return report(failure[1], failure[0])

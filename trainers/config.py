@@ -8,8 +8,9 @@
     run:       {run_dir: runs/x, seed: 0, iterations: 100, ...}             # RunConfig
     eval:      {env_kwargs: {split: test}, sets: {...}, every: 10, tasks: 64}  # EvalConfig
 
-Each section is a dataclass that checks itself (types, ranges) when built; ``TrainConfig`` adds the
-checks that span sections (batch arithmetic, FSDP's refusals). SFT (``trainers.sft.SFTConfig``) and
+Each section is a dataclass that checks its own keys (types, ranges) when built. What cannot be
+combined (keys of two sections, or two keys of one: batch arithmetic, FSDP's refusals, ...) is one
+table in ``trainers.compose`` (``REFUSALS``), checked where a run is put together. SFT (``trainers.sft.SFTConfig``) and
 evaluation reuse ``ModelConfig`` and ``EvalConfig``. Nothing here imports torch: the estimator,
 aggregation and KL names are checked against the torch-free ``trainers.algos.registry``, after the
 config's ``plugins`` are imported (``trainers.plugins``).
@@ -17,10 +18,10 @@ config's ``plugins`` are imported (``trainers.plugins``).
 ``load_config(path, overrides)`` reads a YAML file and applies ``key=value`` overrides (values
 parsed as YAML: ``algorithm.lr=1e-5`` is a float, ``rollout.env_kwargs={num_hops: 3}`` a dict).
 The old flat keys (``lr: 1e-5``, a whole config without sections, as written by runs before the
-sections) still load: each is mapped to its section (``FLAT_KEYS``) with a
-``ConfigDeprecationWarning`` naming the new place, so old configs and checkpoints resume. Read
-access by the flat name (``cfg.lr``) is kept on ``TrainConfig`` for the trainer code; new code
-takes the section it needs. An unknown key, flat or sectioned, fails naming the closest valid one.
+sections) still load: each is converted once, when the config is built, to its section
+(``FLAT_KEYS``) with a ``ConfigDeprecationWarning`` naming the new place, so old configs and
+checkpoints resume. A built config has one spelling per key, its section's (``cfg.algorithm.lr``);
+there is no flat alias. An unknown key, flat or sectioned, fails naming the closest valid one.
 """
 
 from __future__ import annotations
@@ -158,14 +159,8 @@ class RolloutConfig(Section):
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if not self.recompute_logprobs and self.top_p != 1.0:
-            raise ConfigError(f"rollout.recompute_logprobs=false needs top_p: 1.0 (got top_p={self.top_p}): the "
-                              "sampler's log-probs under top-p are not the policy's")
         if self.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0 (0: in-process rollout), got {self.workers}")
-        if self.workers and self.tasks_per_iter % self.workers:
-            raise ConfigError(f"rollout.workers={self.workers} must divide tasks_per_iter={self.tasks_per_iter} "
-                              "(each worker collects an equal slice of the tasks)")
         if self.worker_cpus < 0 or self.worker_gpus < 0:
             raise ConfigError("rollout.worker_cpus and rollout.worker_gpus must be >= 0")
         if self.retries < 0:
@@ -174,38 +169,17 @@ class RolloutConfig(Section):
             raise ConfigError(f"rollout.max_staleness must be 0 (rollout waits for each update) or 1 (the next "
                               f"rollout overlaps the update), got {self.max_staleness!r}")
         self._positive("timeout_s")
-        if self.scaffold_drop is not None:
-            import agent_gym
+        d = self.scaffold_drop
+        if d is not None and (len(d) != 2 or not all(0.0 <= x <= 1.0 for x in d)):
+            raise ConfigError(f"rollout.scaffold_drop must be [start, end], two probabilities in [0, 1], got {d!r}")
+        if self.env_server is not None and not self.env_server.startswith(("http://", "https://")):
+            raise ConfigError(f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
+                              f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}")
 
-            d = self.scaffold_drop
-            if len(d) != 2 or not all(0.0 <= x <= 1.0 for x in d):
-                raise ConfigError(f"rollout.scaffold_drop must be [start, end], two probabilities in [0, 1], got {d!r}")
-            if self.env_server is not None or self.env_id in agent_gym.MULTIAGENT_IDS:
-                raise ConfigError("rollout.scaffold_drop reaches in-process and Ray envs only: unset rollout.env_server "
-                                  "(a served env takes its drop_prob in env_kwargs.scaffold) and use a single-agent id")
-        if self.mode == "async":
-            import agent_gym
-
-            refused = [(self.backend != "vllm", f"backend: {self.backend!r}: the transformers backend has no engine to "
-                        "keep full and stays lockstep; set rollout.backend: vllm"),
-                       (self.workers > 0, f"workers: {self.workers}: Ray rollout workers run the lockstep rollout; "
-                        "set rollout.workers: 0"),
-                       (self.env_server is not None, "env_server: the asynchronous rollout steps in-process envs; "
-                        "unset rollout.env_server"),
-                       (self.env_id in agent_gym.MULTIAGENT_IDS, f"the multi-agent env_id {self.env_id!r}: its team "
-                        "rollout is lockstep")]
-            for bad, why in refused:
-                if bad:
-                    raise ConfigError(f"rollout.mode: async does not combine with {why} (or use rollout.mode: lockstep)")
-        if self.env_server is not None:
-            import agent_gym
-
-            if not self.env_server.startswith(("http://", "https://")):
-                raise ConfigError(f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
-                                  f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}")
-            if self.env_id in agent_gym.MULTIAGENT_IDS:
-                raise ConfigError(f"rollout.env_server serves single-agent envs; {self.env_id!r} is a multi-agent id: "
-                                  "unset env_server")
+    @property
+    def batch_size(self) -> int:
+        """Trajectories per iteration: ``tasks_per_iter * group_size``."""
+        return self.tasks_per_iter * self.group_size
 
 
 @dataclass
@@ -330,15 +304,6 @@ class AlgorithmConfig(Section):
                 raise ConfigError(f"algorithm.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
-        if self.overlong == "soft":
-            L, c = self.overlong_max_tokens, self.overlong_buffer
-            if L is None or c is None or not 0 < c <= L:
-                raise ConfigError(f"algorithm.overlong: soft needs overlong_max_tokens (L_max) and overlong_buffer "
-                                  f"(L_cache) with 0 < overlong_buffer <= overlong_max_tokens, got {L} and {c} (DAPO "
-                                  "used L_max 20480 and L_cache 4096 tokens)")
-        elif self.overlong_max_tokens is not None or self.overlong_buffer is not None:
-            raise ConfigError(f"algorithm.overlong_max_tokens and overlong_buffer apply to overlong: soft only "
-                              f"(overlong is {self.overlong!r}): set overlong: soft or remove them")
         if self.dynamic_sampling_max_extra is not None and self.dynamic_sampling_max_extra < 0:
             raise ConfigError(f"algorithm.dynamic_sampling_max_extra must be >= 0 (0: drop groups without refilling) "
                               f"or null, got {self.dynamic_sampling_max_extra}")
@@ -376,8 +341,6 @@ class ScaleConfig(Section):
             raise ConfigError(f"max_tokens_per_microbatch must be positive or null, got {self.max_tokens_per_microbatch}")
         if self.lora_r < 0:
             raise ConfigError(f"lora_r must be >= 0 (0: no LoRA), got {self.lora_r}")
-        if self.lora_r > 0 and self.lora_alpha <= 0:
-            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
@@ -580,8 +543,9 @@ def normalise(cls: type, d: dict[str, Any], source: str, warn: bool = True) -> d
 
 @dataclass(init=False)
 class TrainConfig(Sectioned):
-    """The RL trainer's config (``trainers/train_ppo.py``, ``train_grpo.py``). The flat names of
-    the old config read through to their section (``cfg.lr`` is ``cfg.algorithm.lr``)."""
+    """The RL trainer's config (``trainers/train_ppo.py``, ``train_grpo.py``): six sections and the
+    plugins. Each key is read through its section (``cfg.algorithm.lr``); what the sections cannot
+    combine is refused where the run is put together (``trainers.compose.REFUSALS``)."""
 
     model: ModelConfig
     rollout: RolloutConfig
@@ -600,69 +564,10 @@ class TrainConfig(Sectioned):
         "eval_env_kwargs": ("eval", "env_kwargs"), "eval_sets": ("eval", "sets"), "eval_every": ("eval", "every"),
         "eval_tasks": ("eval", "tasks")}
 
-    @property
-    def batch_size(self) -> int:
-        return self.rollout.tasks_per_iter * self.rollout.group_size
-
-    @property
-    def uses_critic(self) -> bool:
-        return self.algorithm.uses_critic
-
-    @property
-    def needs_groups(self) -> bool:
-        return self.algorithm.needs_groups
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        r, a, s = self.rollout, self.algorithm, self.scale
-        if self.batch_size % a.minibatch_size:
-            raise ConfigError(f"algorithm.minibatch_size={a.minibatch_size} must divide the batch of rollout.tasks_per_iter "
-                              f"* rollout.group_size = {r.tasks_per_iter} * {r.group_size} = {self.batch_size}")
-        if a.needs_groups and r.group_size < 2:
-            raise ConfigError(f"rollout.group_size must be at least 2 for adv_estimator={a.adv_estimator!r}, got "
-                              f"{r.group_size} (it compares each trajectory with the others of its group: registered "
-                              "with needs_groups=True)")
         if self.eval.every <= 0:
             raise ConfigError(f"eval.every must be positive for RL, got {self.eval.every}")
-        if a.dynamic_sampling:
-            refused = [(not a.needs_groups, f"adv_estimator: {a.adv_estimator!r}, which has no groups to compare "
-                        "(use grpo or rloo)"),
-                       (r.max_staleness > 0, "rollout.max_staleness: 1 (the next rollout runs during the update; "
-                        "a refill would race it): set rollout.max_staleness: 0"),
-                       (r.workers > 0, f"rollout.workers: {r.workers} (Ray workers take whole shares of a fixed "
-                        "batch): set rollout.workers: 0"),
-                       (s.fsdp, "scale.fsdp: true (each rank collects its own share): set scale.fsdp: false")]
-            for bad, why in refused:
-                if bad:
-                    raise ConfigError(f"algorithm.dynamic_sampling: true does not combine with {why}")
-        if s.max_tokens_per_microbatch is not None:
-            check_agg_units(a.loss_agg, "")
-        if s.fsdp:
-            refused = {"rollout.backend": (r.backend != "hf", f"backend: {r.backend!r}; the sharded trainer generates "
-                                           "with backend: hf (each rank gathers the full policy for its share of the rollout)"),
-                       "rollout.workers": (r.workers > 0, f"rollout.workers: {r.workers}; set it to 0 (each torchrun "
-                                           "rank collects its own share of the rollout)"),
-                       "scale.lora_r": (s.lora_r > 0, f"lora_r: {s.lora_r}; LoRA under FSDP is not implemented, set "
-                                        "lora_r: 0 (or fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)")}
-            for bad, why in refused.values():
-                if bad:
-                    raise ConfigError(f"fsdp: true does not combine with {why}")
-            check_agg_units(a.loss_agg, "fsdp: true: ")
-        if r.max_staleness:
-            if s.fsdp:
-                raise ConfigError("rollout.max_staleness: 1 does not combine with scale.fsdp: true (the overlapped "
-                                  "rollout runs beside a single learner process); set rollout.max_staleness: 0")
-        if s.mixed_precision == "bf16" and self.model.dtype == "bfloat16" and s.lora_r == 0:
-            raise ConfigError(
-                "mixed_precision: bf16 keeps float32 master weights and optimizer state: set model.dtype: float32 "
-                "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters are float32)")
-
-
-def check_agg_units(agg: str, prefix: str) -> None:
-    """Micro-batching and FSDP re-weight losses by the aggregation's registered ``units``."""
-    problem = agg_units_problem(agg)
-    if problem is not None:
-        raise ConfigError(prefix + problem)
 
 
 def agg_units_problem(agg: str) -> str | None:
@@ -677,26 +582,9 @@ def agg_units_problem(agg: str) -> str | None:
             "null and fsdp: false.")
 
 
-def _delegate(sec: str, name: str) -> property:
-    def get(self: Any) -> Any:
-        return getattr(getattr(self, sec), name)
-
-    def set_(self: Any, value: Any) -> None:
-        setattr(getattr(self, sec), name, value)
-
-    return property(get, set_, doc=f"``{sec}.{name}`` (the old flat name, kept for reading)")
-
-
-def _add_flat_properties(cls: type) -> None:
-    own = {f.name for f in dataclasses.fields(cls)}
-    for flat, (sec, name) in flat_keys(cls).items():
-        if flat not in own and not hasattr(cls, flat):
-            setattr(cls, flat, _delegate(sec, name))
-
-
-_add_flat_properties(TrainConfig)
 FLAT_KEYS = flat_keys(TrainConfig)
-"""The old flat key of each field: flat name -> (section, field)."""
+"""The old flat key of each field: flat name -> (section, field), for converting old configs at load
+(``normalise``); a built ``TrainConfig`` has no attribute by these names."""
 
 
 # ----------------------------------------------------------------------------- types

@@ -152,12 +152,7 @@ class FSDP:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.rank, self.world, self.local_rank = torchrun_env()
-        for key in ("tasks_per_iter", "minibatch_size"):
-            if getattr(cfg, key) % self.world:
-                raise ConfigError(f"fsdp: true with {self.world} processes: {key}={getattr(cfg, key)} must be a "
-                                  f"multiple of the number of processes (torchrun --nproc_per_node x --nnodes) so "
-                                  "that every rank gets an equal share")
+        self.rank, self.world, self.local_rank = torchrun_env()  # shares that do not divide: trainers.compose.REFUSALS
         self._own_group = False
         self.mesh = None
 
@@ -168,7 +163,7 @@ class FSDP:
     def start(self) -> None:
         global _ran_collectives
         _ran_collectives = True
-        cuda = torch.device(self.cfg.device).type == "cuda"
+        cuda = torch.device(self.cfg.model.device).type == "cuda"
         if cuda:
             torch.cuda.set_device(self.local_rank)
         if not dist.is_initialized():

@@ -102,19 +102,19 @@ def load_checkpoint_models(path: str | Path):
                          "checkpoint, or another checkpoints/iter_* directory") from None
     cfg = from_dict({**state["config"], "model.device": "cpu"}, str(ckpt / "state.pt"))  # flat (old) or sectioned
     tok = load_tokenizer_for(cfg.model)
-    policy = load_policy(cfg.model, tok, seed=cfg.seed)
+    policy = load_policy(cfg.model, tok, seed=cfg.run.seed)
     critic = Critic(policy) if state.get("critic") is not None else None
-    if cfg.lora_r > 0:  # a LoRA run saves the adapter-wrapped modules: wrap the same way, load, merge
+    if cfg.scale.lora_r > 0:  # a LoRA run saves the adapter-wrapped modules: wrap the same way, load, merge
         from trainers.scale import add_lora
 
-        policy = add_lora(policy, cfg)
+        policy = add_lora(policy, cfg.scale)
         if critic is not None:
-            critic.backbone = add_lora(critic.backbone, cfg)
+            critic.backbone = add_lora(critic.backbone, cfg.scale)
     policy.load_state_dict(state["policy"])
     if critic is not None:
         critic.load_state_dict(state["critic"])
         critic.eval()
-    if cfg.lora_r > 0:
+    if cfg.scale.lora_r > 0:
         policy = policy.merge_and_unload()  # a plain model again: what generation and the backends expect
     return cfg, ckpt, tok, policy.eval(), critic
 
@@ -132,7 +132,7 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
     from trainers.config import RolloutConfig
     from trainers.decoding import BestOfK
     from trainers.rollout import collect
-    from trainers.trainer import make_backend
+    from trainers.sources import make_backend
 
     rollout = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, backend=backend, max_turn_tokens=max_turn_tokens)
     factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_cli(args, ap)
     import agent_gym  # noqa: F401
     from trainers.rollout import summarize
-    from trainers.trainer import episode_record, eval_keys
+    from trainers.sources import episode_record, eval_keys
 
     try:
         env_kwargs = yaml.safe_load(args.env_kwargs) or {}

@@ -81,17 +81,9 @@ def named_model(name: str | None) -> str | None:
     return name
 
 
-def _model_section(cfg: Any, seed: int | None) -> tuple[ModelConfig, int]:
-    """``(model section, seed)`` from a ``ModelConfig`` (and ``seed``) or, while the trainer code
-    moves to sections, from a whole config (its ``model`` section and ``seed``)."""
-    if isinstance(cfg, ModelConfig):
-        return cfg, 0 if seed is None else seed
-    return cfg.model, cfg.seed if seed is None else seed
-
-
 def load_tokenizer_for(model: ModelConfig):
     """The tokenizer of the model section ``model`` (``tokenizer``, else the model's own)."""
-    m, _ = _model_section(model, 0)
+    m = model
     init_from = named_model(m.init_from)
     if init_from and not os.path.isdir(os.path.expanduser(init_from)):
         raise ModelLoadError(f"init_from path {m.init_from!r} does not exist. Pass an existing HF model "
@@ -108,10 +100,10 @@ def load_tokenizer_for(model: ModelConfig):
         raise ModelLoadError(f"model.name {m.name!r}: {e}") from e
 
 
-def load_policy(model: ModelConfig, tokenizer: Any, seed: int | None = None) -> nn.Module:
+def load_policy(model: ModelConfig, tokenizer: Any, seed: int = 0) -> nn.Module:
     """The trainable policy of the model section ``model``, in train mode, on ``model.device``;
-    ``seed`` initialises the ``tiny`` model (default 0; a whole config passes its ``seed``)."""
-    m, seed = _model_section(model, seed)
+    ``seed`` initialises the ``tiny`` model (the RL trainer passes ``run.seed``)."""
+    m = model
     if str(m.device).startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"model.device is {m.device!r}, but torch sees no CUDA GPU on this machine "
                              f"(torch {torch.__version__}); pass model.device=cpu, or run on a GPU machine")

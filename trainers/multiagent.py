@@ -11,7 +11,7 @@ teammate's (their roles differ).
 The trainer is ``trainers.trainer.Trainer`` given the rollout source :class:`TeamRollout`: its envs
 are a list of ``ParallelEnv``s instead of a ``ToolVectorEnv``, its rollout is
 :func:`collect_multiagent` (every live agent of every env generates in one backend call per cycle),
-and it evaluates greedy team episodes. ``trainers.trainer.choose_parts`` picks it when ``env_id`` is
+and it evaluates greedy team episodes. ``trainers.compose.choose_parts`` picks it when ``env_id`` is
 a multi-agent id; nothing else in a config changes (configs/factchain_team_grpo.yaml). The trajectory
 records carry each trajectory's ``agent`` (an ``AgentTrajectory`` field).
 """
@@ -143,10 +143,10 @@ class TeamRollout:
     def __init__(self, cfg: TrainConfig, *, env_factory: Any, policy: Any, backend: GenerationBackend, parallel: Any):
         self.cfg, self.backend = cfg, backend
         env_kwargs = env_factory.kwargs()
-        self.envs = TeamEnvs(cfg.env_id, cfg.batch_size, env_kwargs)
-        self.eval_envs = TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **cfg.eval_env_kwargs})
-        self.eval_set_envs = {name: TeamEnvs(cfg.env_id, cfg.eval_tasks, {**env_kwargs, **kw})
-                              for name, kw in cfg.eval_sets.items()}
+        self.envs = TeamEnvs(cfg.rollout.env_id, cfg.rollout.batch_size, env_kwargs)
+        self.eval_envs = TeamEnvs(cfg.rollout.env_id, cfg.eval.tasks, {**env_kwargs, **cfg.eval.env_kwargs})
+        self.eval_set_envs = {name: TeamEnvs(cfg.rollout.env_id, cfg.eval.tasks, {**env_kwargs, **kw})
+                              for name, kw in cfg.eval.sets.items()}
         self.num_tasks = EnvFactory.num_tasks(self.envs)
         self._team_stats = TeamStats()
 
@@ -160,7 +160,7 @@ class TeamRollout:
 
     def sync_weights(self, policy: Any) -> None:
         """The HF backend samples from the policy module itself; another engine gets the weights."""
-        if self.cfg.backend != "hf":
+        if self.cfg.rollout.backend != "hf":
             self.backend.load_weights(scale.inference_state_dict(policy))
 
     def metrics(self) -> dict[str, float]:

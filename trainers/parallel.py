@@ -1,5 +1,5 @@
 """How the trainer's work is spread over processes: a *parallelism strategy* the ``Trainer`` is given
-(``trainers.trainer.choose_parts`` picks it from the config).
+(``trainers.compose.choose_parts`` picks it from the config).
 
 The loop is written once; every place where one process and several sharded processes differ is a
 call on the strategy:

@@ -1,4 +1,4 @@
-"""Ray rollout workers: ``rollout_workers: N`` spreads each iteration's rollout over N Ray actors.
+"""Ray rollout workers: ``rollout.workers: N`` spreads each iteration's rollout over N Ray actors.
 
 The learner (the ``Trainer`` process) keeps the optimizer, scoring and the update; each
 ``RolloutWorker`` actor holds its own ``ToolVectorEnv`` of ``batch_size / N`` sub-envs and its own
@@ -19,28 +19,28 @@ generation backend with a copy of the policy. One iteration:
 
 Failures: a worker whose process dies (a crash, ``os.kill``, ``ray.kill``) is restarted by Ray
 (``max_restarts=-1``; its constructor rebuilds env and model) and its slice is retried after the
-current weights are sent again; a slice that runs past ``rollout_timeout_s`` gets its worker
+current weights are sent again; a slice that runs past ``rollout.timeout_s`` gets its worker
 killed and restarted the same way. A slice is a pure function of (weights, tasks, seed, offset),
 so the retry returns the same trajectories: nothing is lost or counted twice. A restarted worker
 that receives a slice before the weights (a race with the restart) refuses it, since its weights
 are stale: every ``collect`` names the weights version it needs. Each slice is retried at most
-``rollout_retries`` times per iteration, then the run stops with ``RolloutWorkerError``. The
+``rollout.retries`` times per iteration, then the run stops with ``RolloutWorkerError``. The
 restarts of an iteration are logged as ``rollout/worker_restarts``.
 
 A worker's vLLM engine that dies (killed, out of memory, crashed) is first restarted by the worker's
-own ``VLLMBackend`` (``vllm_kwargs: {max_restarts: N}``, default 1), which reloads the current
+own ``VLLMBackend`` (``rollout.vllm_kwargs: {max_restarts: N}``, default 1), which reloads the current
 weights and reruns the call, all inside the worker; a death beyond that raises ``EngineDiedError``
 in the worker, and the pool then restarts the worker (a fresh engine) and retries its slice as for a
-dead worker, within the same ``rollout_retries``.
+dead worker, within the same ``rollout.retries``.
 
-vLLM (``backend: vllm``): one engine per worker, not one engine actor shared by all workers.
+vLLM (``rollout.backend: vllm``): one engine per worker, not one engine actor shared by all workers.
 Generation is the part of a rollout that needs a GPU and scales with GPUs; an engine per worker
-(``rollout_worker_gpus: 1``) adds generation throughput with each worker, keeps a worker's slice
+(``rollout.worker_gpus: 1``) adds generation throughput with each worker, keeps a worker's slice
 independent of the others' progress (a shared engine would serialize every worker's turns through
 one queue and become the bottleneck the workers exist to remove), and confines a crash to one
 worker: its restart rebuilds one engine while the others keep their caches. A shared engine pays
 off only when env steps, not generation, dominate and one GPU is all there is; then run
-``rollout_workers: 0`` with ``num_envs_threads`` instead. With workers, the learner's own backend
+``rollout.workers: 0`` with ``rollout.num_envs_threads`` instead. With workers, the learner's own backend
 serves only the greedy evaluation and is always the HF backend on the learner's policy (no second
 engine on the learner's device). A vLLM worker keeps its HF copy of the policy on the CPU (it only
 seeds the engine) and leaves its GPU to the engine. Tested on vLLM's CPU build (which has Ray core
@@ -72,7 +72,7 @@ from trainers.sources import LocalRollout, make_backend
 
 
 class RolloutWorkerError(RuntimeError):
-    """A rollout worker failed more often than ``rollout_retries`` allows, or could not start."""
+    """A rollout worker failed more often than ``rollout.retries`` allows, or could not start."""
 
 
 def _ray():
@@ -94,13 +94,14 @@ class RolloutWorker:
         device = "cuda" if use_gpu and cfg_dict["rollout"]["backend"] == "hf" else "cpu"
         cfg = from_dict({**cfg_dict, "rollout": {**cfg_dict["rollout"], "workers": 0},
                          "model": {**cfg_dict["model"], "device": device}})
-        torch.set_num_threads(cfg.torch_threads or 1)
+        torch.set_num_threads(cfg.model.torch_threads or 1)
         self.cfg = cfg
-        self.tokenizer = load_tokenizer_for(cfg)
-        policy = load_policy(cfg, self.tokenizer).eval()
+        self.tokenizer = load_tokenizer_for(cfg.model)
+        policy = load_policy(cfg.model, self.tokenizer, seed=cfg.run.seed).eval()
         self.envs = env_factory.make_vector(num_envs)  # the learner's EnvFactory (env_server: sessions there)
-        self.backend = make_backend(cfg, policy, self.tokenizer, Path(cfg.run_dir) / f"rollout_worker_{worker_index}")
-        self.policy = policy if cfg.backend == "hf" else None  # the HF backend samples from this module
+        run_dir = Path(cfg.run.run_dir) / f"rollout_worker_{worker_index}"
+        self.backend = make_backend(cfg.rollout, policy, self.tokenizer, run_dir, device=cfg.model.device, seed=cfg.run.seed)
+        self.policy = policy if cfg.rollout.backend == "hf" else None  # the HF backend samples from this module
         self.version = -1  # no weights from the learner yet
 
     def pid(self) -> int:
@@ -149,27 +150,27 @@ class RolloutWorkerPool:
     def __init__(self, cfg: TrainConfig, state_dict: dict[str, torch.Tensor], env_factory: Any):
         ray = _ray()
         self.cfg = cfg
-        self.n = cfg.rollout_workers
-        self.tasks_per_worker = cfg.tasks_per_iter // self.n
+        self.n = cfg.rollout.workers
+        self.tasks_per_worker = cfg.rollout.tasks_per_iter // self.n
         self.started_ray = False
         if not ray.is_initialized():
             self._init_ray(ray)
         self._check_resources(ray)
         remote_cls = ray.remote(RolloutWorker)
         cfg_dict = to_dict(cfg)
-        self.actors = [remote_cls.options(num_cpus=cfg.rollout_worker_cpus, num_gpus=cfg.rollout_worker_gpus,
+        self.actors = [remote_cls.options(num_cpus=cfg.rollout.worker_cpus, num_gpus=cfg.rollout.worker_gpus,
                                           max_restarts=-1, max_task_retries=0)
-                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.group_size, cfg.rollout_worker_gpus > 0,
+                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.rollout.group_size, cfg.rollout.worker_gpus > 0,
                                env_factory)
                        for w in range(self.n)]
         try:
-            ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout_timeout_s)
+            ray.get([a.pid.remote() for a in self.actors], timeout=cfg.rollout.timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             resources = ray.cluster_resources()  # before shutdown: afterwards Ray cannot be asked
             self.shutdown(graceful=False)  # workers still starting (or never): nothing to close
             raise RolloutWorkerError(
-                f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout_timeout_s} s; the "
-                f"cluster may lack {cfg.rollout_worker_cpus} CPU / {cfg.rollout_worker_gpus} GPU per worker "
+                f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout.timeout_s} s; the "
+                f"cluster may lack {cfg.rollout.worker_cpus} CPU / {cfg.rollout.worker_gpus} GPU per worker "
                 f"(ray.cluster_resources(): {resources}), or the machine is too busy for them to start in time. "
                 "Lower rollout_worker_cpus/gpus, add nodes or raise rollout_timeout_s.") from e
         except Exception:  # a constructor that failed (bad model path, env error): no cluster left behind
@@ -185,8 +186,8 @@ class RolloutWorkerPool:
 
     def _init_ray(self, ray: Any) -> None:
         cfg = self.cfg
-        if cfg.ray_address is not None:
-            ray.init(address=cfg.ray_address)
+        if cfg.rollout.ray_address is not None:
+            ray.init(address=cfg.rollout.ray_address)
             return
         # A local cluster started for these workers: enough logical CPUs for all of them (they
         # are scheduling tokens, not cores), no dashboard, and the workers import the same
@@ -196,22 +197,22 @@ class RolloutWorkerPool:
         # CUDA_VISIBLE_DEVICES it started with).
         root = str(Path(__file__).resolve().parent.parent)
         env = {"PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
-        if cfg.rollout_worker_gpus > 0 and cfg.device.startswith("cuda"):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.device, _visible_gpus()))
+        if cfg.rollout.worker_gpus > 0 and cfg.model.device.startswith("cuda"):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.model.device, _visible_gpus()))
         with process_guard.environ(env):
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout_worker_cpus // 1))),
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout.worker_cpus // 1))),
                      include_dashboard=False)
         self.started_ray = True
 
     def _check_resources(self, ray: Any) -> None:
         have = ray.cluster_resources()
         cfg = self.cfg
-        for key, per in (("CPU", cfg.rollout_worker_cpus), ("GPU", cfg.rollout_worker_gpus)):
+        for key, per in (("CPU", cfg.rollout.worker_cpus), ("GPU", cfg.rollout.worker_gpus)):
             if per > 0 and have.get(key, 0.0) < per * self.n:
                 msg = (f"rollout_workers={self.n} x rollout_worker_{key.lower()}s={per} needs {per * self.n:g} {key}, "
                        f"the Ray cluster has {have.get(key, 0.0):g}"
                        + (" (a local cluster leaves out the learner's GPU)" if key == "GPU" and self.started_ray
-                          and cfg.device.startswith("cuda") else "")
+                          and cfg.model.device.startswith("cuda") else "")
                        + f". Lower rollout_worker_{key.lower()}s or rollout_workers, or join a larger cluster (ray_address).")
                 if self.started_ray:
                     ray.shutdown()
@@ -226,7 +227,7 @@ class RolloutWorkerPool:
         self.weights_ref = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
         # max_task_retries=-1: a worker that died since the last rollout gets them once restarted.
         refs = [a.load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version) for a in self.actors]
-        deadline = time.monotonic() + self.cfg.rollout_timeout_s
+        deadline = time.monotonic() + self.cfg.rollout.timeout_s
         for w, ref in enumerate(refs):
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
@@ -234,7 +235,7 @@ class RolloutWorkerPool:
                 self.restarts += 1
                 self._restart_live_worker(w)
                 ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
-                        timeout=self.cfg.rollout_timeout_s)
+                        timeout=self.cfg.rollout.timeout_s)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
                 seed: int, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
@@ -254,7 +255,7 @@ class RolloutWorkerPool:
         self.restarts = 0
         while pending:
             oldest = min(t for _, t in pending.values())
-            wait_s = max(0.0, oldest + self.cfg.rollout_timeout_s - time.monotonic())
+            wait_s = max(0.0, oldest + self.cfg.rollout.timeout_s - time.monotonic())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
             if not ready:  # the oldest slice ran out of time: restart its worker, then retry
                 ref = min(pending, key=lambda r: pending[r][1])
@@ -291,12 +292,12 @@ class RolloutWorkerPool:
         old process (a CI run saw the weights sent after the kill reach the worker whose engine had
         died and fail with ``EngineDiedError`` again). The worker ends its own process instead; an
         actor runs one caller's calls in order, and this call's answer (the actor died) arrives
-        only after the process is gone. A worker that does not end within ``rollout_timeout_s``
+        only after the process is gone. A worker that does not end within ``rollout.timeout_s``
         is killed."""
         ray = _ray()
         try:
             ray.get(self.actors[w].exit_for_restart.options(max_task_retries=0).remote(),
-                    timeout=self.cfg.rollout_timeout_s)
+                    timeout=self.cfg.rollout.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             return  # the process ended, as asked
         except ray.exceptions.GetTimeoutError:
@@ -309,13 +310,13 @@ class RolloutWorkerPool:
         ray = _ray()
         attempts[w] += 1
         self.restarts += 1
-        if attempts[w] > self.cfg.rollout_retries:
+        if attempts[w] > self.cfg.rollout.retries:
             raise RolloutWorkerError(f"rollout worker {w} {why} on its slice (tasks {args[w][0]}) {attempts[w]} times; "
-                                     f"rollout_retries={self.cfg.rollout_retries}. See the worker's log above "
+                                     f"rollout_retries={self.cfg.rollout.retries}. See the worker's log above "
                                      "(Ray prints it to this process), raise rollout_timeout_s if it is only slow.")
         # max_task_retries=-1: this call waits through the restart instead of failing on it.
         ray.get(self.actors[w].load_weights.options(max_task_retries=-1).remote(self.weights_ref, self.version),
-                timeout=self.cfg.rollout_timeout_s)
+                timeout=self.cfg.rollout.timeout_s)
         return self.actors[w].collect.remote(*args[w], self.version, self._reset_options)
 
     def metrics(self) -> dict[str, float]:
@@ -327,7 +328,7 @@ class RolloutWorkerPool:
     def _on_every_worker(self, method: str) -> list[Any]:
         """Each worker's answer to the no-argument actor method ``method``, in worker order."""
         ray = _ray()
-        return ray.get([getattr(a, method).remote() for a in self.actors], timeout=self.cfg.rollout_timeout_s)
+        return ray.get([getattr(a, method).remote() for a in self.actors], timeout=self.cfg.rollout.timeout_s)
 
     def pids(self) -> list[int]:
         return self._on_every_worker("pid")
@@ -383,7 +384,7 @@ def start_rollout_workers(cfg: TrainConfig, policy: torch.nn.Module, env_factory
 
 
 class RayRollout:
-    """The rollout source of ``rollout_workers: N`` (``trainers.sources.RolloutSource``): ``collect``
+    """The rollout source of ``rollout.workers: N`` (``trainers.sources.RolloutSource``): ``collect``
     spreads the iteration over the pool's workers; the learner keeps a ``LocalRollout`` for the
     greedy evaluation (and the task count), generated by its own HF backend."""
 

@@ -19,7 +19,7 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
 - ``fsdp``: ``fsdp_wrap`` shards a causal LM with torch's FSDP2 (``fully_shard``), one unit per
   decoder layer, the decoder and the head (untied embeddings) and the root; tested on 2 CPU processes (gloo), where the gathered gradients equal
   the single-process ones. The Trainer runs it under torchrun with the ``trainers.distributed.FSDP`` strategy
-  (``trainers.config.TrainConfig`` refuses the keys it does not combine with).
+  (``trainers.compose.REFUSALS`` refuses the keys it does not combine with).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def agg_units(agg: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The ``units`` an aggregation was registered with (``register_agg(name, units=...)``): a
     function of the (B, T) loss mask counting its denominator, by which micro-batches and FSDP
     ranks re-weight their losses to the minibatch's. Raises ``ScaleConfigError`` when ``agg`` has none
-    (the config refuses such a run at start: ``trainers.config.agg_units_problem``)."""
+    (such a run is refused at start: ``trainers.compose.REFUSALS``, ``trainers.config.agg_units_problem``)."""
     problem = agg_units_problem(agg)
     if problem is not None:
         raise ScaleConfigError(problem)
@@ -114,11 +114,12 @@ def combine_metrics(parts: list[tuple[dict[str, Any], float]]) -> dict[str, floa
 # ----------------------------------------------------------------------------- precision
 
 
-def autocast(cfg: Any) -> contextlib.AbstractContextManager:
-    """``torch.autocast(bfloat16)`` on ``cfg.device``'s type with ``mixed_precision: bf16``, else nothing."""
-    if cfg.mixed_precision != "bf16":
+def autocast(mixed_precision: str, device: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast(bfloat16)`` on ``device``'s type with ``mixed_precision`` ``bf16``
+    (``scale.mixed_precision``), else nothing."""
+    if mixed_precision != "bf16":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(cfg.device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def trainable(module: nn.Module) -> list[nn.Parameter]:
@@ -133,17 +134,17 @@ def prepare_models(cfg: Any, policy: nn.Module, critic: nn.Module | None) -> tup
     """Apply LoRA and gradient checkpointing as configured; return ``(policy, critic, reference)``
     where the reference is None without ``kl_coef``, the policy with adapters off under LoRA, and a
     frozen copy of the starting policy otherwise."""
-    if cfg.gradient_checkpointing:
+    if cfg.scale.gradient_checkpointing:
         enable_checkpointing(policy)
         if critic is not None:
             enable_checkpointing(critic.backbone)
-    if cfg.lora_r > 0:
-        policy = add_lora(policy, cfg)
+    if cfg.scale.lora_r > 0:
+        policy = add_lora(policy, cfg.scale)
         if critic is not None:
-            critic.backbone = add_lora(critic.backbone, cfg)
+            critic.backbone = add_lora(critic.backbone, cfg.scale)
     ref = None
-    if cfg.kl_coef > 0:
-        ref = AdapterOffReference(policy) if cfg.lora_r > 0 else frozen_copy(policy)
+    if cfg.algorithm.kl_coef > 0:
+        ref = AdapterOffReference(policy) if cfg.scale.lora_r > 0 else frozen_copy(policy)
     return policy, critic, ref
 
 
@@ -156,20 +157,21 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.config.use_cache = False  # a KV cache is useless when training and warns under checkpointing
 
 
-def add_lora(model: nn.Module, cfg: Any) -> nn.Module:
-    """``peft.get_peft_model`` with ``LoraConfig(r, lora_alpha, lora_dropout, target_modules)``; the
-    base weights are frozen and the adapters are float32 (peft upcasts them from a bf16 base)."""
+def add_lora(model: nn.Module, scale: Any) -> nn.Module:
+    """``peft.get_peft_model`` with ``LoraConfig(r, lora_alpha, lora_dropout, target_modules)`` of the
+    ``scale`` section (``ScaleConfig``); the base weights are frozen and the adapters are float32
+    (peft upcasts them from a bf16 base)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
         raise ScaleConfigError("lora_r > 0 needs peft: pip install -e '.[scale]'") from e
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [t for t in cfg.lora_target_modules if t not in names]
+    missing = [t for t in scale.lora_target_modules if t not in names]
     if missing:
         raise ScaleConfigError(f"lora_target_modules {missing} are not module names of {type(model).__name__}; "
                                f"its linear layers include {sorted(n for n in names if n.endswith('_proj'))}")
-    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_target_modules), bias="none")
+    lcfg = LoraConfig(r=scale.lora_r, lora_alpha=scale.lora_alpha, lora_dropout=scale.lora_dropout,
+                      target_modules=list(scale.lora_target_modules), bias="none")
     return get_peft_model(model, lcfg)
 
 

@@ -161,7 +161,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.backends.hf_backend import HFBackend
     from trainers.logger import RunLogger, claim_run_dir
     from trainers.models import load_policy, load_tokenizer_for, save_policy
-    from trainers.trainer import evaluate_greedy
+    from trainers.sources import evaluate_greedy
 
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)

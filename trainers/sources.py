@@ -1,10 +1,11 @@
 """Where a trainer's trajectories come from: a *rollout source* the ``Trainer`` is given
-(``trainers.trainer.choose_parts`` picks one from the config).
+(``trainers.compose.choose_parts`` picks one from the config), and the overlap part that may wrap
+it (``Prefetching``, ``rollout.max_staleness: 1``).
 
 The protocol (implement it to plug a new source into the loop, e.g. asynchronous rollout):
 
     class MySource:                                   # structural: no base class needed
-        learner_backend = None                        # the backend the learner builds: None = cfg's backend
+        learner_backend = None                        # the backend the learner builds: None = rollout.backend
         def __init__(self, cfg, *, env_factory, policy, backend, parallel): ...
         num_tasks: int                                # tasks in the training env (the data cursor's range)
         def collect(self, task_indices, group_size, sampling, seed, offset=0, reset_options=None)
@@ -27,6 +28,9 @@ The protocol (implement it to plug a new source into the loop, e.g. asynchronous
   (``AgentTrajectory.agent``), which go into the trajectory records.
 - ``sync_weights``: make the next ``collect`` sample from ``policy``'s current weights (an HF
   backend that shares the module has nothing to do).
+- ``staleness`` (optional; read after each ``collect``): by how many updates the batch's weights
+  are behind the learner's. A source without it samples the weights of the last ``sync_weights``
+  (0); the overlap part ``Prefetching`` has it.
 - ``evaluate`` runs on the main process only (the trainer calls it under its parallelism's
   ``full_params``); ``metrics`` is logged with the iteration's metrics (``rollout/worker_restarts``,
   ``team/*``).
@@ -38,6 +42,9 @@ Sources: ``LocalRollout`` (here: the lockstep rollout of ``trainers.rollout.coll
 ``AsyncRollout`` (``trainers.rollout_async``, ``rollout.mode: async``: each trajectory a coroutine
 against vLLM's asynchronous engine).
 
+``Prefetching`` wraps any of them (``rollout.max_staleness: 1``): it collects the next iteration
+while the learner trains on this one (its class docstring).
+
 Also here, because sources, workers and the trainer all build them: ``make_vector_env``,
 ``make_backend``, ``derive_seed``, ``evaluate_greedy`` and ``episode_record``.
 """
@@ -45,17 +52,20 @@ Also here, because sources, workers and the trainer all build them: ``make_vecto
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from agent_gym.episode import Episode
-from agent_gym.factory import EnvFactory, pad_token_id
+from agent_gym.factory import EnvFactory
+from agent_gym.tokenizer import pad_token_id
 from agent_gym.vector import ToolVectorEnv
 from trainers import scale
 from trainers.backends.base import SamplingConfig
+from trainers.config import RolloutConfig
 from trainers.rollout import RolloutTimes, Trajectory, collect, summarize
 
 
@@ -82,12 +92,10 @@ def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any], thre
     return EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)
 
 
-def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, device: str | None = None,
-                 seed: int | None = None):
-    """The rollout section's ``backend`` (with its ``vllm_kwargs``) over ``policy`` on ``device``;
-    a whole config also works (its ``device`` and ``seed`` are then the defaults)."""
-    device = rollout.device if device is None else device
-    seed = rollout.seed if seed is None else seed
+def make_backend(rollout: RolloutConfig, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: str,
+                 seed: int):
+    """The rollout section's ``backend`` (with its ``vllm_kwargs``; ``mode: async``: the asynchronous
+    engine) over ``policy`` on ``device`` (``model.device``), seeded with ``seed`` (``run.seed``)."""
     if rollout.backend == "hf":
         from trainers.backends.hf_backend import HFBackend  # optional engines load on demand
 
@@ -95,7 +103,7 @@ def make_backend(rollout: Any, policy: torch.nn.Module, tokenizer: Any, run_dir:
     from trainers.backends.vllm_backend import AsyncVLLMBackend, VLLMBackend
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
-    if getattr(rollout, "mode", "lockstep") == "async":  # trainers/rollout_async.py's engine
+    if rollout.mode == "async":  # trainers/rollout_async.py's engine
         return AsyncVLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
     return VLLMBackend(path, seed=seed, **rollout.vllm_kwargs)
 
@@ -141,12 +149,12 @@ class LocalRollout:
 
     def __init__(self, cfg: Any, *, env_factory: EnvFactory, policy: torch.nn.Module, backend: Any, parallel: Any):
         self.cfg, self.backend = cfg, backend
-        self.envs = env_factory.make_vector(cfg.batch_size // parallel.world)
+        self.envs = env_factory.make_vector(cfg.rollout.batch_size // parallel.world)
         self.eval_envs, self.eval_set_envs = None, {}
         if parallel.is_main:  # only the main process evaluates
             evals = env_factory.local()
-            self.eval_envs = evals.make_vector(cfg.eval_tasks, **cfg.eval_env_kwargs)
-            self.eval_set_envs = {name: evals.make_vector(cfg.eval_tasks, **kw) for name, kw in cfg.eval_sets.items()}
+            self.eval_envs = evals.make_vector(cfg.eval.tasks, **cfg.eval.env_kwargs)
+            self.eval_set_envs = {name: evals.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
         self.num_tasks = EnvFactory.num_tasks(self.envs)
 
     def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
@@ -155,10 +163,10 @@ class LocalRollout:
                        reset_options=reset_options)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
-        """The HF backend samples from the policy module itself (nothing to do) or, with
-        ``max_staleness`` 1, from a copy of it (the weights are copied in); another engine gets the
+        """The HF backend samples from the policy module itself (nothing to do) or, under the
+        overlap part, from a copy of it (the weights are copied in); another engine gets the
         weights."""
-        if self.cfg.backend != "hf":
+        if self.cfg.rollout.backend != "hf":
             self.backend.load_weights(scale.inference_state_dict(policy))
         elif self.backend.model is not policy:
             with torch.no_grad():
@@ -176,5 +184,92 @@ class LocalRollout:
                 envs.close()
 
 
-__all__ = ["LocalRollout", "RolloutSource", "derive_seed", "episode_record", "eval_keys",
+Request = tuple[tuple, dict[str, Any]]
+"""A ``collect`` call's positional and keyword arguments."""
+
+
+class Prefetching:
+    """Overlapping rollout with training (``rollout.max_staleness: 1``) as a part: a rollout source
+    around any other (``inner``) that collects the next iteration while the learner trains on this one.
+
+    ``collect`` hands out the batch in flight when it was started for this very call (else it
+    collects now), then, the inner source idle, gives it the learner's newest weights and starts the
+    call ``ahead()`` names (the next iteration's; None: none, the run ends or stops) in a background
+    thread (named ``rollout``). So iteration i+1 samples with the weights before update i: one
+    version old, never more, since weights are pushed only between rollouts. The part holds its own
+    weight versions: the learner's (one per ``sync_weights``, which only records the weights) and
+    the one the inner source's engine holds; ``staleness`` is by how many updates the last batch
+    handed out is behind the learner. ``evaluate`` waits for the rollout in flight (kept for its
+    call) and pushes the learner's weights first, so evaluations see the learner; ``close`` waits
+    for it too, never killing it mid-episode, and drops its result or error (the run has ended
+    with its own outcome). An in-process HF sampler must be a copy of the policy, not the learner's
+    module (the trainer makes it one). docs/design.md, "Overlapping rollout with training"."""
+
+    def __init__(self, inner: RolloutSource, ahead: Callable[[], Request | None]):
+        self.inner, self.ahead = inner, ahead
+        self.learner_backend = inner.learner_backend
+        self.num_tasks = inner.num_tasks
+        self.learner_version = 0
+        """``sync_weights`` calls: the learner's updates (and a resume's restore) so far."""
+        self.engine_version = 0
+        """The learner version the inner source samples with (it starts with the learner's weights)."""
+        self.staleness = 0
+        self._policy: torch.nn.Module | None = None
+        self._pending: tuple[Request, Future, int] | None = None
+        """The call in flight, its future and the learner version it samples with."""
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+
+    def collect(self, *args: Any, **kwargs: Any) -> tuple[list[Trajectory], RolloutTimes]:
+        request = (args, kwargs)
+        if self._pending is not None:
+            started, future, version = self._pending
+            if started != request:  # cannot happen in Trainer.train; a caller driving iterations by hand gets told
+                raise RuntimeError("a collect other than the one in flight: the overlapped rollout serves the calls "
+                                   "in the order ahead() names them")
+            self._pending = None
+            out = future.result()
+        else:
+            self._push()
+            version = self.engine_version
+            out = self.inner.collect(*args, **kwargs)
+        self.staleness = self.learner_version - version
+        following = self.ahead()
+        if following is not None:
+            self._push()
+            self._pending = (following, self._pool.submit(self.inner.collect, *following[0], **following[1]),
+                             self.engine_version)
+        return out
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        """Record the learner's new weights; they reach the inner source before its next rollout."""
+        self._policy = policy
+        self.learner_version += 1
+
+    def _push(self) -> None:
+        """The learner's weights to the inner source, if it has older ones (no rollout is in flight)."""
+        if self.engine_version != self.learner_version:
+            self.inner.sync_weights(self._policy)
+            self.engine_version = self.learner_version
+
+    def evaluate(self, sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+        if self._pending is not None:
+            self._pending[1].result()
+        self._push()
+        return self.inner.evaluate(sampling, num_tasks, seed)
+
+    def metrics(self) -> dict[str, float]:
+        return self.inner.metrics()
+
+    def close(self) -> None:
+        self._pending = None
+        self._pool.shutdown(wait=True)
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # the inner source's own attributes (envs, pool, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+__all__ = ["LocalRollout", "Prefetching", "Request", "RolloutSource", "derive_seed", "episode_record", "eval_keys",
            "evaluate_greedy", "make_backend", "make_vector_env"]

@@ -35,7 +35,7 @@ def build_tiny_qwen2(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from agent_gym.factory import pad_token_id
+    from agent_gym.tokenizer import pad_token_id
 
     eos_id = tokenizer.eos_token_id
     pad_id = pad_token_id(tokenizer)

@@ -4,15 +4,19 @@ One loop serves PPO (GAE with a critic), GRPO, RLOO and REINFORCE++: the algorit
 advantage estimator's name (a registry in ``trainers.algos``), and whether a critic exists
 follows from it. There is no per-algorithm branch inside the loop.
 
-The loop composes two parts instead of being subclassed (``choose_parts`` picks both from the config):
+The loop is given its parts instead of being subclassed (``trainers.compose`` picks them from the
+config and builds the trainer; this module imports none of them):
 
 - a *rollout source* (``trainers.sources.RolloutSource``): where trajectories come from and where
   the greedy evaluation runs. ``LocalRollout``: the lockstep rollout in this process;
   ``trainers.ray_rollout.RayRollout``: Ray actors (``rollout.workers: N``);
+  ``trainers.rollout_async.AsyncRollout``: ``rollout.mode: async``;
   ``trainers.multiagent.TeamRollout``: a multi-agent id's team envs;
 - a *parallelism strategy* (``trainers.parallel.Parallelism``): ``SingleProcess``, or
   ``trainers.distributed.FSDP`` under torchrun (``scale.fsdp: true``): sharding, this process's share of
-  the tasks and rows, gathering, metric reduction, full-parameter contexts, the main process.
+  the tasks and rows, gathering, metric reduction, full-parameter contexts, the main process;
+- an *overlap* part, or none: ``trainers.sources.Prefetching`` (``rollout.max_staleness: 1``) wraps
+  the source, so that the next iteration's rollout runs while this one trains; the loop is the same.
 
 Determinism: everything random in iteration ``i`` (the tasks, the sampling seeds, the minibatch
 order) is derived from ``(seed, i)``, so a run resumed from a checkpoint repeats exactly what
@@ -27,8 +31,6 @@ import math
 import signal
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,26 +43,13 @@ from agent_gym.factory import EnvFactory
 from trainers import algos, scale
 from trainers.backends.base import SamplingConfig
 from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint, set_rng_state
-from trainers.config import ConfigError, TrainConfig, from_dict, to_dict
-from trainers.distributed import FSDP
+from trainers.config import TrainConfig, to_dict
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
-from trainers.multiagent import TeamRollout
-from trainers.parallel import Parallelism, SingleProcess
-from trainers.ray_rollout import RayRollout
+from trainers.parallel import Parallelism
 from trainers.rollout import LENGTH_CUTS, RolloutBatch, Trajectory, build_batch, summarize
-from trainers.rollout_async import AsyncRollout
-from trainers.sources import (  # noqa: F401  (make_vector_env, eval_keys, evaluate_greedy: importers use these names)
-    LocalRollout,
-    RolloutSource,
-    derive_seed,
-    episode_record,
-    eval_keys,
-    evaluate_greedy,
-    make_backend,
-    make_vector_env,
-)
+from trainers.sources import RolloutSource, derive_seed, episode_record, make_backend
 
 
 class NonFiniteLossError(RuntimeError):
@@ -70,57 +59,29 @@ class NonFiniteLossError(RuntimeError):
 def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory:
     """The run's one env factory: its env id and kwargs, the policy's tokenizer and vocabulary, and
     ``env_server`` (remote rollout envs) when set."""
-    return EnvFactory(cfg.env_id, cfg.env_kwargs, tokenizer, vocab_size=vocab_size, num_threads=cfg.num_envs_threads,
-                      server=cfg.env_server)
-
-
-@dataclass(frozen=True)
-class Parts:
-    """The two parts a config selects: a rollout source class and a parallelism strategy class."""
-
-    rollout: type
-    parallel: type
-
-
-def choose_parts(cfg: TrainConfig) -> Parts:
-    """The rollout source and the parallelism strategy ``cfg`` asks for: the one place that decides.
-
-    ``rollout.env_id`` a multi-agent id (``agent_gym.MULTIAGENT_IDS``): ``TeamRollout``; ``rollout.workers > 0``:
-    ``RayRollout``; ``rollout.mode: async``: ``AsyncRollout``; else ``LocalRollout``. ``scale.fsdp: true``: ``FSDP``; else ``SingleProcess``."""
-    team = cfg.env_id in agent_gym.MULTIAGENT_IDS
-    if team and cfg.fsdp:
-        raise ConfigError(f"scale.fsdp: true with the multi-agent env_id {cfg.env_id!r}: the multi-agent trainer runs "
-                          "in one process; set scale.fsdp: false")
-    if team and cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness: 1 is not supported with the multi-agent env {cfg.env_id!r} (its "
-                          "agents share one team rollout); set rollout.max_staleness: 0")
-    if team and cfg.rollout_workers:
-        raise ConfigError(f"rollout.workers: {cfg.rollout_workers} is not supported with the multi-agent env "
-                          f"{cfg.env_id!r}; set rollout.workers: 0")
-    rollout = (TeamRollout if team else RayRollout if cfg.rollout_workers
-               else AsyncRollout if cfg.rollout.mode == "async" else LocalRollout)
-    return Parts(rollout=rollout, parallel=FSDP if cfg.fsdp else SingleProcess)
+    r = cfg.rollout
+    return EnvFactory(r.env_id, r.env_kwargs, tokenizer, vocab_size=vocab_size, num_threads=r.num_envs_threads,
+                      server=r.env_server)
 
 
 class Trainer:
-    """The loop (the module docstring). ``rollout``/``parallel`` replace the parts ``choose_parts(cfg)``
-    picks: a ``RolloutSource`` class (built in ``setup``) and a ``Parallelism`` instance."""
+    """The loop (the module docstring), given its parts: ``rollout``, a ``RolloutSource`` class (built
+    in ``setup``); ``parallel``, a ``Parallelism`` instance; ``overlap``, a wrapper of the built source
+    (``trainers.sources.Prefetching``) or None. ``trainers.compose.build_trainer(cfg)`` picks them from
+    the config and refuses the combinations no parts run."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, *, rollout: type | None = None,
-                 parallel: Parallelism | None = None):
-        parts = choose_parts(cfg)
+    def __init__(self, cfg: TrainConfig, resume: bool = False, *, rollout: Any, parallel: Parallelism,
+                 overlap: Any = None):
         self.cfg = cfg
-        self.rollout_cls = rollout or parts.rollout
-        self.parallel: Parallelism = parallel if parallel is not None else parts.parallel(cfg)
-        if cfg.fsdp and not self.parallel.shards_models:
-            raise ConfigError(f"scale.fsdp: true needs a parallelism strategy that shards the models (trainers.distributed.FSDP, "
-                              f"which choose_parts picks); {type(self.parallel).__name__} keeps them whole. Build the "
-                              "trainer with Trainer(cfg), or launch trainers/train_ppo.py or train_grpo.py under torchrun "
-                              "(docs/scaling.md)")
-        self.run_dir = Path(cfg.run_dir)
+        self.rollout_cls = rollout
+        self.parallel: Parallelism = parallel
+        self.overlap = overlap
+        self.run_dir = Path(cfg.run.run_dir)
         self.resume = resume
         self.start_iteration = 0
         self._stop = False
+        self._iteration = 0
+        """The iteration whose rollout was asked for last (``rollout``)."""
         self._kl_reward_metrics: dict[str, Any] = {}
         self._is_metrics: dict[str, float] = {}
         self._overlong_metrics: dict[str, float] = {}
@@ -128,52 +89,51 @@ class Trainer:
         self.gc_stats: GcStats | None = None
         self.version = 0
         """The learner's weight version: the number of updates made (the start iteration after --resume)."""
-        self._synced_version = 0
-        """The version the rollout engine last received."""
-        self._pending: tuple[Future, int, int] | None = None
-        """With max_staleness 1: the next iteration's rollout in flight (future, iteration, weight version)."""
-        self._prefetcher: ThreadPoolExecutor | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
     def setup(self) -> None:
         cfg = self.cfg
         self.parallel.start()
-        torch.manual_seed(cfg.seed)
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(cfg.run.seed)
+        if cfg.model.torch_threads:
+            torch.set_num_threads(cfg.model.torch_threads)
         if self.parallel.is_main and not self.resume:
             claim_run_dir(self.run_dir, overwrite=cfg.run.overwrite, key="run.overwrite", resumable=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.parallel.is_main:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        self.tokenizer = load_tokenizer_for(cfg)
-        self.policy = load_policy(cfg, self.tokenizer)
-        self.critic = Critic(self.policy).to(cfg.device) if cfg.uses_critic else None
+        self.tokenizer = load_tokenizer_for(cfg.model)
+        self.policy = load_policy(cfg.model, self.tokenizer, seed=cfg.run.seed)
+        self.critic = Critic(self.policy).to(cfg.model.device) if cfg.algorithm.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
         self.parallel.shard(self.policy, self.critic, self.ref)
-        self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                    eps=cfg.adam_eps)
-        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=cfg.critic_lr,
-                                             weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+        a = cfg.algorithm
+        self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=a.lr, weight_decay=a.weight_decay, eps=a.adam_eps)
+        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=a.critic_lr, weight_decay=a.weight_decay,
+                                             eps=a.adam_eps)
                            if self.critic is not None else None)
-        warm = lambda step: lr_multiplier(step, cfg.warmup_steps)  # noqa: E731
+        warm = lambda step: lr_multiplier(step, a.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
         self.env_factory = env_factory(cfg, self.tokenizer, self.policy.get_input_embeddings().num_embeddings)
         self.pad_id = self.env_factory.pad_id
         learner = self.rollout_cls.learner_backend  # e.g. "hf" under Ray workers: the learner only evaluates
-        # With max_staleness 1 an in-process HF rollout samples while the learner trains: it gets its
-        # own copy of the policy (weights copied in between rollouts) instead of the module itself.
-        sampler = (copy.deepcopy(self.policy).eval().requires_grad_(False)
-                   if cfg.rollout.max_staleness and learner is None and cfg.backend == "hf" else self.policy)
-        self.backend = make_backend(dataclasses.replace(cfg, backend=learner) if learner else cfg, sampler,
-                                    self.tokenizer, self.run_dir)
-        self.source: RolloutSource = self.rollout_cls(cfg, env_factory=self.env_factory, policy=self.policy,
-                                                      backend=self.backend, parallel=self.parallel)
+        rollout = dataclasses.replace(cfg.rollout, backend=learner) if learner else cfg.rollout
+        # An overlapped rollout samples while the learner trains: an in-process HF sampler then gets
+        # its own copy of the policy (weights copied in between rollouts), not the module itself.
+        own_copy = self.overlap is not None and learner is None and rollout.backend == "hf"
+        sampler = copy.deepcopy(self.policy).eval().requires_grad_(False) if own_copy else self.policy
+        self.backend = make_backend(rollout, sampler, self.tokenizer, self.run_dir, device=cfg.model.device,
+                                    seed=cfg.run.seed)
+        source = self.rollout_cls(cfg, env_factory=self.env_factory, policy=self.policy, backend=self.backend,
+                                  parallel=self.parallel)
+        self.source: RolloutSource = (self.overlap(source, ahead=self.following_request) if self.overlap is not None
+                                      else source)
         self.num_tasks = self.source.num_tasks
-        self.sampling = SamplingConfig(max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-        self.logger = (RunLogger(self.run_dir, cfg.iterations, cfg.tensorboard, cfg.wandb, cfg.progress_bar, to_dict(cfg))
+        r, run = cfg.rollout, cfg.run
+        self.sampling = SamplingConfig(max_new_tokens=r.max_turn_tokens, temperature=r.temperature, top_p=r.top_p)
+        self.logger = (RunLogger(self.run_dir, run.iterations, run.tensorboard, run.wandb, run.progress_bar, to_dict(cfg))
                        if self.parallel.is_main else NullLogger())
         if self.resume:
             self._restore()
@@ -191,9 +151,9 @@ class Trainer:
     def train(self) -> dict[str, float]:
         cfg = self.cfg
         last: dict[str, float] = {}
-        self.gc_stats = GcStats(freeze=cfg.gc_freeze)  # after set-up: freezes what set-up built
+        self.gc_stats = GcStats(freeze=cfg.run.gc_freeze)  # after set-up: freezes what set-up built
         self.version = self.start_iteration
-        for it in range(self.start_iteration, cfg.iterations):
+        for it in range(self.start_iteration, cfg.run.iterations):
             t0 = time.perf_counter()
             trajs, rt, version, waited = self.next_rollout(it)
             sampled = trajs
@@ -211,62 +171,72 @@ class Trainer:
             t_fb = time.perf_counter() - t_fb
             staleness = self.version - version  # the weights that sampled the batch, against the ones it updated
             self.version += 1
-            if not cfg.rollout.max_staleness:
-                self.sync_weights()  # else pushed before the next rollout starts (next_rollout)
+            self.sync_weights()  # an overlap part holds the weights until no rollout is in flight
             metrics = {**summarize(sampled), **self.source.metrics(), **dyn_metrics, **adv_metrics, **update_metrics,
                        **(self.mismatch(batch) if batch is not None else {}), "rollout/policy_version": float(version),
                        "rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
-            if (it + 1) % cfg.eval_every == 0 or it == cfg.iterations - 1 or it == 0:
-                self.finish_prefetch()  # the engine evaluates the learner's weights, not the sampler's
+            if (it + 1) % cfg.eval.every == 0 or it == cfg.run.iterations - 1 or it == 0:
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
             metrics.update(self.timing(rt, t_fb, total))
             metrics["time/rollout_wait_s"] = waited
             metrics.update(self.gc_stats.take())
             self.logger.log(it, metrics)
-            self.logger.log_trajectories(it, self.trajectory_records(sampled[: cfg.log_trajectories], policy_version=version,
-                                                                     staleness=staleness))
+            self.logger.log_trajectories(it, self.trajectory_records(sampled[: cfg.run.log_trajectories],
+                                                                     policy_version=version, staleness=staleness))
             last = metrics
-            if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or self.should_stop(metrics):
+            if (it + 1) % cfg.run.checkpoint_every == 0 or it == cfg.run.iterations - 1 or self.should_stop(metrics):
                 self.checkpoint(it)
             if self.should_stop(metrics):
                 break
         return last
 
     def cleanup(self) -> None:
-        if self._prefetcher is not None:
-            # A rollout still in flight (the run stopped early) is waited for, never killed mid-episode;
-            # its result, or its error, is dropped: the run has already ended with its own outcome.
-            self._pending = None
-            self._prefetcher.shutdown(wait=True)
+        # First the source (Ray workers shut down, envs closed; an overlap part first waits for the
+        # rollout in flight, never killing it mid-episode), then the backend it may still be using.
+        self.source.close()
         if self.gc_stats is not None:
             self.gc_stats.close()
         self.logger.close()
         self.backend.close()
-        self.source.close()  # Ray workers shut down, envs closed
         self.parallel.close()
 
     # -- steps ---------------------------------------------------------------------------------
 
     def task_indices(self, it: int) -> list[int]:
         """The data cursor: a fresh permutation of the task indices per epoch, from (seed, epoch)."""
-        per = self.cfg.tasks_per_iter
+        per = self.cfg.rollout.tasks_per_iter
         start = it * per
         out = []
         while len(out) < per:
             epoch, offset = divmod(start + len(out), self.num_tasks)
-            order = np.random.default_rng([self.cfg.seed, epoch]).permutation(self.num_tasks)
+            order = np.random.default_rng([self.cfg.run.seed, epoch]).permutation(self.num_tasks)
             out.extend(order[offset: offset + per - len(out)].tolist())
         return out
+
+    def request(self, it: int) -> tuple[tuple, dict[str, Any]]:
+        """The arguments of the source's ``collect`` for iteration ``it``: this process's share of the
+        tasks, the group size, the sampling, the iteration's seed, the share's offset (and the
+        scaffold's reset options when the run anneals it)."""
+        gs = self.cfg.rollout.group_size
+        tasks, offset = self.parallel.share(self.task_indices(it), gs)
+        args = (tasks, gs, self.sampling, derive_seed(self.cfg.run.seed, it))
+        return args, {"offset": offset, **self.reset_options(it)}
+
+    def following_request(self) -> tuple[tuple, dict[str, Any]] | None:
+        """The ``request`` of the iteration after the one asked for last, or None when there is none
+        (the last iteration, or the run is stopping): what an overlap part collects ahead."""
+        it = self._iteration + 1
+        return None if it >= self.cfg.run.iterations or self._stop else self.request(it)
 
     def rollout(self, it: int) -> tuple[list[Trajectory], Any]:
         """The iteration's trajectories: this process's share of the tasks from the rollout source
         (generated under the policy's full parameters), then every process's, in process order."""
         self.policy.eval()
-        tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
+        self._iteration = it
+        args, kwargs = self.request(it)
         with self.parallel.full_params(self.policy):
-            trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
-                                            offset=offset, **self.reset_options(it))
+            trajs, rt = self.source.collect(*args, **kwargs)
         return self.parallel.gather_rollout(trajs, rt)
 
     def reset_options(self, it: int) -> dict[str, Any]:
@@ -276,32 +246,18 @@ class Trainer:
         drop = self.cfg.rollout.scaffold_drop
         if drop is None:
             return {}
-        frac = min(it / max(self.cfg.iterations - 1, 1), 1.0)
+        frac = min(it / max(self.cfg.run.iterations - 1, 1), 1.0)
         return {"reset_options": {"scaffold_drop_prob": float(drop[0] + (drop[1] - drop[0]) * frac)}}
 
     def next_rollout(self, it: int) -> tuple[list[Trajectory], Any, int, float]:
         """Iteration ``it``'s trajectories, the weight version that sampled them and the seconds the
-        learner waited for them. ``max_staleness`` 0: collected now, from the current weights.
-        1: the rollout started during the previous update (on the weights before it), if one is in
-        flight; then, the rollout engine idle, the learner's weights are pushed to it and the next
-        iteration's rollout starts in the background, to run while this one trains."""
+        learner waited for them. A source that samples ahead (the overlap part ``Prefetching``) says
+        by how many updates its batch is behind the learner (``staleness``); another samples the
+        weights of the last ``sync_weights``."""
         t0 = time.perf_counter()
-        if self._pending is not None:
-            future, pending_it, version = self._pending
-            self._pending = None
-            if pending_it != it:  # cannot happen in train(); a caller driving iterations by hand gets told
-                raise RuntimeError(f"the rollout in flight is iteration {pending_it}'s, not {it}'s")
-            trajs, rt = future.result()
-        else:
-            version = self.version
-            trajs, rt = self.rollout(it)
-        waited = time.perf_counter() - t0
-        if self.cfg.rollout.max_staleness and it + 1 < self.cfg.iterations and not self._stop:
-            self.sync_weights()
-            if self._prefetcher is None:
-                self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
-            self._pending = (self._prefetcher.submit(self.collect_only, it + 1), it + 1, self.version)
-        return trajs, rt, version, waited
+        trajs, rt = self.rollout(it)
+        version = self.version - getattr(self.source, "staleness", 0)
+        return trajs, rt, version, time.perf_counter() - t0
 
     def dynamic_sample(self, it: int, trajs: list[Trajectory], rt: Any) -> tuple[list[Trajectory], Any, dict[str, float]]:
         """``algorithm.dynamic_sampling``: drop the groups of ``trajs`` without a reward spread, then
@@ -313,22 +269,22 @@ class Trainer:
         Metrics: ``dynamic/dropped_groups`` (of every group sampled), ``dynamic/extra_episodes``,
         ``dynamic/rounds``, ``dynamic/kept_groups``, ``dynamic/short_groups`` (how many groups fewer
         than ``tasks_per_iter`` the update trains on, the cap being spent)."""
-        cfg = self.cfg
-        want = cfg.tasks_per_iter
+        cfg, r = self.cfg, self.cfg.rollout
+        want = r.tasks_per_iter
         cap = cfg.algorithm.dynamic_sampling_max_extra
-        max_rounds = (cfg.batch_size if cap is None else cap) // cfg.batch_size
+        max_rounds = (r.batch_size if cap is None else cap) // r.batch_size
         kept, dropped = keep_spread_groups(trajs, self.pad_id)
         used = set(self.task_indices(it))
         rounds = 0
         while len(kept) < want and rounds < max_rounds:
-            rng = np.random.default_rng([cfg.seed, it, 1 + rounds])
+            rng = np.random.default_rng([cfg.run.seed, it, 1 + rounds])
             tasks = [int(t) for t in rng.permutation(self.num_tasks) if int(t) not in used][:want]
             if len(tasks) < want:  # fewer fresh tasks than a batch: the rest repeats used ones
                 tasks += [int(t) for t in rng.permutation(self.num_tasks)[: want - len(tasks)]]
             used.update(tasks)
             self.policy.eval()
             with self.parallel.full_params(self.policy):
-                more, rt2 = self.source.collect(tasks, cfg.group_size, self.sampling, derive_seed(cfg.seed, it, 2, rounds),
+                more, rt2 = self.source.collect(tasks, r.group_size, self.sampling, derive_seed(cfg.run.seed, it, 2, rounds),
                                                 **self.reset_options(it))
             rt = _add_times(rt, rt2)
             rounds += 1
@@ -337,47 +293,31 @@ class Trainer:
             dropped += new_dropped
         kept = kept[:want]
         out = [dataclasses.replace(tr, group=i) for i, grp in enumerate(kept) for tr in grp]
-        return out, rt, {"dynamic/dropped_groups": float(dropped), "dynamic/extra_episodes": float(rounds * cfg.batch_size),
+        return out, rt, {"dynamic/dropped_groups": float(dropped), "dynamic/extra_episodes": float(rounds * r.batch_size),
                          "dynamic/rounds": float(rounds), "dynamic/kept_groups": float(len(kept)),
                          "dynamic/short_groups": float(want - len(kept))}
-
-    def collect_only(self, it: int) -> tuple[list[Trajectory], Any]:
-        """Iteration ``it``'s rollout without touching the learner's modules (the background rollout of
-        ``max_staleness`` 1: the source samples from its own engine or copy of the weights)."""
-        tasks, offset = self.parallel.share(self.task_indices(it), self.cfg.group_size)
-        trajs, rt = self.source.collect(tasks, self.cfg.group_size, self.sampling, derive_seed(self.cfg.seed, it),
-                                        offset=offset, **self.reset_options(it))
-        return self.parallel.gather_rollout(trajs, rt)
-
-    def finish_prefetch(self) -> None:
-        """Before an evaluation: wait for the rollout in flight (kept for its iteration), then give
-        the rollout engine the learner's current weights if it has older ones."""
-        if self._pending is not None:
-            self._pending[0].result()
-        if self._synced_version != self.version:
-            self.sync_weights()
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
         cfg = self.cfg
         batch = build_batch(trajs, self.pad_id)
-        if not cfg.use_action_mask:
+        if not cfg.algorithm.use_action_mask:
             # Ablation: everything after the prompt (env tokens included) is under the loss.
             pos = torch.arange(batch.input_ids.shape[1])[None, :]  # (1, T)
             prompt = torch.tensor([t.episode.prompt_len for t in trajs])[:, None]  # (B, 1)
             batch.loss_mask = ((pos >= prompt) & (batch.attention_mask > 0)).float()
         self._overlong_metrics, self._overlong_rows = overlong_shaping(batch, trajs, cfg.algorithm)
         # Built on the CPU from the episodes; scored and trained where the models are.
-        return self.score_batch(batch.to(cfg.device))
+        return self.score_batch(batch.to(cfg.model.device))
 
     @torch.no_grad()
     def score_batch(self, batch: RolloutBatch) -> RolloutBatch:
-        """Old and reference log-probs and values of a built batch (``benchmarks/gpu_step.py`` feeds
+        """Old and reference log-probs and values of a built batch (``benchmarks/perf/gpu_step.py`` feeds
         it synthetic batches of the configured length)."""
         cfg = self.cfg
         self.policy.eval()
-        temp = cfg.temperature
-        if cfg.recompute_logprobs:
+        temp = cfg.rollout.temperature
+        if cfg.rollout.recompute_logprobs:
             batch.old_logprobs = self._rows(
                 lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch,
                 self.policy)
@@ -392,9 +332,10 @@ class Trainer:
             batch.ref_logprobs = self._rows(
                 lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch,
                 self.ref)
-            if cfg.kl_mode == "reward":
+            a = cfg.algorithm
+            if a.kl_mode == "reward":
                 batch.token_rewards, self._kl_reward_metrics = algos.kl_in_reward(
-                    batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, cfg.kl_coef, cfg.kl_kind)
+                    batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, a.kl_coef, a.kl_kind)
         if self.critic is not None:
             self.critic.eval()
             batch.values = self._rows(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
@@ -407,16 +348,16 @@ class Trainer:
         return mode == "tis" or (mode == "auto" and self.cfg.rollout.max_staleness > 0)
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
-        cfg = self.cfg
-        fn = algos.get_adv_est(cfg.adv_estimator)
+        a = self.cfg.algorithm
+        fn = algos.get_adv_est(a.adv_estimator)
         batch.advantages, batch.returns, m = fn(
             token_rewards=batch.token_rewards, loss_mask=batch.loss_mask, values=batch.values,
-            group_ids=batch.group_ids, gamma=cfg.gamma, lam=cfg.lam, norm_by_std=cfg.norm_adv_by_std, **cfg.adv_kwargs)
+            group_ids=batch.group_ids, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std, **a.adv_kwargs)
         m = dict(m)
         m.update(self._kl_reward_metrics)
         m.update(self._is_metrics)
         m.update(self._overlong_metrics)
-        if cfg.algorithm.overlong == "mask" and self._overlong_rows.any():
+        if a.overlong == "mask" and self._overlong_rows.any():
             # After the advantages: a truncated episode still counts in its group's statistics; it
             # only carries no loss (its loss-mask row is cleared, so token means skip its tokens).
             batch.loss_mask[self._overlong_rows.to(batch.loss_mask.device)] = 0.0
@@ -427,9 +368,8 @@ class Trainer:
         mask is 0 (every GRPO group without a spread) and there is no critic, no entropy bonus and
         no KL term in the loss. Every process must agree (FSDP: one rank alone skipping would hang
         the others' collectives), so it is void only if it is void on every rank."""
-        cfg = self.cfg
-        if self.critic is not None or cfg.entropy_coef > 0 or (self.ref is not None and cfg.kl_mode == "loss"
-                                                               and cfg.kl_coef > 0):
+        a = self.cfg.algorithm
+        if self.critic is not None or a.entropy_coef > 0 or (self.ref is not None and a.kl_mode == "loss" and a.kl_coef > 0):
             return False
         signal_here = bool((batch.advantages * batch.loss_mask != 0).any())  # NaN counts as signal: it is checked later
         return not self.parallel.any_rank(signal_here)
@@ -445,11 +385,11 @@ class Trainer:
         self.policy.train()
         if self.critic is not None:
             self.critic.train()
-        g = torch.Generator().manual_seed(derive_seed(cfg.seed, it, 1))
+        g = torch.Generator().manual_seed(derive_seed(cfg.run.seed, it, 1))
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(cfg.ppo_epochs):
-            for idx in torch.randperm(len(batch), generator=g).split(cfg.minibatch_size):
+        for _ in range(cfg.algorithm.ppo_epochs):
+            for idx in torch.randperm(len(batch), generator=g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)
                 m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
                 self._step(self.opt, self.policy, self.sched)
@@ -464,34 +404,36 @@ class Trainer:
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
-        return self.parallel.microbatches(batch, idx, self.cfg.max_tokens_per_microbatch, self.cfg.loss_agg)
+        return self.parallel.microbatches(batch, idx, self.cfg.scale.max_tokens_per_microbatch,
+                                          self.cfg.algorithm.loss_agg)
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus."""
-        cfg = self.cfg
-        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
-                                 temperature=cfg.temperature, loss_mask=mb.loss_mask)
-        loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=cfg.clip_low,
-                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, agg=cfg.loss_agg,
-                                    agg_kwargs=cfg.loss_kwargs, behaviour_weights=mb.behaviour_weights)
+        a = self.cfg.algorithm
+        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=a.entropy_coef > 0,
+                                 temperature=self.cfg.rollout.temperature, loss_mask=mb.loss_mask)
+        loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=a.clip_low,
+                                    clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, agg=a.loss_agg,
+                                    agg_kwargs=a.loss_kwargs, behaviour_weights=mb.behaviour_weights)
         m = dict(m)
-        if self.ref is not None and cfg.kl_mode == "loss":
-            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=cfg.kl_kind, agg=cfg.loss_agg,
-                                  agg_kwargs=cfg.loss_kwargs)
-            loss = loss + cfg.kl_coef * kl
+        if self.ref is not None and a.kl_mode == "loss":
+            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=a.kl_kind, agg=a.loss_agg,
+                                  agg_kwargs=a.loss_kwargs)
+            loss = loss + a.kl_coef * kl
             m.update(km)
         if ent is not None:
-            entropy = algos.aggregate(ent, mb.loss_mask, cfg.loss_agg, **cfg.loss_kwargs)
-            loss = loss - cfg.entropy_coef * entropy
+            entropy = algos.aggregate(ent, mb.loss_mask, a.loss_agg, **a.loss_kwargs)
+            loss = loss - a.entropy_coef * entropy
             m["policy/entropy"] = entropy.detach()
         m["policy/total_loss"] = loss.detach()
         return loss, m
 
     def value_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        a = self.cfg.algorithm
         values = self.critic(mb.input_ids, mb.attention_mask)
-        vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=self.cfg.value_clip,
-                                     agg=self.cfg.loss_agg, agg_kwargs=self.cfg.loss_kwargs)
-        return self.cfg.vf_coef * vloss, vm
+        vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=a.value_clip, agg=a.loss_agg,
+                                     agg_kwargs=a.loss_kwargs)
+        return a.vf_coef * vloss, vm
 
     def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
                    name: str) -> dict[str, float]:
@@ -501,7 +443,7 @@ class Trainer:
         opt.zero_grad(set_to_none=True)
         parts = []
         for mb, w in micro:
-            with scale.autocast(self.cfg):
+            with scale.autocast(self.cfg.scale.mixed_precision, self.cfg.model.device):
                 loss, m = loss_fn(mb)
             self._check_finite(loss, it, name)
             (loss * w).backward()
@@ -513,7 +455,7 @@ class Trainer:
         weights before this update."""
         if not self.parallel.any_rank(not bool(torch.isfinite(loss))):
             return
-        path = self.checkpoint(it - 1, keep=self.cfg.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
+        path = self.checkpoint(it - 1, keep=self.cfg.run.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
         what = (f"{loss.item()} at iteration {it}" if self.parallel.world == 1 else
                 f"not finite on some rank at iteration {it} (this rank's: {loss.item()})")
         raise NonFiniteLossError(
@@ -522,30 +464,29 @@ class Trainer:
             "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
 
     def _step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, sched: Any) -> None:
-        torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.algorithm.max_grad_norm)
         opt.step()
         sched.step()
 
     def sync_weights(self) -> None:
         """Make the rollout source sample from the updated policy (``RolloutSource.sync_weights``)."""
         self.source.sync_weights(self.policy)
-        self._synced_version = self.version
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy episodes on the evaluation tasks (the first ``eval_tasks`` of the eval env), then
-        on each of ``eval_sets`` (``eval/<name>/*``); by the main process, under the policy's full
+        """Greedy episodes on the evaluation tasks (the first ``eval.tasks`` of the eval env), then
+        on each of ``eval.sets`` (``eval/<name>/*``); by the main process, under the policy's full
         parameters (the other processes return nothing)."""
         self.policy.eval()
         with self.parallel.full_params(self.policy):
             if not self.parallel.is_main:
                 return {}
-            return self.source.evaluate(self.sampling, self.cfg.eval_tasks, derive_seed(self.cfg.seed, 10**6))
+            return self.source.evaluate(self.sampling, self.cfg.eval.tasks, derive_seed(self.cfg.run.seed, 10**6))
 
     def mismatch(self, batch: RolloutBatch) -> dict[str, float]:
         """Backend log-probs vs the trainer's recomputation, on agent tokens."""
         m = batch.loss_mask > 0
-        if self.cfg.top_p != 1.0 or not self.cfg.recompute_logprobs or not m.any():
+        if self.cfg.rollout.top_p != 1.0 or not self.cfg.rollout.recompute_logprobs or not m.any():
             # top-p changes the sampled distribution's support; without a recomputation there is nothing to compare
             return {}
         diff = (batch.old_logprobs - batch.sampler_logprobs).abs()[m]
@@ -562,9 +503,9 @@ class Trainer:
 
     def should_stop(self, metrics: dict[str, float]) -> bool:
         """Ctrl-C, ``max_minutes`` or ``stop_success``; any process's reason stops every process."""
-        cfg = self.cfg
-        stop = self._stop or (cfg.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= cfg.max_minutes)
-        stop = stop or (cfg.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= cfg.stop_success)
+        run = self.cfg.run
+        stop = self._stop or (run.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= run.max_minutes)
+        stop = stop or (run.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= run.stop_success)
         return self.parallel.any_rank(stop)
 
     def trajectory_records(self, trajs: list[Trajectory], **extra: Any) -> list[dict[str, Any]]:
@@ -587,7 +528,7 @@ class Trainer:
             "policy": policy, "opt": opt, "critic": critic, "critic_opt": critic_opt,
             "sched": self.sched.state_dict(),
             "critic_sched": self.critic_sched.state_dict() if self.critic_sched is not None else None,
-            "cursor": {"next_task_offset": (it + 1) * self.cfg.tasks_per_iter, "num_tasks": self.num_tasks},
+            "cursor": {"next_task_offset": (it + 1) * self.cfg.rollout.tasks_per_iter, "num_tasks": self.num_tasks},
             "config": to_dict(self.cfg),
         }
 
@@ -597,7 +538,7 @@ class Trainer:
         st = self.state(it)  # every process takes part (FSDP gathers the shards)
         if not self.parallel.is_main:
             return None
-        return save_checkpoint(self.run_dir, it, st | extra, keep=keep or self.cfg.keep_checkpoints)
+        return save_checkpoint(self.run_dir, it, st | extra, keep=keep or self.cfg.run.keep_checkpoints)
 
     def _restore(self) -> None:
         path, st, skipped = load_latest_checkpoint(self.run_dir)
@@ -635,12 +576,12 @@ class Trainer:
 
     def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
         """``fn`` on the batch's rows in chunks of ``size`` rows, or of the token budget."""
-        if self.cfg.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
-            size = max(1, self.cfg.max_tokens_per_microbatch // batch.input_ids.shape[1])
+        if self.cfg.scale.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
+            size = max(1, self.cfg.scale.max_tokens_per_microbatch // batch.input_ids.shape[1])
         out = []
         for s in range(0, len(batch), size):
             sl = slice(s, s + size)
-            with scale.autocast(self.cfg):
+            with scale.autocast(self.cfg.scale.mixed_precision, self.cfg.model.device):
                 out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
         return torch.cat(out)
 
@@ -701,31 +642,4 @@ def lr_multiplier(step: int, warmup_steps: int, schedule: str = "constant", tota
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
 
 
-def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
-    data = yaml.safe_load(path.read_text())
-    data.update(overrides or {})
-    return from_dict(data, str(path))
-
-
-def trainer_class(cfg: TrainConfig) -> type[Trainer]:
-    """``Trainer`` (kept for callers of the old name: there is one trainer class, given the parts
-    ``choose_parts(cfg)`` picks). Raises ``ConfigError`` for a combination no parts run."""
-    choose_parts(cfg)
-    return Trainer
-
-
-def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
-    trainer = Trainer(cfg, resume=resume)
-    trainer.setup()
-    try:
-        return trainer.train()
-    finally:
-        trainer.cleanup()
-
-
-__all__ = ["NonFiniteLossError", "Parts", "Trainer", "choose_parts", "derive_seed", "env_factory", "episode_record",
-           "eval_keys", "evaluate_greedy", "lr_multiplier", "make_backend", "make_vector_env", "resume_config", "run",
-           "trainer_class"]
+__all__ = ["NonFiniteLossError", "Trainer", "env_factory", "lr_multiplier"]

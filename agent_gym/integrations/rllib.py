@@ -32,7 +32,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agent_gym.factory import EnvFactory, pad_token_id
+import agent_gym  # noqa: F401  (registers the AgentR1/... ids, in the driver and in each env runner)
+from agent_gym.factory import EnvFactory
+from agent_gym.tokenizer import pad_token_id
 from agent_gym.wrappers import tool_env_of
 
 RLLIB_ENV_NAME = "agent_gym_token_step"
@@ -149,8 +151,6 @@ def make_token_step_env(env_config: dict[str, Any]) -> TokenStepEnv:
     :class:`TokenStepEnv`. ``env_config`` keys: ``env_id`` (required), ``env_kwargs`` (dict),
     ``max_turn_tokens`` (default 32), ``vocab`` (``"full"``, the default, or ``"answer"``).
     RLlib may add its own keys (``num_envs``) to the context; those are ignored."""
-    import agent_gym  # noqa: F401  (registers the AgentR1/... ids in this process)
-
     cfg = dict(env_config)
     if "env_id" not in cfg:
         raise ValueError(f"env_config needs 'env_id' (e.g. 'AgentR1/FactChain-v0'); got keys {sorted(cfg)}")
@@ -181,6 +181,7 @@ def build_ppo_config(env_id: str = "AgentR1/FactChain-v0", env_kwargs: dict[str,
     ``num_env_runners`` env runners (Ray actors, one env each) and the learner in the driver.
     The train batch is one fragment per runner per iteration. ``gamma`` defaults to 1: the reward
     comes at the end of a turn and every token of the turn should share it."""
+    # optional dependencies: ray[rllib] (the rllib extra) and torch (rllib_module's network)
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.tune.registry import register_env
@@ -227,7 +228,7 @@ def summarize(result: dict[str, Any]) -> dict[str, float]:
 def init_ray(num_cpus: int = 2) -> bool:
     """Start a small local Ray cluster unless one is up (no dashboard, a 256 MB object store);
     returns whether it started one (then the caller shuts it down)."""
-    import ray
+    import ray  # optional dependency (the rllib extra)
 
     if ray.is_initialized():
         return False
@@ -243,7 +244,7 @@ def train(iterations: int, max_minutes: float | None = None, log=print, torch_th
     ``torch_threads`` sets this process's torch threads (the learner runs here; None leaves
     torch's default): 1 is several times faster for this small model on a busy 2-core CPU. The
     env runners are Ray actors with one CPU each, where Ray sets one thread."""
-    import ray
+    import ray  # optional dependencies: the rllib extra, and torch (the train extra)
     import torch
 
     if torch_threads is not None:

@@ -1,8 +1,9 @@
 """The `/retrieve` server on FastAPI and uvicorn (Search-R1's own stack), hardened for load.
 
-Same wire format and routes as the stdlib server in `agent_gym.retrievers.http` (whose module
-docstring gives it; `HTTPRetriever` is the client of both): `POST /retrieve`, `GET /health`.
-Started by the same command, which uses this server unless `--server stdlib` is given:
+Same wire format (`agent_gym.retrievers.wire`) and routes as the stdlib server in
+`agent_gym.retrievers.http` (`agent_gym.retrievers.client.HTTPRetriever` is the client of both):
+`POST /retrieve`, `GET /health`. Started by the command of `agent_gym.retrievers.http`, which uses
+this server unless `--server stdlib` is given:
 
     python -m agent_gym.retrievers.http serve --kind bm25 --corpus corpus.jsonl --port 8000 --workers 2
 
@@ -36,6 +37,7 @@ or SIGTERM. POSIX only (fork).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import json
 import os
@@ -43,6 +45,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 import anyio
@@ -53,7 +56,7 @@ from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .base import Retriever
-from .http import BadRequest, ServerLimits, parse_request, render_result
+from .wire import BadRequest, ServerLimits, parse_request, render_result
 
 __all__ = ["BodyLimits", "ServerLimits", "build_app", "serve"]
 
@@ -226,8 +229,6 @@ def _die_with_parent() -> None:
     """Linux: SIGTERM this process when its parent dies (even by SIGKILL), so no worker outlives
     the server; elsewhere nothing."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -267,8 +268,6 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, worke
             try:
                 _run_worker(app, sock, limits, verbose)
             except BaseException:  # noqa: BLE001  (a worker must never return into the parent's code)
-                import traceback
-
                 traceback.print_exc()
                 code = 1
             finally:

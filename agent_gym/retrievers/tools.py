@@ -2,7 +2,7 @@
 formatter that renders their passages within a token budget.
 
 Generic: any env with a :class:`~agent_gym.retrievers.Retriever` can hand these to ``ToolEnv``
-(the QA envs of ``envs/qa.py`` do). They moved here from ``envs/qa.py`` (issue 21), which still
+(the QA envs of ``envs/qa.py`` do). They moved here from ``envs/qa.py`` (2026-11-25), which still
 re-exports the old names. The formatter's caches (per-passage measures and cuts, each tokenizer's
 widest token) live with it.
 """
@@ -46,7 +46,7 @@ class PassageFormatter:
     and rank, the measure (the exact count, or "over the budget" with the offsets of its first
     tokens) is memoized, and so is each cut, so a passage that comes back again costs no
     tokenization at all: a 20 MB passage costs about what a 512-token one does
-    (``benchmarks/passage_formatter.py``). A cut is at a space, so a passage with no space
+    (``benchmarks/perf/passage_formatter.py``). A cut is at a space, so a passage with no space
     before its cut shows its title only.
     """
 

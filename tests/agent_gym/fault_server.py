@@ -1,6 +1,6 @@
 """A real TCP server on 127.0.0.1 whose answers the caller writes byte by byte: answers without
 Content-Length, dripped or endless bodies, malformed JSON. Used by the HTTP retriever's tests
-(tests/agent_gym/test_retrievers.py, tests/envs/test_qa_envs.py) and benchmarks/http_faults.py."""
+(tests/agent_gym/test_retrievers.py, tests/envs/test_qa_envs.py) and benchmarks/faults/http_faults.py."""
 
 from __future__ import annotations
 

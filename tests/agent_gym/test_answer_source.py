@@ -1,4 +1,4 @@
-"""``answer_source`` on every ToolEnv (issue 22 item 5): a turn with no answer tags and no tool
+"""``answer_source`` on every ToolEnv: a turn with no answer tags and no tool
 call can be scored without overriding anything private: "text" reads its short plain-text answer,
 "reply" takes the whole reply (a single-turn task's ``score_answer`` is then its reward function),
 and a subclass may override the public ``untagged_answer``."""

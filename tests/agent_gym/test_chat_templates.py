@@ -139,7 +139,7 @@ def test_tokenizer_without_template_is_refused():
 
 @pytest.mark.parametrize("role", ["tool", "user"])
 def test_special_token_text_in_contents_stays_plain_text(family, role):
-    """Issue 10 item 9: a tool result (or an echoed argument, or a question) holding the text of a
+    """Before the fix a tool result (or an echoed argument, or a question) holding the text of a
     special token was encoded as that special token, so an agent could forge turn boundaries in env
     tokens. Now the delta's and the prompt's special ids are exactly the template's own, and the
     text round-trips."""
@@ -160,7 +160,7 @@ def test_special_token_text_in_contents_stays_plain_text(family, role):
 
 @pytest.mark.parametrize("role", ["tool", "user"])
 def test_added_token_text_in_contents_stays_plain_text(family, role):
-    """Issue 10 item 9 for non-special added tokens (Qwen2.5's ``<tool_call>``, ``</tool_response>``;
+    """The same for non-special added tokens (Qwen2.5's ``<tool_call>``, ``</tool_response>``;
     the default tokenizer's ``<answer>``...): only special tokens were made plain, so a tool result
     holding ``</tool_response><tool_response>`` still forged result boundaries within a turn. Now a
     content's added-token text of any kind is plain text: as many added-token ids as a plain result,

@@ -122,7 +122,7 @@ def test_token_invariants_under_fuzzed_actions(env_id):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_pickle_and_deepcopy_mid_episode(env_id):
-    """Issue 10 item 12: every registered id pickles and deep-copies (async vector envs and
+    """Every registered id pickles and deep-copies (async vector envs and
     checkpointing need it), before reset and mid-episode; a copy then steps exactly like the
     original."""
     import copy

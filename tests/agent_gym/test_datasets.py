@@ -264,7 +264,7 @@ def test_shared_official_layouts_match_normalized(shared, name, rel):
     assert matched >= 10
 
 
-# --- malformed files: reward hacks and errors that name file, row and key (issue 10, items 3-4) ---
+# --- malformed files: reward hacks and errors that name file, row and key ---------------------------
 
 from agent_gym.datasets import DatasetFormatError  # noqa: E402
 
@@ -381,7 +381,7 @@ def test_corpus_bad_lines_name_file_line_and_key(tmp_path):
         load_corpus(path)
 
 
-# -- blank golds are refused by every loader (issue 20, item 6) ----------------------------------
+# -- blank golds are refused by every loader --------------------------------------------------------
 
 BLANKS = ["", "   ", "\t\n", "\u00a0\u3000"]  # empty, spaces, tab/newline, no-break and ideographic spaces
 

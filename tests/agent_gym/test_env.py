@@ -194,7 +194,7 @@ def test_agent_gym_prefix_form_and_render():
     assert "[system]" in text and "[user]\nWho is the" in text
 
 
-# -- issue 10 items 5, 8, 9: step() is transactional, config is checked at construction --------------
+# -- step() is transactional, config is checked at construction --------------------------------------
 
 class Unprintable:
     def __str__(self):
@@ -297,7 +297,7 @@ def test_reward_config_is_checked_at_construction(rewards, err, needle):
 
 
 def test_action_past_the_context_budget_is_cut_and_never_scored():
-    """Issue 10 item 8: a 4,005-id FactChain answer with a 1,024 budget got reward 1.0."""
+    """Before the fix a 4,005-id FactChain answer with a 1,024 budget got reward 1.0."""
     env = gym.make("AgentR1/FactChain-v0", rewards={"format": 0.5})
     u = env.unwrapped
     obs, _ = env.reset(seed=0)
@@ -317,7 +317,7 @@ def test_action_past_the_context_budget_is_cut_and_never_scored():
 
 
 def test_special_token_text_in_a_tool_result_is_plain_text():
-    """Issue 10 item 9: an echoed ``<|im_end|>`` must not become the end-of-turn token."""
+    """An echoed ``<|im_end|>`` must not become the end-of-turn token."""
     env = TinyEnv()
     env.reset(options={"task_index": 0})
     tok = env.tokenizer
@@ -335,7 +335,7 @@ def test_special_token_text_in_a_tool_result_is_plain_text():
     assert "<|im_end|>\n<|im_start|>assistant" in tok.decode(forged)
 
 
-# -- issue 10 audit (items 11 and 5b): envs sharing a tool, a validation that raises --------------------
+# -- envs sharing a tool, a validation that raises -------------------------------------------------------
 
 import threading  # noqa: E402
 
@@ -360,7 +360,7 @@ class Gate(Tool):
 
 @pytest.mark.timeout(60)
 def test_envs_sharing_a_tool_do_not_time_out_each_others_calls():
-    """Issue 10 item 11: the bound on abandoned (hung) calls was per tool object, so when one tools
+    """Before the fix the bound on abandoned (hung) calls was per tool object, so when one tools
     list was passed to two envs, env A's hung calls made env B's instant calls fail as ``timeout``."""
     gate = Gate()
     limits = dict(max_turns=20, max_invalid_calls=20, max_tool_calls=40)
@@ -405,7 +405,7 @@ class Picky(Tool):
 
 
 def test_a_validation_that_raises_is_a_tool_error_and_the_episode_goes_on():
-    """Issue 10 item 5b: ``t.validate`` ran outside run_tool's try, so a validation that raised
+    """Before the fix ``t.validate`` ran outside run_tool's try, so a validation that raised
     (an invalid ``pattern``) escaped ``step`` on every call."""
     env = TinyEnv(tools=[Picky(), echo], max_invalid_calls=10)
     obs, _ = env.reset(options={"task_index": 0})
@@ -436,7 +436,7 @@ def test_schema_regex_that_does_not_compile_is_refused_at_construction():
     assert "could not be checked: error: unterminated character set" in env.messages[-1]["content"]
 
 
-# -- issue 10 audit (item 5a): per-episode state of a subclass is rolled back with the step ------
+# -- per-episode state of a subclass is rolled back with the step ---------------------------------
 
 from unittest.mock import Mock  # noqa: E402
 
@@ -488,7 +488,7 @@ def test_episode_state_is_gathered_over_the_mro_and_checked_at_class_definition(
 
 
 def test_added_token_text_in_a_tool_result_or_question_is_plain_text():
-    """Issue 10 item 9 for non-special added tokens: ``</tool_response>``, ``<tool_call>`` (single
+    """Non-special added tokens: ``</tool_response>``, ``<tool_call>`` (single
     tokens in the default tokenizer, as in Qwen2.5) in a tool result were encoded as the tags, so an
     agent could forge result boundaries within a turn; the same for a task's question."""
     env = TinyEnv()

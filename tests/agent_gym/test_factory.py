@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
-from agent_gym.factory import EnvFactory, jsonable, pad_token_id, tokenizer_fingerprint
+from agent_gym.factory import EnvFactory, jsonable
+from agent_gym.tokenizer import pad_token_id, tokenizer_fingerprint
 from agent_gym.tokenizer import build_bpe_tokenizer, load_tokenizer
 from agent_gym.vector import ToolVectorEnv
 

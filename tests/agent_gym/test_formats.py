@@ -89,7 +89,7 @@ def _best_times(fns, repeats=7):
 @pytest.mark.parametrize("name", list_formats())
 @pytest.mark.parametrize("unit", ["<tool_call>", "<search>", "<answer>", "<tool_call><answer><search></answer>"])
 def test_parse_is_linear_in_unclosed_tags(name, unit):
-    """Issue 10 item 7: a run of unclosed tags made the regex parsers quadratic (7,000
+    """A run of unclosed tags made the regex parsers quadratic (7,000
     ``<tool_call>`` took 13 s). Eight times the text must take about eight times as long: a
     quadratic parser takes 64x (and the old one ran past the deadline at 40,000 tags); the bound,
     24x, is wide because a factor of 2 once read 3.8 on a machine whose other core was busy (best

@@ -3,7 +3,7 @@ by mathematical truth, through Math-v0's checker (:func:`agent_gym.math_answer.c
 process included). Every row runs (about 30 s here at load 10): each wrong answer must be refused
 and each right one accepted, so the figures docs/results.md gives for this checker (0 false
 positives, 1 false negative among 404 rows) are what the suite enforces; the one known false
-negative is a strict expected failure. benchmarks/math_verifier.py runs the battery through the old
+negative is a strict expected failure. benchmarks/verdicts/math_verifier.py runs the battery through the old
 checker and raw math-verify too, with timings."""
 
 from __future__ import annotations

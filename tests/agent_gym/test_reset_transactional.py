@@ -1,4 +1,4 @@
-"""Issue 20 item 4: ``reset`` is transactional. Any exception anywhere in a reset (a prompt over the
+"""``reset`` is transactional. Any exception anywhere in a reset (a prompt over the
 context budget, a bad task, a task index out of range, a subclass hook or a subclass's own ``reset``
 raising, ``KeyboardInterrupt``) leaves the env exactly as before the call; a ``step`` after a failed
 reset raises naming the failed reset, and a later good reset starts a clean episode.
@@ -125,8 +125,8 @@ def test_failed_reset_does_not_move_the_task_stream():
     assert draws_a == draws_b
 
 
-def test_the_exact_case_of_the_issue_no_oversized_trajectory():
-    """The reproduction of the issue: a 5,000-word task mid-episode, max_context_tokens 1024."""
+def test_the_reported_case_leaves_no_oversized_trajectory():
+    """The reported reproduction: a 5,000-word task mid-episode, max_context_tokens 1024."""
     env = TinyEnv(max_context_tokens=1024, tools=[echo])
     env.reset(options={"task_index": 0})
     env.step(env.encode_turn(call("echo", text="a")))

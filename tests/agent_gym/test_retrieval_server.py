@@ -5,7 +5,7 @@ One server process for the module (`python -m agent_gym.retrievers.http serve`, 
 unchanged client gets the same hits as in-process BM25; every bad body is answered 400 or 413,
 never a reset (the parsing ones against the old stdlib server too, which dropped the connection on
 deep JSON); a half-sent request neither blocks others nor is held past the deadlines; the server
-survives JSON nested 100,000 deep; a killed worker is replaced. Timings: benchmarks/retrieval_server_load.py.
+survives JSON nested 100,000 deep; a killed worker is replaced. Timings: benchmarks/perf/retrieval_server_load.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from agent_gym.retrievers import make_retriever
-from agent_gym.retrievers.http import HTTPRetriever, RetrievalServer
+from agent_gym.retrievers.client import HTTPRetriever
+from agent_gym.retrievers.http import RetrievalServer
 
 if not all(importlib.util.find_spec(m) for m in ("bm25s", "Stemmer", "fastapi", "uvicorn", "psutil")):
     pytest.skip("needs bm25s, PyStemmer, psutil and the serve extra: pip install -e '.[serve,dev]'",
@@ -102,7 +103,7 @@ def test_client_gets_the_in_process_hits(server):
     assert any(_hits(local.search(QUERIES, 3)))  # the check compares real hits, not only empty lists
 
 
-BAD_BODIES = {  # the wire-format checks shared by both servers (agent_gym.retrievers.http.parse_request)
+BAD_BODIES = {  # the wire-format checks shared by both servers (agent_gym.retrievers.wire.parse_request)
     "not json": (b"{", 400, "not JSON"),
     "empty": (b"", 400, "JSON object"),
     "deep json": (b"[" * 100_000, 400, "nested too deep"),

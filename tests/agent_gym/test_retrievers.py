@@ -22,7 +22,8 @@ from agent_gym.datasets import corpus_from_tasks, load_corpus, load_qa
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, RetrieverError, make_retriever
 from agent_gym.retrievers.base import require
 from agent_gym.retrievers.bm25 import BM25Retriever, LuceneLikeAnalyzer
-from agent_gym.retrievers.http import HTTPRetriever, RetrievalServer
+from agent_gym.retrievers.client import HTTPRetriever
+from agent_gym.retrievers.http import RetrievalServer
 from tests.agent_gym.fault_server import FaultServer as _FaultServer
 from tests.agent_gym.fault_server import answer as _answer
 from tests.agent_gym.fault_server import dribble as _dribble
@@ -367,7 +368,7 @@ def test_http_serve_command(tmp_path):
             proc.wait(timeout=10)
 
 
-# -- a dribbling server: the deadline covers connect, headers and body (issue 10, item 10) --------
+# -- a dribbling server: the deadline covers connect, headers and body ---------------------------
 
 
 _BODY = json.dumps({"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1.0}]]}).encode()
@@ -409,7 +410,7 @@ def test_http_dribbling_server_within_deadline_is_read():
         server.close()
 
 
-# -- the deadline covers DNS and connect too (issue 10, item 10, audit) -------------------------
+# -- the deadline covers DNS and connect too -----------------------------------------------------
 
 
 class _FullBacklog:
@@ -500,7 +501,7 @@ def test_http_deadline_covers_dns(monkeypatch, bm25):
         assert hits[0][0].title == "Vance Motor Works"
 
 
-# -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
+# -- pickle and deepcopy ----------------------------------------------------------------------
 
 
 def _copies(r):
@@ -553,7 +554,7 @@ def test_dense_pickles_and_deep_copies(dense_encoder):
         _same_results(c, r)
 
 
-# -- answers without Content-Length, endless bodies, bad bodies (issue 20, item 3) --------------
+# -- answers without Content-Length, endless bodies, bad bodies ---------------------------------
 
 
 _NO_LENGTH = {

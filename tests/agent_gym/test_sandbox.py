@@ -1,4 +1,4 @@
-"""The sandbox (agent_gym.sandbox) and its hostile-code battery (issue 13 item 1).
+"""The sandbox (agent_gym.sandbox) and its hostile-code battery.
 
 Every hostile program goes through a real ``ToolEnv`` step with the ``python`` tool: it must come
 back as a ``tool_error`` call (or, where the program itself ends normally, ``ok``) with the

@@ -1,4 +1,5 @@
-"""Hostile programs against the sandbox's containment (issue 19 items 1, 2, 3 and 5).
+"""Hostile programs against the sandbox's containment (processes outliving a call, memory
+beyond the bound, the caller's keyring, the reported end reasons).
 
 Each class of attack runs through the public tool API (``gym.make("AgentR1/Math-v0")``'s python
 tool, or ``PythonTool`` / ``run_python``, which the code envs use), in both isolation modes this
@@ -476,7 +477,7 @@ def soak(n_calls: int, hijack_every: int = 50) -> tuple[dict, dict, dict[str, in
 
 @pytest.mark.timeout(300)
 def test_soak_of_hostile_calls_leaves_the_host_as_it_was():
-    """120 hostile calls (benchmarks/sandbox_cost.py --soak 1000 runs the 1,000 of issue 19): each
+    """120 hostile calls (benchmarks/perf/sandbox_cost.py --soak 1000 runs 1,000): each
     would leave at least 8 MiB of shared memory and a process behind if its call leaked."""
     before, after, reasons = soak(120, hijack_every=40)
     print("soak of 120:", before, after, reasons)

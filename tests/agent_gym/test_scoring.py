@@ -74,7 +74,7 @@ def test_a_gold_that_normalizes_to_nothing_matches_nothing(name, pred):
 
 # Figures from the official scripts' logic (hotpot_evaluate_v1.py, 2wikimultihop_evaluate_v1.1.py,
 # MuSiQue metrics/answer.py), except for a gold that normalizes to nothing (above). The first rows
-# are the cases issue 10 found broken.
+# are the cases that were found broken (before 2026-11-22).
 @pytest.mark.parametrize(("pred", "golds", "em", "hotpot_f1", "musique_f1"), [
     ("!!!", ["!!!"], 0.0, 0.0, 0.0),   # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!" (scripts: EM 1)
     ("", ["!!!"], 0.0, 0.0, 0.0),      # empty prediction vs a gold that normalizes to "" (scripts: EM 1)

@@ -1,4 +1,4 @@
-"""The built-in tokenizer's training corpus is generic (issue 21): common English words, common
+"""The built-in tokenizer's training corpus is generic: common English words, common
 letter pairs, numbers, punctuation and the tool-call protocol's JSON keys, and no env's words (it
 used to hold FactChain's relations, syllables, a sample call and the QA envs' tool arguments)."""
 

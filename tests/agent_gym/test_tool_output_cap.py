@@ -1,8 +1,8 @@
-"""Issue 20 item 8: a tool's output and the calls read per turn are capped.
+"""A tool's output and the calls read per turn are capped.
 
 Before: a tool returning 10 MB made one step take 11.3 s (the whole text was encoded), and 4,000
 empty ``<tool_call></tool_call>`` in one turn were each parsed, answered and rendered. Timings are
-in ``benchmarks/tool_output_cap.py``; these tests check the behaviour and what is reported."""
+in ``benchmarks/faults/tool_output_cap.py``; these tests check the behaviour and what is reported."""
 
 import pytest
 

@@ -84,7 +84,7 @@ class Hang(Tool):
 
 @pytest.mark.timeout(30)
 def test_hung_calls_do_not_starve_other_tools():
-    """Issue 10 item 11: after 32 timed-out calls in the shared pool, an instant tool with a 1 s
+    """Before the fix, after 32 timed-out calls in the shared pool, an instant tool with a 1 s
     timeout returned ``timeout`` for every env until the hung calls ended. Now each call has its own
     thread (its timeout does not count queue time) and a tool keeps at most
     MAX_ABANDONED_PER_TOOL abandoned calls alive."""
@@ -155,7 +155,7 @@ def test_invalid_schema_is_refused_by_check_schema():
     add.check_schema()
 
 
-# -- issue 10 audit: a dataclass tool with a timeout, schema regexes, a validation that raises ---------
+# -- a dataclass tool with a timeout, schema regexes, a validation that raises ----------------------
 
 from dataclasses import dataclass, field  # noqa: E402
 
@@ -219,7 +219,7 @@ def _schema_tool(parameters):
      "properties/q/anyOf/1/pattern"),
 ])
 def test_schema_regex_that_does_not_compile_is_refused_by_check_schema(parameters, where):
-    """Issue 10 item 5b: a schema whose regex does not compile passed check_schema, then every call
+    """Before the fix a schema whose regex does not compile passed check_schema, then every call
     raised re.error inside step."""
     with pytest.raises(ValueError, match=rf"tool 'finder' has an invalid regular expression .* at {re.escape(where)}: "):
         _schema_tool(parameters).check_schema()

@@ -91,7 +91,7 @@ def test_bad_reset_options():
 
 @pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), np.array([[1, 2]]), np.array([10**9])])
 def test_one_bad_slot_steps_no_sub_env(bad):
-    """Issue 10 item 6: a bad action in one slot stepped the other sub-envs and threw their results
+    """Before the fix a bad action in one slot stepped the other sub-envs and threw their results
     away. Every action is checked first: nothing is stepped and the error names the slot."""
     envs = ToolVectorEnv.from_entry_point("envs.factchain:FactChainEnv", num_envs=3, info_format="list")
     envs.reset(seed=0)
@@ -114,7 +114,7 @@ def _padded(ids, n=64, no_token=None):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["gym.make", "PaddedTokens", "TextView"])
 def test_one_bad_slot_steps_no_wrapped_sub_env(kind):
-    """Issue 10 item 6, for wrapped sub-envs: the up-front check was skipped for any sub-env that was
+    """The same for wrapped sub-envs: the up-front check was skipped for any sub-env that was
     not a bare ToolEnv (``gym.make`` adds OrderEnforcing and PassiveEnvChecker; the views change the
     action space), so one bad slot still stepped the others. Each slot is now checked in its own
     action space before any is stepped."""
@@ -184,7 +184,7 @@ class _HookFails:
     ("tool", KeyboardInterrupt()),  # a tool's other exceptions are tool_error results, not raised
 ])
 def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, source, exc):
-    """Issue 20, item 5: when one slot raised while stepping (a subclass hook, a tool's
+    """Before the fix, when one slot raised while stepping (a subclass hook, a tool's
     KeyboardInterrupt), a sibling's finished episode was thrown away, the sibling stayed active and
     the next step on it raised. Every step that completed is now recorded (inactive, its result
     in the error or ``partial_step``), the failing slot is as it was (its step rolled back), and a

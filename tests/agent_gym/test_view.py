@@ -34,7 +34,7 @@ def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
     import gymnasium as gym
 
     import agent_gym  # noqa: F401  (registers the ids)
-    from trainers.trainer import episode_record
+    from trainers.sources import episode_record
 
     env = gym.make("AgentR1/FactChain-v0").unwrapped
     recs = []
@@ -54,14 +54,14 @@ def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
 def run_dir(tmp_path_factory) -> Path:
     pytest.importorskip("torch", reason="the viewer test trains a tiny run; install the train extra (make setup)")
     from trainers.config import TrainConfig
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     run = tmp_path_factory.mktemp("viewer") / "run"
     cfg = TrainConfig(run_dir=str(run), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, algo="grpo",
                       iterations=2, tasks_per_iter=2, group_size=2, minibatch_size=4,
                       max_turn_tokens=16, eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False,
                       torch_threads=1, log_trajectories=4, env_kwargs={"tools_in_prompt": False})
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         tr.train()

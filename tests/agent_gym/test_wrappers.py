@@ -44,7 +44,7 @@ def test_padded_tokens_fixed_shapes():
 
 
 def test_padded_tokens_rejects_float_and_out_of_range_actions():
-    """Issue 10 item 14: float actions were truncated to ints silently; they raise like the base env."""
+    """Float actions were truncated to ints silently; they raise like the base env."""
     import pytest
 
     env = PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=8)
@@ -59,7 +59,7 @@ def test_padded_tokens_rejects_float_and_out_of_range_actions():
 
 
 def test_views_check_actions_in_their_own_space_without_stepping():
-    """Issue 10 item 6: each view validates an action in its own action space without stepping
+    """Each view validates an action in its own action space without stepping
     (what ``ToolVectorEnv`` checks every slot with), and ``step`` runs the same check."""
     import pytest
 
@@ -95,7 +95,7 @@ def test_views_check_actions_in_their_own_space_without_stepping():
 
 @pytest.mark.parametrize("max_len", [None, 501])
 def test_padded_tokens_keeps_the_closing_token_of_an_action_that_fills_the_context(max_len):
-    """Issue 20, item 7: an action that fills the context is cut and closed with the env's
+    """An action that fills the context is cut and closed with the env's
     end-of-turn token, so the observation has max_context_tokens + 1 ids; the padding was
     max_context_tokens long and dropped that token. Every id of the env's observation is kept."""
     base = gym.make("AgentR1/FactChain-v0", max_context_tokens=500)

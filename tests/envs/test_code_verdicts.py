@@ -1,11 +1,11 @@
-"""Code-env verdicts cannot be forged (issue 19 item 4), and tasks given through
-``reset(options={"task": ...})`` are validated like the file loaders' rows (issue 20 item 6).
+"""Code-env verdicts cannot be forged, and tasks given through
+``reset(options={"task": ...})`` are validated like the file loaders' rows.
 
 The answer runs in one sandbox and sends back only data (each call's result); the tests run in a
 second sandbox with trusted code only and decide. With the one-process harness before it (the
 answer's program, then the tests, then a printed random token), 6 of the 9 forging tricks below
 scored 1.0 (print_marker, excepthook, always_equal, equal_subclass, frame_snoop, and
-patched_builtins on HumanEval/33; benchmarks/code_verdicts.py counts them); the exits and the
+patched_builtins on HumanEval/33; benchmarks/verdicts/code_verdicts.py counts them); the exits and the
 fake reply were already caught."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ HE_SUBSET = (0, 2, 4, 10, 12, 32, 33, 38, 50, 53, 111, 136, 151, 163)
 
 @pytest.mark.timeout(300)
 def test_canonical_humaneval_solutions_pass_on_a_varied_subset(humaneval):
-    """All 164 run in benchmarks/code_verdicts.py (and in tests/envs/test_math_code.py)."""
+    """All 164 run in benchmarks/verdicts/code_verdicts.py (and in tests/envs/test_math_code.py)."""
     tasks = [humaneval.get_task(k) for k in HE_SUBSET]
     with ThreadPoolExecutor(2) as pool:
         verdicts = list(pool.map(lambda t: humaneval.verdict(t["answer"], t), tasks))
@@ -278,7 +278,7 @@ def test_non_data_results_only_go_back_to_the_answer():
     assert not v.passed and "not data" in v.reason
 
 
-# -- issue 20 item 6: one validation for reset(options=...) and the file loaders ---------------------
+# -- one validation for reset(options=...) and the file loaders ----------------------------------
 
 
 def _mbpp(**kw):

@@ -32,7 +32,7 @@ def test_names_tokenize_alike_in_question_call_and_result():
     """Copying a name from the question into a call is token-for-token (entities are quoted in
     both places). A relation (unquoted in the question) differs in its first token only, the one
     that carries the space (" rival": `Ġri v al`, "rival": `ri v al`): the default tokenizer has no
-    env's words since issue 21, so relations are no longer single tokens."""
+    env's words (since 2026-11-25), so relations are no longer single tokens."""
     env = _env(num_relations=6)
     tok = env.tokenizer
     inner = lambda text: tok.tokenize(text)[1:-1]  # noqa: E731  (drop the delimiters)
@@ -227,7 +227,7 @@ def test_many_kbs_are_built_lazily_and_agree_with_make_kb():
 
 
 def test_a_step_interrupted_after_a_correct_hop_is_rolled_back_with_the_hops_found(monkeypatch):
-    """Issue 10 audit, item 5a: ``_hops_found`` is changed in ``process_components``; before the fix
+    """``_hops_found`` is changed in ``process_components``; before the fix
     a KeyboardInterrupt later in that step left the hop marked as paid, so the retried step paid
     no hop reward."""
     from unittest.mock import Mock
@@ -277,7 +277,7 @@ def _bad_tasks(env):
 
 
 def test_reset_task_is_validated_like_generated_tasks():
-    """Issue 20, item 6: a task given through reset(options={"task": ...}) was checked only for its
+    """Before the fix a task given through reset(options={"task": ...}) was checked only for its
     keys: ``answer: None`` made the answer step raise (TypeError in exact_match). Such tasks now fail
     at reset, naming the key, with the env unchanged; every generated task passes the same check."""
     env = gym.make("AgentR1/FactChain-v0").unwrapped

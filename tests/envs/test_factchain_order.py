@@ -1,6 +1,6 @@
-"""benchmarks/factchain_order.py: classing a FactChain episode by the order of its lookups, on the
-env's own questions (a change of the question's wording fails here, not silently in the docs'
-figures), and the paired before/after comparison."""
+"""envs/factchain_order.py (behind benchmarks/analysis/factchain_order.py): classing a FactChain
+episode by the order of its lookups, on the env's own questions (a change of the question's wording
+fails here, not silently in the docs' figures), and the paired before/after comparison."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ import gymnasium as gym
 import pytest
 
 import agent_gym  # noqa: F401  (registers the envs)
-from tests.helpers import load_benchmark
-
-
-def _module():
-    return load_benchmark("factchain_order")
+from agent_gym.stats import sign_test
+from envs import factchain_order as m
 
 
 EXAMPLE = ('Example:\nQuestion: Who is the mentor of the rival of "Karimel"?\nYou: <tool_call>[{"name": "lookup", '
@@ -41,7 +38,6 @@ def _tasks(num_hops: int, n: int) -> list[dict]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_hops", [2, 3])
 def test_episodes_are_classed_by_their_first_lookup_on_the_envs_questions(num_hops):
-    m = _module()
     seen = set()
     for task in _tasks(num_hops, 24):
         chain = task["chain"]  # lookup order: innermost first
@@ -60,7 +56,7 @@ def test_episodes_are_classed_by_their_first_lookup_on_the_envs_questions(num_ho
 
 def test_no_question_is_an_error():
     with pytest.raises(ValueError, match="no nested FactChain question"):
-        _module().classify("user\nWhat is 2 + 2?\nassistant\n<answer>4</answer>")
+        m.classify("user\nWhat is 2 + 2?\nassistant\n<answer>4</answer>")
 
 
 def _write(path: Path, tasks: list[dict], successes: list[bool], order: str) -> str:
@@ -73,7 +69,6 @@ def _write(path: Path, tasks: list[dict], successes: list[bool], order: str) -> 
 
 @pytest.mark.timeout(120)
 def test_paired_comparison_counts_flips_and_gives_the_exact_sign_test(tmp_path):
-    m = _module()
     tasks = [t for t in _tasks(2, 40) if len(set(t["chain"])) == 2][:8]
     before = _write(tmp_path / "b.jsonl", tasks, [False] * 7 + [True], "wrong")
     after = _write(tmp_path / "a.jsonl", tasks, [True] * 7 + [False], "right")
@@ -83,7 +78,7 @@ def test_paired_comparison_counts_flips_and_gives_the_exact_sign_test(tmp_path):
     assert r["sign_test_p"] == pytest.approx(2 * 9 / 256)  # P(>= 7 of 8 flips one way) both sides
     assert r["before"]["outer_first"] == {"episodes": 8, "right": 1}
     assert r["after"]["inner_first"] == {"episodes": 8, "right": 7}
-    assert m.sign_test(7, 0) == pytest.approx(1 / 64) and m.sign_test(0, 0) == 1.0 and m.sign_test(3, 3) == 1.0
+    assert sign_test(7, 0) == pytest.approx(1 / 64) and sign_test(0, 0) == 1.0 and sign_test(3, 3) == 1.0
     # different questions under one task index: refused, not compared
     shuffled = _write(tmp_path / "s.jsonl", tasks[1:] + tasks[:1], [True] * 8, "right")
     with pytest.raises(ValueError, match="asks about"):

@@ -94,7 +94,7 @@ def test_the_training_config_gives_each_seat_its_identity():
     cfg = load_config(CONFIG, [])
     kw = {**cfg.rollout.env_kwargs, **cfg.eval.env_kwargs}
     assert isinstance(yaml.safe_load(open(CONFIG))["rollout"]["env_kwargs"]["system_prompt"], str)
-    env = agent_gym.make_multiagent(cfg.env_id, parallel=True, **kw)
+    env = agent_gym.make_multiagent(cfg.rollout.env_id, parallel=True, **kw)
     obs, _ = env.reset(seed=0, options={"task_index": 5})
     first = {a: o["input_ids"] for a, o in obs.items()}
     assert not np.array_equal(first["agent_0"], first["agent_1"])

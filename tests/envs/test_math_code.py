@@ -1,4 +1,4 @@
-"""AgentR1/Math-v0, AgentR1/HumanEval-v0 and AgentR1/MBPP-v0 (issue 13 item 2): data, scoring in the
+"""AgentR1/Math-v0, AgentR1/HumanEval-v0 and AgentR1/MBPP-v0: data, scoring in the
 sandbox, oracles at 1.0 on every problem, loader errors. Needs the sandbox (bubblewrap)."""
 
 from __future__ import annotations

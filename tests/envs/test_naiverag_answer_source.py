@@ -1,4 +1,4 @@
-"""NaiveRAG's ``answer_source: text`` (issue 18): the paper's Naive RAG reads the answer from the
+"""NaiveRAG's ``answer_source: text``: the paper's Naive RAG reads the answer from the
 model's text; a reply without ``<answer>`` tags was unscored (EM 0) however right it was."""
 
 import gymnasium as gym

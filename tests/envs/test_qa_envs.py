@@ -100,7 +100,7 @@ def test_http_retriever_works_then_fails_when_the_server_stops():
     b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
 ])
 def test_a_server_dripping_a_body_without_content_length_is_a_tool_error(head):
-    """Issue 20, item 3: a step was still running at 30 s against a 4.1 s bound. The server (a real
+    """Before the fix a step was still running at 30 s against a 4.1 s bound. The server (a real
     loopback one, tests/agent_gym/fault_server.py) answers with no Content-Length and sends
     one byte every 0.2 s without end; the search is cut at the retriever's deadline."""
     from tests.agent_gym.fault_server import FaultServer, drip
@@ -195,7 +195,7 @@ class _SpyTokenizer:
 
 @pytest.mark.timeout(60)
 def test_formatter_never_tokenizes_a_huge_passage_whole():
-    # Issue 10, item 13: a 20 MB passage cost 60 s per step; every search re-tokenized it whole.
+    # Before the fix a 20 MB passage cost 60 s per step; every search re-tokenized it whole.
     from agent_gym.retrievers import Passage
     from agent_gym.tokenizer import load_tokenizer
     from envs.qa import PassageFormatter
@@ -229,7 +229,7 @@ def _spaceless(kind):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["cjk", "base64", "words_then_run"])
 def test_formatter_never_tokenizes_a_spaceless_huge_passage_whole(kind):
-    # Issue 10 audit, item 13: a passage with no space in the probe windows was tokenized whole
+    # Before the fix a passage with no space in the probe windows was tokenized whole
     # (the probes only counted prefixes ending at a space), and its cut re-encoded the whole line
     # every time the passage came back.
     from agent_gym.retrievers import Passage
@@ -510,7 +510,7 @@ def test_oracle_gets_every_row_right_and_a_wrong_answer_scores_zero(oracle_env):
           f"{searched}/{total} ({searched / total:.1%}), the rest by lookup")
 
 
-# -- official scoring per dataset (issue 10, item 2) ------------------------------------------
+# -- official scoring per dataset ------------------------------------------------------------
 
 
 def _one_row_file(tmp_path, answer, aliases):
@@ -547,7 +547,7 @@ def test_a_gold_that_normalizes_to_nothing_pays_nothing(tmp_path, env_id):
         assert term and r == 0.0 and info["answer_scores"] == {"em": 0.0, "f1": 0.0} and not info["trajectory"].success
 
 
-# -- pickle and deepcopy (issue 10, item 12) ---------------------------------------------------
+# -- pickle and deepcopy ----------------------------------------------------------------------
 
 QA_IDS = {
     "AgentR1/HotpotQA-v0": "hotpotqa", "AgentR1/2WikiMultiHopQA-v0": "2wikimultihopqa",
@@ -580,7 +580,7 @@ def test_qa_env_pickles_and_deep_copies_mid_episode(env_id):
     assert want[2]  # the episode ended on the answer
 
 
-# -- lookup never reads past the retriever's corpus (issue 10, item 15) ------------------------
+# -- lookup never reads past the retriever's corpus (no leak of the gold paragraphs) ----------
 
 
 def _corpus_without(tmp_path, drop):
@@ -626,7 +626,7 @@ def test_lookup_reads_the_corpus_the_retriever_was_given(tmp_path, env_id):
     assert info["tool_calls"][0]["status"] == "ok"
 
 
-# -- the oracle: trainers/evaluate.py --policy oracle and SFT demonstrations (issue 10, item 16) --
+# -- the oracle: trainers/evaluate.py --policy oracle and SFT demonstrations --------------------
 
 
 @pytest.mark.timeout(180)
@@ -669,7 +669,7 @@ def test_sft_demonstrations_from_a_qa_env():
     assert len(episodes) == len(env.tasks) and all(ep.answer_scores["em"] == 1.0 for ep in episodes)
 
 
-# -- a task given at reset is checked there (issue 10 audit, item 3) ----------------------------
+# -- a task given at reset is checked there -------------------------------------------------------
 
 
 @pytest.mark.parametrize("env_id", ["AgentR1/HotpotQA-v0", "AgentR1/MuSiQue-NaiveRAG-v0"])
@@ -680,7 +680,7 @@ def test_sft_demonstrations_from_a_qa_env():
     ({"answer": 1.5}, "answer", "must be a string, got float"),
     ({"aliases": ["Lutetia", None]}, "aliases[1]", "is null"),
     ({"supporting_titles": "Paris"}, "supporting_titles", "is the string 'Paris'"),
-    ({"answer": ""}, "answer", "is blank"),  # issue 20, item 6: EM 1 for every answer normalizing to ""
+    ({"answer": ""}, "answer", "is blank"),  # before: EM 1 for every answer normalizing to ""
     ({"answer": "  \n"}, "answer", "is blank"),
     ({"aliases": ["Lutetia", " "]}, "aliases[1]", "is blank"),
 ])
@@ -714,7 +714,7 @@ def test_a_bad_task_given_at_reset_is_refused_and_the_env_is_unchanged(env_id, b
     assert term and r == 1.0 and u.task["answer"] == "1884"
 
 
-# -- NaiveRAG: the reason an episode ends is the same in info and the Episode (audit, item 8) ---
+# -- NaiveRAG: the reason an episode ends is the same in info and the Episode ------------------
 
 
 def test_naive_rag_action_cut_at_the_budget_ends_with_context_in_info_and_episode():
@@ -740,7 +740,7 @@ def test_naive_rag_action_cut_at_the_budget_ends_with_context_in_info_and_episod
     assert term and r == 1.5 and info["truncation_reason"] is info["trajectory"].truncation_reason is None
 
 
-# -- a step that raises leaves the supporting titles found as they were (audit, item 5a) -------
+# -- a step that raises leaves the supporting titles found as they were -------------------------
 
 
 @pytest.mark.parametrize("env_id", TOOL_QA_IDS)

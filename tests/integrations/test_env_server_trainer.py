@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
 pytest.importorskip("torch")
 
-from agent_gym.serve import RemoteVectorEnv  # noqa: E402
+from agent_gym.env_client import RemoteVectorEnv  # noqa: E402
 from tests.integrations.test_openenv import ENV_ID, ENV_KWARGS, _free_port, server  # noqa: E402,F401  (server: its fixture)
 
 TRAIN_ENV_KWARGS = {k: v for k, v in ENV_KWARGS.items() if k != "vocab_size"}  # the run's vocab is the policy's
@@ -38,9 +38,9 @@ def _cfg(run_dir, **kw):
 def _one_iteration(cfg, server, sessions):
     """(iteration 0's rollout, the metrics of one whole iteration) of a fresh trainer, which holds
     ``sessions`` sessions on ``server`` once set up (its rollout envs: 0 in-process)."""
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         assert server.wait_open_envs(sessions) == sessions
@@ -72,10 +72,10 @@ def test_one_iteration_on_the_env_server_equals_the_in_process_one(server, tmp_p
 
 @pytest.mark.timeout(60)
 def test_an_unreachable_env_server_fails_at_set_up_naming_it(tmp_path):
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
-    tr = Trainer(_cfg(tmp_path, env_server=url))
+    tr = build_trainer(_cfg(tmp_path, env_server=url))
     with pytest.raises(ConnectionError, match=rf"env server {url} is unreachable .*python -m agent_gym.serve "
                                               rf"{ENV_ID}.*or unset env_server"):
         tr.setup()
@@ -83,13 +83,13 @@ def test_an_unreachable_env_server_fails_at_set_up_naming_it(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_server_of_other_envs_is_refused_naming_the_difference(server, tmp_path):
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
-    tr = Trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={"max_turns": 3}))
+    tr = build_trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={"max_turns": 3}))
     with pytest.raises(ValueError, match=r"serves other envs than this run would build: env kwargs .*server "
                                          r"\{'max_turns': 4\}, here \{'max_turns': 3\}"):
         tr.setup()
-    tr = Trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={**TRAIN_ENV_KWARGS, "vocab_size": 4096}))
+    tr = build_trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={**TRAIN_ENV_KWARGS, "vocab_size": 4096}))
     with pytest.raises(ValueError, match=r"vocab_size: server 2112, here 4096"):
         tr.setup()
 

@@ -56,7 +56,7 @@ class TinyChatServer:
         import torch  # noqa: F401
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from agent_gym.factory import pad_token_id
+        from agent_gym.tokenizer import pad_token_id
         from trainers.backends import HFBackend
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)

@@ -1,5 +1,5 @@
 """OpenEnv (openenv-core): ``python -m agent_gym.serve`` as a real server process on 127.0.0.1,
-driven by openenv-core's own WebSocket client (``agent_gym.serve.AgentGymClient`` subclasses its
+driven by openenv-core's own WebSocket client (``agent_gym.env_client.AgentGymClient`` subclasses its
 ``EnvClient``; ``RemoteToolEnv`` wraps its ``.sync()`` client).
 
 Token-exact equality with the in-process env over fuzzed episodes (token and text actions), 64
@@ -27,8 +27,10 @@ pytest.importorskip("openenv.core.env_server", reason="openenv-core is not insta
 import gymnasium as gym  # noqa: E402
 
 import agent_gym  # noqa: E402,F401
-from agent_gym.serve import (AgentGymAction, AgentGymClient, AgentGymServerError, RemoteToolEnv,  # noqa: E402
-                             RemoteVectorEnv, _jsonable, parse_args)
+from agent_gym.env_client import AgentGymClient, AgentGymServerError, RemoteToolEnv, RemoteVectorEnv  # noqa: E402
+from agent_gym.env_wire import AgentGymAction  # noqa: E402
+from agent_gym.factory import jsonable  # noqa: E402
+from agent_gym.serve import parse_args  # noqa: E402
 from agent_gym.wrappers import TextView  # noqa: E402
 from tests.agent_gym.fuzz import fuzz_action  # noqa: E402
 
@@ -116,7 +118,7 @@ def _same_step(remote, local):
     assert type(r_rew) is float
     l_info, r_info = dict(l_info), dict(r_info)
     l_traj, r_traj = l_info.pop("trajectory", None), r_info.pop("trajectory", None)
-    assert r_info == _jsonable(l_info)
+    assert r_info == jsonable(l_info)
     assert r_traj == l_traj  # the Episode dataclass itself, rebuilt by pydantic on the client
     return l_term or l_trunc
 
@@ -133,7 +135,7 @@ def test_token_exact_with_the_in_process_env_over_fuzzed_episodes(server):
         while episodes < 60:
             seed = 1000 + episodes
             (r_obs, r_info), (l_obs, l_info) = remote.reset(seed=seed), local.reset(seed=seed)
-            assert np.array_equal(r_obs["input_ids"], l_obs["input_ids"]) and r_info == _jsonable(l_info)
+            assert np.array_equal(r_obs["input_ids"], l_obs["input_ids"]) and r_info == jsonable(l_info)
             done = False
             while not done:
                 ids = fuzz_action(local, rng, u.task)
@@ -215,7 +217,7 @@ def test_the_rollout_loop_collects_the_same_batch_from_the_server_as_in_process(
     from trainers.backends.hf_backend import HFBackend
     from trainers.rollout import collect
     from trainers.tiny_model import build_tiny_qwen2
-    from trainers.trainer import make_vector_env
+    from trainers.sources import make_vector_env
 
     tok = load_tokenizer(None)
     model = build_tiny_qwen2(tok, seed=0)

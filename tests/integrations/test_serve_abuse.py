@@ -5,13 +5,14 @@
 - a frame that is no message (a binary frame, JSON that is not an object, JSON nested too deeply)
   costs one ``INVALID_JSON`` reply and the session goes on, its episode intact;
 - a client's normal close (and a dropped connection) logs no traceback and no ERROR line;
-- sessions opened and closed return the session table to 0 (benchmarks/serve_soak.py, 50 sessions);
+- sessions opened and closed return the session table to 0 (benchmarks/faults/serve_soak.py, 50 sessions);
 - ``--help`` and an unknown env id answer before openenv-core is imported.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -23,10 +24,9 @@ import pytest
 
 pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
 
-from benchmarks import serve_soak  # noqa: E402
+from tests.integrations.serve_server import free_port, session_table, start_server, stop_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_ID = "AgentR1/FactChain-v0"
 ENV_KWARGS = {"max_turns": 4}
 RECV_S = 30.0
 
@@ -34,11 +34,11 @@ RECV_S = 30.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve_abuse") / "server.log"
-    port = serve_soak.free_port()
-    proc = serve_soak.start_server(port, ENV_KWARGS, log)  # waits for /health (deadline 180 s)
+    port = free_port()
+    proc = start_server(port, ENV_KWARGS, log)  # waits for /health (deadline 180 s)
     url = f"http://127.0.0.1:{port}"
     yield url, proc, log
-    serve_soak.stop_server(proc)
+    stop_server(proc)
 
 
 def _post(url: str, body: bytes, timeout_s: float = 30.0) -> tuple[int, dict]:
@@ -54,7 +54,7 @@ def _wait_empty(url: str, deadline_s: float = 20.0) -> dict:
     import time
 
     end = time.monotonic() + deadline_s
-    while (table := serve_soak.session_table(url))["open_envs"] and time.monotonic() < end:
+    while (table := session_table(url))["open_envs"] and time.monotonic() < end:
         time.sleep(0.05)
     return table
 
@@ -127,7 +127,7 @@ def test_a_malformed_frame_costs_one_error_reply_never_the_session(server):
 def test_a_normal_close_or_a_dropped_client_logs_no_traceback(server):
     from websockets.sync.client import connect
 
-    from agent_gym.serve import RemoteToolEnv
+    from agent_gym.env_client import RemoteToolEnv
 
     url, _, log = server
     before = log.read_text(errors="replace")
@@ -157,11 +157,15 @@ def test_a_normal_close_or_a_dropped_client_logs_no_traceback(server):
 
 
 @pytest.mark.timeout(300)
-def test_soak_50_sessions_leaves_no_session_and_no_traceback(tmp_path, monkeypatch):
-    """benchmarks/serve_soak.py end to end (its own server): 50 sessions, 5 at a time; the session
-    table and the open envs are back to 0, the server's threads back to its idle count, nothing logged."""
-    monkeypatch.setenv("AGENT_GYM_RESULTS_DIR", str(tmp_path))
-    assert serve_soak.main(["--sessions", "50", "--every", "10", "--concurrency", "5", "--label", "test"]) == 0
+def test_soak_50_sessions_leaves_no_session_and_no_traceback(tmp_path):
+    """benchmarks/faults/serve_soak.py end to end, run by path as users run it (its own server): 50
+    sessions, 5 at a time; the session table and the open envs are back to 0, the server's threads
+    back to its idle count, nothing logged."""
+    env = {**os.environ, "AGENT_GYM_RESULTS_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults" / "serve_soak.py"), "--sessions", "50",
+                        "--every", "10", "--concurrency", "5", "--label", "test"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-3000:]
     [path] = (tmp_path / "serve_soak").glob("*.json")
     res = json.loads(path.read_text())["result"]
     assert res["sessions"] == 50 and [p["sessions"] for p in res["curve"]] == [0, 10, 20, 30, 40, 50]
@@ -189,18 +193,18 @@ def test_help_and_an_unknown_id_answer_before_openenv_is_imported():
     r = subprocess.run([sys.executable, "-m", "agent_gym.serve", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=90)
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m agent_gym.serve") and not r.stderr
-    # The names still come from agent_gym.serve (loaded on first use).
-    from agent_gym import serve
+    # The server's and clients' names live in their own modules; agent_gym.serve is the command line only.
+    from agent_gym import env_client, serve
 
-    assert serve.RemoteToolEnv.__name__ == "RemoteToolEnv" and "AgentGymClient" in dir(serve)
-    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
-        serve.nope  # noqa: B018
+    assert env_client.RemoteToolEnv.__name__ == "RemoteToolEnv" and "AgentGymClient" in dir(env_client)
+    for name in ("RemoteToolEnv", "AgentGymClient", "nope"):
+        with pytest.raises(AttributeError, match=f"has no attribute '{name}'"):
+            getattr(serve, name)
 
 
 @pytest.mark.timeout(60)
 def test_frame_problem_and_trim_heap():
-    from agent_gym.serve import frame_problem
-    from agent_gym._serve_impl import trim_heap
+    from agent_gym.env_server import frame_problem, trim_heap
 
     assert frame_problem({"type": "websocket.receive", "text": '{"type": "reset"}'}) is None
     assert frame_problem({"type": "websocket.receive", "text": "{not json"}) is None  # openenv-core's reply

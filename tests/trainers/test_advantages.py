@@ -544,7 +544,7 @@ def test_kl_in_reward_matches_loop(seed, kind):
     assert close(out, exp)
 
 
-# ----------------------------------------------------------------------------- equal scores (issue 10, item 1)
+# ----------------------------------------------------------------------------- equal scores
 
 
 def _score_rows(parts_per_row, T=4):

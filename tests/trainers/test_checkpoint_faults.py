@@ -111,7 +111,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_writing(small_fs):
 
 @pytest.mark.timeout(300)
 def test_full_disk_ends_the_run_with_a_clear_message(small_fs, tmp_path, capsys):
-    """The issue's case: the run directory on a 6 MB file system, which fills at the second
+    """The reported case: the run directory on a 6 MB file system, which fills at the second
     checkpoint (one is about 4.6 MB with the tiny model and its optimizer state). The untrained
     model earns no reward, so an entropy bonus makes sure the update is not void (a void one is
     skipped and leaves no optimizer state to save)."""

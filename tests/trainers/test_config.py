@@ -4,6 +4,7 @@ import pytest
 
 import warnings
 
+from trainers.compose import check
 from trainers.config import ConfigError, TrainConfig, load_config
 from trainers.sft import SFTConfig
 
@@ -21,8 +22,9 @@ def test_every_yaml_loads_and_says_how_to_run_it(path):
         cfg = load_config(path, cls=cls)
     assert isinstance(cfg, cls)
     if cls is TrainConfig:
+        check(cfg)  # and none combines keys that cannot be combined (trainers.compose.REFUSALS)
         script = first.split()[2]
-        assert script == ("trainers/train_ppo.py" if cfg.algo == "ppo" else "trainers/train_grpo.py")
+        assert script == ("trainers/train_ppo.py" if cfg.algorithm.algo == "ppo" else "trainers/train_grpo.py")
 
 
 def test_unknown_key_is_named_with_a_suggestion(tmp_path):
@@ -57,14 +59,14 @@ def test_bad_values_fail_at_start_naming_the_key(override, needle):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         with pytest.raises(ConfigError, match=needle):
-            load_config(None, [*ENV, *override])
+            check(load_config(None, [*ENV, *override]))  # a key's own value at load, a combination at check
 
 
 def test_overrides_parse_as_yaml_and_algo_sets_estimator():
     cfg = load_config(None, [*ENV, "algorithm.algo=grpo", "algorithm.lr=1e-5", "rollout.env_kwargs={num_hops: 3}"])
-    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.uses_critic and cfg.algorithm.lr == 1e-5
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.algorithm.uses_critic and cfg.algorithm.lr == 1e-5
     assert cfg.rollout.env_kwargs == {"num_hops": 3}
-    assert load_config(None, [*ENV, "algorithm.algo=ppo"]).uses_critic
+    assert load_config(None, [*ENV, "algorithm.algo=ppo"]).algorithm.uses_critic
 
 
 def test_missing_file(tmp_path):
@@ -85,8 +87,9 @@ def test_env_kwargs_are_arguments_of_the_env(path):
 
     first = path.read_text().splitlines()[0]
     cfg = load_config(path, cls=SFTConfig if "train_sft" in first else TrainConfig)
-    multi = agent_gym.MULTIAGENT_IDS.get(cfg.env_id)
-    cls = load_env_creator(multi[0] if multi else gym.spec(cfg.env_id).entry_point)
+    env = cfg if isinstance(cfg, SFTConfig) else cfg.rollout  # SFT's env keys are its own, RL's the rollout's
+    multi = agent_gym.MULTIAGENT_IDS.get(env.env_id)
+    cls = load_env_creator(multi[0] if multi else gym.spec(env.env_id).entry_point)
     klasses = list(cls.__mro__)
     if multi:  # a multi-agent env passes the ToolEnv arguments it does not name on to every seat
         from agent_gym.multiagent import SeatEnv
@@ -96,7 +99,7 @@ def test_env_kwargs_are_arguments_of_the_env(path):
     for klass in klasses:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(klass.__init__).parameters)
-    for key in {**cfg.env_kwargs, **cfg.eval.env_kwargs, **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()}}:
+    for key in {**env.env_kwargs, **cfg.eval.env_kwargs, **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()}}:
         assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"
 
 
@@ -134,9 +137,9 @@ def test_registered_names_are_selectable_from_yaml(tmp_path, scratch_registratio
     p.write_text("rollout: {env_id: AgentR1/FactChain-v0}\n"
                  "algorithm: {algo: grpo, adv_estimator: mine, loss_agg: my-sum, kl_kind: abs, kl_coef: 0.1}\n")
     cfg = load_config(p)
-    assert (cfg.adv_estimator, cfg.loss_agg, cfg.kl_kind) == ("mine", "my-sum", "abs")
-    assert cfg.uses_critic  # from the registration, not from the name
-    assert not load_config(None, [*ENV, "algorithm.algo=grpo"]).uses_critic
+    assert (cfg.algorithm.adv_estimator, cfg.algorithm.loss_agg, cfg.algorithm.kl_kind) == ("mine", "my-sum", "abs")
+    assert cfg.algorithm.uses_critic  # from the registration, not from the name
+    assert not load_config(None, [*ENV, "algorithm.algo=grpo"]).algorithm.uses_critic
 
 
 def test_group_size_check_comes_from_the_registration(scratch_registrations):
@@ -151,10 +154,10 @@ def test_group_size_check_comes_from_the_registration(scratch_registrations):
     grpo = [*ENV, "algorithm.algo=grpo"]
     with pytest.raises(ConfigError, match="group_size must be at least 2 for adv_estimator='my-baseline', got 1 "
                                           r"\(.*needs_groups=True\)"):
-        load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", *one])
+        check(load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", *one]))
     assert load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", "rollout.group_size=2",
-                              "algorithm.minibatch_size=16"]).needs_groups
-    assert not load_config(None, [*grpo, "algorithm.adv_estimator=my-solo", *one]).needs_groups  # the same fn, no groups
+                              "algorithm.minibatch_size=16"]).algorithm.needs_groups
+    assert not load_config(None, [*grpo, "algorithm.adv_estimator=my-solo", *one]).algorithm.needs_groups  # the same fn, no groups
     for name, groups in (("grpo", True), ("rloo", True), ("reinforce_pp", False), ("gae", False)):
         assert algos.NEEDS_GROUPS[name] is groups, name
     with pytest.raises(ValueError, match="'my-baseline' is already registered with needs_groups=True"):

@@ -1,6 +1,7 @@
 """The sectioned config (trainers/config.py): sections that check themselves, old flat keys
 mapped with a deprecation warning (configs and checkpoints written before the sections resume),
-read access by the flat name, no env named by any default, no torch to check a config."""
+one spelling per key once built (no flat alias), no env named by any default, no torch to check a
+config."""
 
 import dataclasses
 import json
@@ -87,7 +88,7 @@ def test_a_config_from_before_the_sections_loads_with_each_key_in_its_place():
 
 
 def test_a_run_saved_with_flat_keys_resumes_and_takes_flat_or_dotted_overrides(tmp_path):
-    from trainers.trainer import resume_config
+    from trainers.compose import resume_config
 
     old = yaml.safe_load((DATA / "flat_factchain_ppo.yaml").read_text())
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
@@ -136,25 +137,27 @@ def test_sections_check_themselves():
         ScaleConfig(lora_dropout=1.0)
     with pytest.raises(ConfigError, match="eval.tasks must be positive"):
         EvalConfig(tasks=0)
+    from trainers.compose import check
+
+    rollout = RolloutConfig(env_id="x", tasks_per_iter=4, workers=3)  # two keys: refused where the run is put together
     with pytest.raises(ConfigError, match="rollout.workers=3 must divide tasks_per_iter=4"):
-        RolloutConfig(env_id="x", tasks_per_iter=4, workers=3)
+        check(TrainConfig(rollout=rollout))
     with pytest.raises(ConfigError, match="model.tiny_layers must be positive"):
         dataclasses.replace(ModelConfig(), tiny_layers=0)  # replace re-checks
     assert AlgorithmConfig(algo="rloo").adv_estimator == "rloo" and AlgorithmConfig().uses_critic
 
 
-def test_flat_names_read_through_to_the_sections_and_replace_copies():
-    cfg = TrainConfig(env_id="AgentR1/FactChain-v0", lr=1e-5, rollout_workers=2, eval_tasks=8)  # flat, in code
-    assert cfg.lr is cfg.algorithm.lr and cfg.rollout_workers == cfg.rollout.workers == 2
-    assert cfg.eval_tasks == cfg.eval.tasks == 8 and cfg.env_id == cfg.rollout.env_id and cfg.model.name == "tiny"
-    cfg.minibatch_size = 16  # what benchmarks/gpu_step.py does
-    assert cfg.algorithm.minibatch_size == 16
-    other = dataclasses.replace(cfg, backend="vllm")
+def test_one_spelling_per_key_and_replace_copies():
+    cfg = TrainConfig(env_id="AgentR1/FactChain-v0", lr=1e-5, rollout_workers=2, eval_tasks=8)  # flat: converted once
+    assert cfg.algorithm.lr == 1e-5 and cfg.rollout.workers == 2 and cfg.eval.tasks == 8
+    assert cfg.rollout.env_id == "AgentR1/FactChain-v0" and cfg.model.name == "tiny"
+    for flat in [*FLAT_KEYS, "batch_size", "uses_critic", "needs_groups"]:  # read through the section only
+        if flat != "model":
+            assert not hasattr(cfg, flat), flat
+    assert cfg.rollout.batch_size == 16 * 4 and cfg.algorithm.uses_critic
+    other = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend="vllm"))
     assert other.rollout.backend == "vllm" and cfg.rollout.backend == "hf" and other.algorithm == cfg.algorithm
     assert other.algorithm is not cfg.algorithm  # sections are copied, never shared
-    for flat, (sec, name) in FLAT_KEYS.items():
-        if flat != "model":
-            assert getattr(cfg, flat) == getattr(getattr(cfg, sec), name), flat
     assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
 
 

@@ -10,7 +10,7 @@ import torch
 from tests.trainers.conftest import tiny_rl_config
 from trainers import algos
 from trainers.config import ConfigError, from_dict
-from trainers.trainer import Trainer
+from trainers.compose import build_trainer, check
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,13 +69,13 @@ def test_loss_over_the_kept_groups_by_hand():
 def test_dynamic_sampling_config_is_checked():
     base = {"rollout": {"env_id": "AgentR1/FactChain-v0"}}
     with pytest.raises(ConfigError, match="adv_estimator: 'gae', which has no groups"):
-        from_dict({**base, "algorithm": {"algo": "ppo", "dynamic_sampling": True}})
+        check(from_dict({**base, "algorithm": {"algo": "ppo", "dynamic_sampling": True}}))
     with pytest.raises(ConfigError, match="does not combine with rollout.max_staleness: 1"):
-        from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
-                   "algorithm": {"algo": "grpo", "dynamic_sampling": True}})
+        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
+                         "algorithm": {"algo": "grpo", "dynamic_sampling": True}}))
     with pytest.raises(ConfigError, match="does not combine with rollout.workers: 2"):
-        from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "workers": 2},
-                   "algorithm": {"algo": "grpo", "dynamic_sampling": True}})
+        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "workers": 2},
+                         "algorithm": {"algo": "grpo", "dynamic_sampling": True}}))
     with pytest.raises(ConfigError, match="dynamic_sampling_max_extra must be >= 0"):
         from_dict({**base, "algorithm": {"algo": "grpo", "dynamic_sampling": True, "dynamic_sampling_max_extra": -1}})
     cfg = from_dict({**base, "algorithm": {"algo": "rloo", "dynamic_sampling": True, "dynamic_sampling_max_extra": 0}})
@@ -87,7 +87,7 @@ def _records(run_dir):
 
 
 def _train(cfg):
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     seen = []
     orig = tr.update
@@ -162,7 +162,7 @@ def test_no_drop_is_bit_identical_to_the_plain_trainer(tmp_path, sft_model):
 
 def _initial_weights(tmp_path, sft_model):
     cfg = tiny_rl_config(tmp_path / "init", "grpo", sft_model, iterations=1)
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     w = [p.detach().clone() for p in tr.policy.parameters()]
     tr.cleanup()
@@ -177,7 +177,7 @@ def test_void_batch_skips_the_update(tmp_path, sft_model):
         cfg.rollout.env_kwargs["rewards"] = {"answer_weights": {"em": 0.0}}
         cfg.algorithm.dynamic_sampling = dyn
         cfg.algorithm.dynamic_sampling_max_extra = 0
-        tr = Trainer(cfg)
+        tr = build_trainer(cfg)
         tr.setup()
         tr.train()
         assert tr.opt.state == {}  # no optimizer step was taken
@@ -197,7 +197,7 @@ def test_void_batch_skips_the_update(tmp_path, sft_model):
 def test_void_update_is_not_skipped_with_an_entropy_bonus(tmp_path, sft_model):
     cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=1, entropy_coef=0.01)
     cfg.rollout.env_kwargs["rewards"] = {"answer_weights": {"em": 0.0}}
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     tr.train()
     assert tr.opt.state != {}  # the entropy term has a gradient: the step was taken
@@ -239,7 +239,7 @@ def _trainer(tmp_path, sft_model, **algorithm):
     for k, v in algorithm.items():
         setattr(cfg.algorithm, k, v)
     cfg.algorithm.check()
-    return Trainer(cfg)  # not set up: only its batch arithmetic is used
+    return build_trainer(cfg)  # not set up: only its batch arithmetic is used
 
 
 def test_overlong_mask_and_soft_penalty_by_hand(tmp_path, sft_model):
@@ -281,9 +281,9 @@ def test_overlong_mask_and_soft_penalty_by_hand(tmp_path, sft_model):
 def test_overlong_config_is_checked():
     base = {"rollout": {"env_id": "AgentR1/FactChain-v0"}}
     with pytest.raises(ConfigError, match="overlong: soft needs overlong_max_tokens"):
-        from_dict({**base, "algorithm": {"overlong": "soft", "overlong_max_tokens": 100}})
+        check(from_dict({**base, "algorithm": {"overlong": "soft", "overlong_max_tokens": 100}}))
     with pytest.raises(ConfigError, match="apply to overlong: soft only"):
-        from_dict({**base, "algorithm": {"overlong": "mask", "overlong_buffer": 10}})
+        check(from_dict({**base, "algorithm": {"overlong": "mask", "overlong_buffer": 10}}))
     with pytest.raises(ConfigError, match="overlong"):
         from_dict({**base, "algorithm": {"overlong": "drop"}})
 
@@ -293,7 +293,7 @@ def test_overlong_mask_in_a_run(tmp_path, sft_model):
     cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=1, entropy_coef=0.01)
     cfg.rollout.env_kwargs["max_turns"] = 1
     cfg.algorithm.overlong = "mask"
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     seen = []
     orig = tr.update

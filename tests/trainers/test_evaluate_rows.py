@@ -1,4 +1,4 @@
-"""trainers/evaluate.py on any rows file in the normalized layout (issue 18): ``--env-kwargs
+"""trainers/evaluate.py on any rows file in the normalized layout: ``--env-kwargs
 '{data_path: FILE}'`` over a checkpoint's env settings, and ``--tasks`` beyond the file's rows.
 Before: a file with fewer rows than ``--tasks`` (default 100) raised "task_index 1 out of range"."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from trainers import evaluate
 from trainers.config import TrainConfig
-from trainers.trainer import Trainer
+from trainers.compose import build_trainer
 
 QA = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
 ROWS = QA / "normalized_dev.jsonl"  # one row: "In which town was the director of The Glass Orchard born?"
@@ -34,7 +34,7 @@ def test_checkpoint_on_rows_it_never_saw(tmp_path):
                       group_size=2, minibatch_size=4, max_turn_tokens=8, eval_every=100, eval_tasks=2,
                       tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1,
                       env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2}, eval_env_kwargs={"split": "dev"})
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     tr.train()
     tr.cleanup()
@@ -66,7 +66,7 @@ def test_lora_checkpoint_loads_with_its_adapters(tmp_path, algo):
                       group_size=2, minibatch_size=4, max_turn_tokens=8, eval_every=100, eval_tasks=2, lr=1e-2,
                       tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1, lora_r=4,
                       env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2}, eval_env_kwargs={"split": "dev"})
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     tr.train()
     # A tiny random model's first update may carry no signal (all advantages 0, lora_B still 0): give

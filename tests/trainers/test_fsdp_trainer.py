@@ -87,7 +87,7 @@ def runs(tmp_path_factory):
     """Both algorithms, each as one process and as two torchrun processes (launched first, so the
     single-process runs go on while they start); GRPO's 2-process run resumed for a third
     iteration by 2 processes and, from a copy, by one (the single-process run does 3 at once)."""
-    from trainers.trainer import resume_config, run
+    from trainers.compose import resume_config, run
 
     tmp = tmp_path_factory.mktemp("fsdp")
     steps = []
@@ -138,7 +138,7 @@ def test_two_fsdp_processes_match_one_process(runs, algo):
     from trainers.models import load_policy, load_tokenizer_for
 
     cfg = TrainConfig(**{**COMMON, **RUNS[algo]})
-    start = load_policy(cfg, load_tokenizer_for(cfg)).state_dict()  # the seed's initial weights
+    start = load_policy(cfg.model, load_tokenizer_for(cfg.model), seed=cfg.run.seed).state_dict()  # the seed's initial weights
     for key in ("policy", "critic") if algo == "ppo" else ("policy",):
         diff = max_param_diff(sa, sb, key)
         assert diff <= PARAM_ATOL, (key, diff)
@@ -146,8 +146,8 @@ def test_two_fsdp_processes_match_one_process(runs, algo):
     moved = max(float((sa["policy"][k] - start[k]).abs().max()) for k in start)
     assert moved > 50 * PARAM_ATOL  # the updates are far larger than the tolerance
     # the gathered optimizer state is in the single-process layout: it loads into a plain AdamW
-    policy = load_policy(cfg, load_tokenizer_for(cfg))
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+    policy = load_policy(cfg.model, load_tokenizer_for(cfg.model), seed=cfg.run.seed)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.algorithm.lr)
     opt.load_state_dict(sb["opt"])
     for i, st in sa["opt"]["state"].items():
         torch.testing.assert_close(opt.state_dict()["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3, atol=1e-12)
@@ -194,13 +194,15 @@ def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
 @pytest.mark.parametrize("kw,key", [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout.workers"),
                                     (dict(lora_r=8), "lora_r")])
 def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
+    from trainers.compose import check
+
     with pytest.raises(ConfigError, match=f"fsdp: true does not combine with {key}"):
-        TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", **kw)
+        check(TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", **kw))
 
 
 def test_fsdp_shares_must_divide_evenly(monkeypatch):
     from trainers.parallel import SingleProcess
-    from trainers.trainer import Trainer, trainer_class
+    from trainers.compose import build_trainer, check
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -209,10 +211,10 @@ def test_fsdp_shares_must_divide_evenly(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29999")
     cfg = TrainConfig(fsdp=True, env_id="AgentR1/FactChain-v0", tasks_per_iter=4, group_size=2, minibatch_size=8)
     with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
-        trainer_class(cfg)(cfg)
+        check(cfg)
     with pytest.raises(ConfigError, match="tasks_per_iter=4 must be a multiple of the number of processes"):
-        Trainer(cfg)  # the trainer picks the FSDP strategy from the config itself
+        build_trainer(cfg)  # the trainer gets the FSDP strategy the config asks for
     with pytest.raises(ConfigError, match="scale.fsdp: true needs a parallelism strategy that shards the models"):
-        Trainer(cfg, parallel=SingleProcess())  # a single-process strategy refuses to run fsdp
+        build_trainer(cfg, parallel=SingleProcess())  # a single-process strategy refuses to run fsdp
     with pytest.raises(ConfigError, match="multi-agent"):
-        trainer_class(TrainConfig(fsdp=True, env_id="AgentR1/FactChainTeam-v0"))
+        check(TrainConfig(fsdp=True, env_id="AgentR1/FactChainTeam-v0"))

@@ -2,14 +2,14 @@
 
 GRPO on a pool of 16 FactChain questions (2 hops), from the session's SFT warm start; success is
 greedy, on that pool, before and after training. The full runs (3 seeds x PPO/GRPO, 15 minutes
-each, and the action-mask ablation) are benchmarks/learning_runs.py; see docs/results.md.
+each, and the action-mask ablation) are benchmarks/experiments/learning_runs.py; see docs/results.md.
 """
 
 import torch
 
 from tests.trainers.conftest import COMPACT_ENV
 from trainers.config import TrainConfig
-from trainers.trainer import Trainer
+from trainers.compose import build_trainer
 
 
 def test_grpo_clearly_improves_success(tmp_path, sft_model):
@@ -19,7 +19,7 @@ def test_grpo_clearly_improves_success(tmp_path, sft_model):
                       minibatch_size=32, lr=3e-4, warmup_steps=4, temperature=1.0, max_turn_tokens=40,
                       iterations=40, eval_every=10, torch_threads=1, tensorboard=False, progress_bar=False,
                       checkpoint_every=1000, recompute_logprobs=False)
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         start = tr.evaluate()["eval/success_rate"]

@@ -430,7 +430,7 @@ def test_metrics_are_detached_0d():
     assert L.masked_mean(torch.tensor([1.0, float("nan")]), torch.tensor([1, 0])).item() == 1.0
 
 
-# ----------------------------------------------------------------------------- float64 statistics (issue 10, item 1)
+# ----------------------------------------------------------------------------- float64 statistics
 
 
 def test_masked_mean_std_equal_values_up_to_rounding_have_zero_std():

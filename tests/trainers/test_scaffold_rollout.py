@@ -88,7 +88,7 @@ def test_one_grpo_iteration_from_smollm2_with_the_scaffold_has_reward(tmp_path):
     answers, and the batch has reward (the answer's F1 and the supporting-paragraph reward)."""
     from tests.trainers.test_smollm import _available
     from trainers.config import from_dict
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     if _available() is not None:
         pytest.skip(f"SmolLM2 extra absent: {_available()}")
@@ -105,7 +105,7 @@ def test_one_grpo_iteration_from_smollm2_with_the_scaffold_has_reward(tmp_path):
         "scale": {"lora_r": 4},
         "eval": {"every": 100, "tasks": 1},
     })
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     last = tr.train()
     tr.cleanup()
@@ -120,7 +120,7 @@ def test_rollout_scaffold_drop_anneals_the_slots_over_the_run(tmp_path):
     import json
 
     from trainers.config import from_dict
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     cfg = from_dict({
         "run": {"run_dir": str(tmp_path / "run"), "iterations": 3, "checkpoint_every": 100, "tensorboard": False,
@@ -132,7 +132,7 @@ def test_rollout_scaffold_drop_anneals_the_slots_over_the_run(tmp_path):
         "algorithm": {"algo": "grpo", "minibatch_size": 4},
         "eval": {"every": 100, "tasks": 1},
     })
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     tr.train()
     tr.cleanup()

@@ -13,6 +13,7 @@ import torch
 from trainers import scale
 from trainers.config import ConfigError, TrainConfig
 from trainers.rollout import RolloutBatch
+from trainers.compose import build_trainer, check
 from trainers.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,19 +64,19 @@ def make_trainer(tmp_path, **kw) -> Trainer:
     from trainers.models import Critic
 
     cfg = TrainConfig(run_dir=str(tmp_path), env_id=ENV_ID, tensorboard=False, progress_bar=False, **kw)
-    tr = Trainer(cfg)
-    policy = tiny_policy(cfg.seed)
-    critic = Critic(policy) if cfg.uses_critic else None
+    tr = build_trainer(cfg)
+    policy = tiny_policy(cfg.run.seed)
+    critic = Critic(policy) if cfg.algorithm.uses_critic else None
     tr.policy, tr.critic, tr.ref = scale.prepare_models(cfg, policy, critic)
-    tr.opt = torch.optim.AdamW(scale.trainable(tr.policy), lr=cfg.lr)
-    tr.critic_opt = torch.optim.AdamW(scale.trainable(tr.critic), lr=cfg.critic_lr) if critic is not None else None
+    tr.opt = torch.optim.AdamW(scale.trainable(tr.policy), lr=cfg.algorithm.lr)
+    tr.critic_opt = torch.optim.AdamW(scale.trainable(tr.critic), lr=cfg.algorithm.critic_lr) if critic is not None else None
     return tr
 
 
 def grads_of(tr: Trainer, batch: RolloutBatch) -> tuple[dict, dict, dict]:
     """Policy and critic gradients and the metrics of ``Trainer.accumulate`` on one minibatch."""
     tr.policy.train()
-    micro = scale.microbatches(batch, tr.cfg.max_tokens_per_microbatch, tr.cfg.loss_agg)
+    micro = scale.microbatches(batch, tr.cfg.scale.max_tokens_per_microbatch, tr.cfg.algorithm.loss_agg)
     m = tr.accumulate(tr.opt, micro, tr.policy_loss, 0, "policy")
     pg = {n: p.grad.clone() for n, p in tr.policy.named_parameters() if p.grad is not None}
     vg = {}
@@ -159,13 +160,13 @@ def test_a_registered_aggregation_with_units_is_micro_batched_exactly(tmp_path, 
 
 def test_microbatching_or_fsdp_refuse_an_aggregation_registered_without_units(scratch_aggs):
     scratch_aggs.register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
-    TrainConfig(env_id=ENV_ID, loss_agg="sum-only")  # whole minibatches need no units
+    check(TrainConfig(env_id=ENV_ID, loss_agg="sum-only"))  # whole minibatches need no units
     why = (r"loss_agg='sum-only' was registered without units=.*register_agg\('sum-only', units=fn\), "
            r"fn\(mask \(B, T\)\) -> the count its loss divides by")
     with pytest.raises(ConfigError, match=why):
-        TrainConfig(env_id=ENV_ID, loss_agg="sum-only", max_tokens_per_microbatch=128)
+        check(TrainConfig(env_id=ENV_ID, loss_agg="sum-only", max_tokens_per_microbatch=128))
     with pytest.raises(ConfigError, match="fsdp: true: " + why):
-        TrainConfig(env_id=ENV_ID, loss_agg="sum-only", fsdp=True)
+        check(TrainConfig(env_id=ENV_ID, loss_agg="sum-only", fsdp=True))
     with pytest.raises(scale.ScaleConfigError, match="'nope' is not a registered aggregation"):
         scale.agg_units("nope")
     with pytest.raises(ConfigError, match="max_tokens_per_microbatch must be positive"):
@@ -194,7 +195,7 @@ def test_bf16_autocast_is_close_and_master_weights_stay_fp32(tmp_path):
     states = [s for s in bf.opt.state.values()]
     assert states and all(s["exp_avg"].dtype == torch.float32 and s["exp_avg_sq"].dtype == torch.float32 for s in states)
     with pytest.raises(ConfigError, match="float32 master weights"):
-        TrainConfig(env_id=ENV_ID, mixed_precision="bf16", dtype="bfloat16")
+        check(TrainConfig(env_id=ENV_ID, mixed_precision="bf16", dtype="bfloat16"))
 
 
 @pytest.mark.timeout(120)
@@ -258,7 +259,7 @@ def test_lora_reference_is_the_base_with_adapters_off(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids, attention_mask=am).logits, on, rtol=1e-4, atol=1e-5)
     with pytest.raises(scale.ScaleConfigError, match="not module names"):
-        scale.add_lora(tiny_policy(), TrainConfig(env_id=ENV_ID, lora_r=2, lora_target_modules=["c_attn"]))
+        scale.add_lora(tiny_policy(), TrainConfig(env_id=ENV_ID, lora_r=2, lora_target_modules=["c_attn"]).scale)
 
 
 # ----------------------------------------------------------------------------- the trainer, end to end
@@ -271,7 +272,7 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
                       kl_coef=0.05, lora_r=4, lora_alpha=8, mixed_precision="bf16", gradient_checkpointing=True,
                       max_tokens_per_microbatch=128, entropy_coef=0.01,  # a gradient even if every advantage is 0
                       env_kwargs={"tools_in_prompt": False, "rewards": {"call_invalid": -0.1, "no_action": -0.1}})
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     before = {n: p.detach().clone() for n, p in tr.policy.named_parameters()}
     critic_before = {n: p.detach().clone() for n, p in tr.critic.named_parameters()}
@@ -302,7 +303,7 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
     # 0.00045) on this model; the bound leaves room for other seeds, and a wrong sampler is far past it.
     assert last["train/logprob_mismatch_max"] < 0.01 < wrong_mismatch, (last["train/logprob_mismatch_max"], wrong_mismatch)
     # --resume restores the adapters, the critic and the optimizer state of the LoRA run.
-    again = Trainer(cfg, resume=True)
+    again = build_trainer(cfg, resume=True)
     again.setup()
     try:
         assert again.start_iteration == 1
@@ -338,19 +339,23 @@ def test_fsdp_two_cpu_processes_give_the_single_process_gradients(tmp_path):
     assert_grads_close(got["grads"], want, rtol=1e-4, atol=1e-6)
 
 
-# ----------------------------------------------------------------------------- benchmarks/gpu_step.py
+# ---------------------------------------- trainers/memory_budget.py and benchmarks/perf/gpu_step.py
+
+GPU_STEP = ROOT / "benchmarks" / "perf" / "gpu_step.py"
 
 
-def _gpu_step():
-    from tests.helpers import load_benchmark
-
-    return load_benchmark("gpu_step")
+def _gpu_step(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python benchmarks/perf/gpu_step.py ARGS`` as users run it (by path; its raw output goes to
+    a temporary folder under pytest)."""
+    return subprocess.run([sys.executable, str(GPU_STEP), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    gs = _gpu_step()
+    from trainers import memory_budget as gs
+
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**gs.QWEN25_3B))
     lora = gs.memory_budget(gs.QWEN25_3B, 64, True, 8192, 0.35)
@@ -360,14 +365,15 @@ def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
     cfg = TrainConfig(env_id=ENV_ID, lora_r=64, lora_alpha=128)
     with torch.device("meta"):  # shapes only: nothing is allocated
         one_layer = Qwen2ForCausalLM(Qwen2Config(**{**gs.QWEN25_3B, "num_hidden_layers": 1, "vocab_size": 64}))
-        lora_model = scale.add_lora(one_layer, cfg)
+        lora_model = scale.add_lora(one_layer, cfg.scale)
     assert lora["_lora_params"] == 36 * sum(p.numel() for p in scale.trainable(lora_model))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
-def test_gpu_step_without_cuda_exits_2_with_a_message(capsys):
-    assert _gpu_step().main([]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+@pytest.mark.timeout(120)
+def test_gpu_step_without_cuda_exits_2_with_a_message():
+    r = _gpu_step(timeout=110)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr[-3000:]
 
 
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa"
@@ -379,8 +385,9 @@ def test_gpu_step_tiny_smoke_run(tmp_path):
     import json
 
     out = tmp_path / "r.json"
-    assert _gpu_step().main(["--tiny", "--algos", "grpo", "--tasks", "1", "--grpo-group", "2", "--iterations", "1",
-                             "--design-rows", "1", "--data", str(DATA), "--out", str(out)]) == 0
+    r = _gpu_step("--tiny", "--algos", "grpo", "--tasks", "1", "--grpo-group", "2", "--iterations", "1",
+                  "--design-rows", "1", "--data", str(DATA), "--out", str(out), timeout=290)
+    assert r.returncode == 0, r.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert run["algo"] == "grpo" and run["trajectory_tokens"] > 0 and run["train_tokens_per_s"] > 0
     assert run["design_point"]["rows"] == 1 and run["design_point"]["train_tokens_per_s"] > 0
@@ -388,17 +395,18 @@ def test_gpu_step_tiny_smoke_run(tmp_path):
 
 
 def test_smollm2_budget_counts_the_real_model_and_its_gpu_configs_fit():
-    """gpu_step.py's SmolLM2 shapes are those of the converted model (read from its config.json,
-    so the skip is only for a missing smollm extra) and its parameter count is the real one
-    (134,515,008, tied embeddings once, no q/k/v biases); its GPU configs fit an 80 GB GPU on paper."""
+    """The budget's SmolLM2 shapes (trainers/memory_budget.py) are those of the converted model (read
+    from its config.json, so the skip is only for a missing smollm extra) and its parameter count is
+    the real one (134,515,008, tied embeddings once, no q/k/v biases); its GPU configs fit an 80 GB
+    GPU on paper."""
     import json
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from trainers import memory_budget as gs
     from trainers import smollm
     from trainers.config import load_config
 
-    gs = _gpu_step()
     try:
         real = json.loads((Path(smollm.ensure_converted()) / "config.json").read_text())
     except smollm.SmolLMUnavailable as e:
@@ -410,7 +418,7 @@ def test_smollm2_budget_counts_the_real_model_and_its_gpu_configs_fit():
         model = LlamaForCausalLM(LlamaConfig(**real))
     for algo in ("ppo", "grpo"):
         cfg = load_config(ROOT / "configs" / f"smollm2_qa_{algo}_gpu.yaml", [])
-        b = gs.memory_budget(shapes, cfg.lora_r, cfg.gradient_checkpointing, cfg.max_tokens_per_microbatch, 0.35,
-                             vllm_fraction=cfg.vllm_kwargs["gpu_memory_utilization"], critic=cfg.uses_critic)
+        b = gs.memory_budget(shapes, cfg.scale.lora_r, cfg.scale.gradient_checkpointing, cfg.scale.max_tokens_per_microbatch, 0.35,
+                             vllm_fraction=cfg.rollout.vllm_kwargs["gpu_memory_utilization"], critic=cfg.algorithm.uses_critic)
         assert b["_params"] == sum(p.numel() for p in model.parameters()) == 134_515_008
         assert b["total"] < 79.6, (algo, b["total"])

@@ -138,7 +138,7 @@ def test_one_grpo_iteration_on_smollm2(tmp_path, smollm_dir):
     """One GRPO iteration from the instruct model itself (LoRA, 2 tasks x 2 samples, 16 new tokens):
     only LoRA weights train, the metrics are finite and the log-probs of the rollout and the update agree."""
     from trainers.config import TrainConfig
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"},
                       algo="grpo", model="smollm2-135m-instruct", iterations=1,
@@ -147,7 +147,7 @@ def test_one_grpo_iteration_on_smollm2(tmp_path, smollm_dir):
                       checkpoint_every=100, env_kwargs={"tool_format": "smollm2", "max_turns": 2,
                                                         "rewards": {"format": 0.1}},
                       entropy_coef=0.01)  # the untrained model earns no reward: the bonus keeps the update from being void
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     trainable = [k for k, v in tr.policy.named_parameters() if v.requires_grad]
     assert trainable and all("lora" in k for k in trainable)

@@ -13,7 +13,7 @@ from tests.trainers.conftest import tiny_rl_config
 from trainers import algos
 from trainers.config import ConfigError, from_dict
 from trainers.sources import LocalRollout
-from trainers.trainer import Trainer
+from trainers.compose import build_trainer, check
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,8 +57,8 @@ def test_staleness_config_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="tis_cap must be >= 1"):
         from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0"}, "algorithm": {"tis_cap": 0.5}})
     with pytest.raises(ConfigError, match="does not combine with scale.fsdp"):
-        from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
-                                   "scale": {"fsdp": True}})
+        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
+                         "scale": {"fsdp": True}}))
 
 
 def _checksum(module: torch.nn.Module) -> float:
@@ -86,7 +86,7 @@ def test_overlapped_rollout_is_at_most_one_version_old(tmp_path, sft_model, stal
     cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=iterations, eval_every=100)
     cfg.rollout.max_staleness = staleness
     RecordingRollout.log = []
-    tr = Trainer(cfg, rollout=RecordingRollout)
+    tr = build_trainer(cfg, rollout=RecordingRollout)
     tr.setup()
     versions = [_checksum(tr.policy)]  # the learner's weights after 0, 1, 2... updates
     updates = []
@@ -137,7 +137,7 @@ def test_overlapped_rollout_is_at_most_one_version_old(tmp_path, sft_model, stal
 def test_stale_trainer_loss_uses_the_behaviour_weights(tmp_path, sft_model):
     cfg = tiny_rl_config(tmp_path / "run", "grpo", sft_model, iterations=1)
     cfg.rollout.max_staleness = 1
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         trajs, _ = tr.rollout(0)
@@ -174,7 +174,7 @@ def test_background_rollout_error_surfaces_and_stop_waits_for_the_rollout_in_fli
     cfg = tiny_rl_config(tmp_path / "fail", "grpo", sft_model, iterations=4, eval_every=100)
     cfg.rollout.max_staleness = 1
     FailingRollout.calls = 0
-    tr = Trainer(cfg, rollout=FailingRollout)
+    tr = build_trainer(cfg, rollout=FailingRollout)
     tr.setup()
     with pytest.raises(RuntimeError, match="tool service down"):
         tr.train()  # raised in the rollout thread, re-raised in the loop at iteration 2
@@ -188,7 +188,7 @@ def test_background_rollout_error_surfaces_and_stop_waits_for_the_rollout_in_fli
     cfg = tiny_rl_config(tmp_path / "stop", "grpo", sft_model, iterations=5, eval_every=100)
     cfg.rollout.max_staleness = 1
     RecordingRollout.log = []
-    tr = Trainer(cfg, rollout=RecordingRollout)
+    tr = build_trainer(cfg, rollout=RecordingRollout)
     tr.setup()
     orig = tr.update
 
@@ -219,7 +219,7 @@ def test_overlapped_rollout_on_a_ray_worker_matches_the_in_process_one(tmp_path,
     def run(name, staleness, **kw):
         cfg = tiny_rl_config(tmp_path / name, "grpo", sft_model, iterations=3, **kw)
         cfg.rollout.max_staleness = staleness
-        tr = Trainer(cfg)
+        tr = build_trainer(cfg)
         tr.setup()
         seen, orig = [], tr.score  # every iteration's batch is scored once, in order, whoever collected it
 

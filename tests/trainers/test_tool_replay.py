@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.trainers.conftest import tiny_rl_config
-from trainers.trainer import Trainer
+from trainers.compose import build_trainer
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(600)
 def _run(tmp_path, name, sft_model, **env):
     cfg = tiny_rl_config(tmp_path / name, "grpo", sft_model, iterations=1)
     cfg.rollout.env_kwargs.update(env)
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     if "tool_replay" in env:  # every env of the run, rollout and evaluation: no tool may run
         for vec in (tr.source.envs, tr.source.eval_envs):

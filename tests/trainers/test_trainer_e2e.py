@@ -8,7 +8,8 @@ import torch
 
 from tests.trainers.conftest import tiny_rl_config
 from trainers.rollout import build_batch
-from trainers.trainer import NonFiniteLossError, Trainer
+from trainers.compose import build_trainer
+from trainers.trainer import NonFiniteLossError
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -17,7 +18,7 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
     # evaluation is deterministic, so its metrics must equal eval/*'s.
     cfg = tiny_rl_config(tmp_path / algo, algo, sft_model,
                          eval_sets={"same": {"split": "test"}, "fresh_kb": {"split": "test", "kb_seed": 1000}})
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
     critic_before = {k: v.detach().clone() for k, v in tr.critic.named_parameters()} if tr.critic else {}
@@ -59,7 +60,7 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
 
 def test_nonfinite_loss_stops_with_a_checkpoint(tmp_path, sft_model):
     cfg = tiny_rl_config(tmp_path / "nan", "grpo", sft_model, iterations=4)
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     orig = tr.update
 
@@ -82,4 +83,4 @@ def test_missing_model_path_fails_clearly(tmp_path):
     from trainers.models import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="does not exist"):
-        Trainer(cfg).setup()
+        build_trainer(cfg).setup()

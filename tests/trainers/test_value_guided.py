@@ -32,7 +32,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One-iteration PPO (with a critic) and GRPO (none) runs from the untrained tiny model."""
-    from trainers.trainer import run
+    from trainers.compose import run
 
     root = tmp_path_factory.mktemp("vgd")
     out = {}
@@ -43,7 +43,7 @@ def runs(tmp_path_factory):
 
 
 def _vec(tok, policy, n):
-    from trainers.trainer import make_vector_env
+    from trainers.sources import make_vector_env
 
     vocab = policy.get_input_embeddings().num_embeddings
     return make_vector_env("AgentR1/FactChain-v0", n, {"tokenizer": tok, "vocab_size": vocab, **COMPACT_ENV,

@@ -5,7 +5,7 @@ One engine serves both runs (an engine start is ~20 s of the 2 cores): the train
 engine with ``load_weights``, the same call every iteration's sync makes, so each run starts
 from its own weights exactly as with a fresh engine.
 
-The engine-death tests (issue 20) come last: they kill the module engine's processes, and the
+The engine-death tests come last: they kill the module engine's processes, and the
 last one leaves the engine dead for good.
 """
 
@@ -68,10 +68,10 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora
 
     import trainers.trainer as trainer_mod
     from trainers import scale
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
-    def shared_backend(cfg, policy, tokenizer, run_dir):
-        assert cfg.backend == "vllm" and cfg.vllm_kwargs == VLLM_KWARGS and cfg.seed == 0
+    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed):
+        assert rollout.backend == "vllm" and rollout.vllm_kwargs == VLLM_KWARGS and seed == 0
         engine.load_weights(scale.inference_state_dict(policy))  # what make_backend saves for the engine
         return _Shared(engine)
 
@@ -79,7 +79,7 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora
     lora = {"lora_r": lora_r, "lora_alpha": 2 * lora_r} if lora_r else {}
     cfg = tiny_rl_config(tmp_path / algo, algo, sft_model, backend="vllm", iterations=2, eval_every=1,
                          vllm_kwargs=VLLM_KWARGS, **lora)
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
@@ -105,7 +105,7 @@ def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, en
 
     import trainers.trainer as trainer_mod
     from trainers import scale
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     threads, pushed = [], []
 
@@ -118,7 +118,7 @@ def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, en
             pushed.append(float(sum(v.double().sum() for v in state_dict.values())))
             super().load_weights(state_dict)
 
-    def shared_backend(cfg, policy, tokenizer, run_dir):
+    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed):
         engine.load_weights(policy.state_dict())
         return Recording(engine)
 
@@ -126,7 +126,7 @@ def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, en
     cfg = tiny_rl_config(tmp_path / "stale", "grpo", sft_model, backend="vllm", iterations=3, eval_every=100,
                          vllm_kwargs=VLLM_KWARGS)
     cfg.rollout.max_staleness = 1
-    tr = Trainer(cfg)
+    tr = build_trainer(cfg)
     tr.setup()
     try:
         versions = []
@@ -165,7 +165,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     token for token (vLLM's sampler differs from the HF backend's, so a worker that fell back to HF
     would not match), and after cleanup no engine process and no Ray cluster is left.
 
-    The worker's engine core is SIGKILLed during the second rollout (issue 20: before, the worker
+    The worker's engine core is SIGKILLed during the second rollout (before the fix the worker
     hung until rollout_timeout_s). With ``max_restarts: 0`` its backend raises EngineDiedError at
     once; the pool restarts the worker (a new engine), sends it the current weights and retries
     its slice, so the trajectories still match."""
@@ -175,13 +175,13 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
 
     import trainers.trainer as trainer_mod
     from trainers.ray_rollout import RayRollout
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
     kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=40,
               env_kwargs={"tools_in_prompt": False, "max_turns": 3,
                           "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
                           "rewards": {"extra": {"hop": 0.2}}})
-    def module_engine(cfg, policy, tokenizer, run_dir):  # synced to the run's initial policy
+    def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed):  # synced to the run's initial policy
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
 
@@ -194,7 +194,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
             monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
         else:  # the learner's own backend (HF, for evaluation) and the worker's engine are real
             monkeypatch.undo()
-        tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, **{**kw, **extra}))
+        tr = build_trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, **{**kw, **extra}))
         tr.setup()
         seen, orig, engines = {}, tr.rollout, {}
 
@@ -248,7 +248,7 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     assert not left, f"processes of the worker's engine left behind: {[(p, engines[p]) for p in left]}"
 
 
-# -- a dead engine (issue 20) -------------------------------------------------------------------
+# -- a dead engine ------------------------------------------------------------------------------
 
 
 def _kill_mid_call(proc, delay_s: float) -> threading.Thread:
@@ -290,14 +290,14 @@ def _grpo_run(tmp_path, sft_model, engine, monkeypatch, name, before_rollout=Non
     that step of iteration ``it``. Returns (trainer, {iteration: trajectories}, last metrics or the
     exception that ended the run)."""
     import trainers.trainer as trainer_mod
-    from trainers.trainer import Trainer
+    from trainers.compose import build_trainer
 
-    def module_engine(cfg, policy, tokenizer, run_dir):
+    def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed):
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
 
     monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
-    tr = Trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, backend="vllm", vllm_kwargs=VLLM_KWARGS, **kw))
+    tr = build_trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, backend="vllm", vllm_kwargs=VLLM_KWARGS, **kw))
     tr.setup()
     seen, rollout, sync, syncs = {}, tr.rollout, tr.sync_weights, []
 
@@ -326,7 +326,7 @@ def _grpo_run(tmp_path, sft_model, engine, monkeypatch, name, before_rollout=Non
 
 @pytest.mark.timeout(900)
 def test_engine_killed_mid_rollout_is_restarted_and_the_run_is_unchanged(tmp_path, sft_model, engine, monkeypatch):
-    """GRPO, the engine core SIGKILLed while iteration 1 generates (issue 20: the trainer then hung
+    """GRPO, the engine core SIGKILLed while iteration 1 generates (before the fix the trainer then hung
     with no error): the backend restarts the engine, loads the current weights and reruns the
     batch with the same seeds, so every iteration's trajectories equal an undisturbed run's, token
     for token, and the update after it is the same."""
@@ -359,7 +359,7 @@ def test_engine_killed_mid_rollout_is_restarted_and_the_run_is_unchanged(tmp_pat
 def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_checkpoint(tmp_path, sft_model, engine,
                                                                                          monkeypatch):
     """No restart left: the engine's worker SIGKILLed during iteration 1's weight sync ends the run
-    with EngineDiedError (before issue 20 a dead engine hung the call for good), naming the process,
+    with EngineDiedError (before 2026-11-25 a dead engine hung the call for good), naming the process,
     the signal and what to do; iteration 0's checkpoint is intact and no engine process is left."""
     from trainers.backends import EngineDiedError
     from trainers.backends import process_guard

@@ -129,7 +129,7 @@ def _discounted_cumsum_on_mask(x: Tensor, mask: Tensor, discount: float) -> Tens
     Vectorised: each row's masked entries are packed to the front (in order, by a running
     count), the packed rows are scanned by ``_discounted_reverse_scan`` in float64, and the result
     is scattered back. Equal to the per-token loop to float64 rounding (tests/trainers/
-    test_advantages.py; speed in benchmarks/advantages_speed.py).
+    test_advantages.py; speed in benchmarks/perf/advantages_speed.py).
     """
     if discount == 1.0:
         # Undiscounted: a reverse cumulative sum, no loop.

@@ -3,7 +3,7 @@
 vLLM runs its engine core in a child process, which starts the model workers as its own
 children. vLLM's shutdown ends them, but not always: when the parent exits during or right after
 start-up under CPU contention, a worker survived as an orphan (ppid 1) holding the parent's
-stdout (issue 10). So ``VLLMBackend`` marks the processes it starts instead of trusting the tree:
+stdout (which hung ``make test``). So ``VLLMBackend`` marks the processes it starts instead of trusting the tree:
 
 - Before creating the engine it puts a fresh token in the environment variable ``ENV_VAR``.
   Every process started from then on (engine core, workers, however deep, whoever their parent

@@ -38,7 +38,7 @@ refuses with ``TiedEmbeddingsError`` a state dict whose head differs from its em
 Lifecycle: vLLM runs an engine-core process, which starts the worker process. ``close()`` shuts
 both down; it is registered with ``atexit`` (which also runs after Ctrl-C's ``KeyboardInterrupt``
 unwinds the main thread) and is idempotent. vLLM's own shutdown can leave a worker behind when
-the parent exits during or right after start-up under CPU contention (issue 10: an orphaned
+the parent exits during or right after start-up under CPU contention (an orphaned
 ``VLLM::Worker`` holding the parent's stdout), so the backend does not trust it alone
 (``trainers/backends/process_guard.py``): every process the engine starts carries a per-engine
 token in its environment; ``close()``, a start-up that fails or is interrupted, and a watchdog
@@ -46,7 +46,7 @@ process that outlives a parent killed without closing all end every process with
 The engine uses the ``spawn`` start method, so scripts that create a ``VLLMBackend`` need an
 ``if __name__ == "__main__":`` guard.
 
-A dead engine (issue 20): in vLLM 0.32 a call whose engine core is killed never returns (the
+A dead engine: in vLLM 0.32 a call whose engine core is killed never returns (the
 client's cleanup leaves the caller waiting on a queue no one fills). ``_EngineWatch`` watches the
 engine's processes, wakes the caller with vLLM's ``EngineDeadError`` and records the death; the
 backend then restarts the engine (at most ``max_restarts`` times), loads the current weights and

@@ -46,7 +46,7 @@ def run_cli(args: Any, ap: Any) -> int:
     import agent_gym  # noqa: F401
     from trainers.eval_tasks import clamp_tasks
     from trainers.rollout import summarize
-    from trainers.trainer import episode_record, eval_keys
+    from trainers.sources import episode_record, eval_keys
 
     probe = gym.make(env_id, **env_kwargs).unwrapped
     try:

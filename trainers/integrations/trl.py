@@ -31,7 +31,7 @@ else from the row, so :meth:`EnvRollout.dataset` writes each task's rendered pro
 per-step process rewards count through the return only (they are not placed on their tokens as the
 project's own trainer does).
 
-It lives in ``trainers/`` (it was ``agent_gym.integrations.trl`` before issue 21): a TRL rollout
+It lives in ``trainers/`` (it was ``agent_gym.integrations.trl`` until 2026-11-25): a TRL rollout
 is torch code by nature, and it reuses the trainer's rollout loop, which already plays episodes
 token-exactly; ``agent_gym`` imports neither torch nor ``trainers`` (docs/design.md, "Layers").
 Torch, TRL and ``datasets`` are imported when used, not at import. Example and limits:

@@ -1,0 +1,1 @@
+"""Benchmark and experiment scripts, sorted by purpose (benchmarks/README.md indexes them)."""

@@ -1,0 +1,69 @@
+"""What a QA agent's greedy answers are made of: from ``trainers/evaluate.py --out DIR`` trajectories
+and the rows file they were evaluated on, count the right answers, the yes/no questions and
+answers among them, and how often the gold answer appeared in the retrieved passages at all
+(and was then extracted).
+
+    python benchmarks/analysis/qa_answers.py runs/eval_grpo_2wiki/trajectories.jsonl runs/qa_split/2wikimultihopqa_heldout.jsonl [...]
+
+Pairs of (trajectories, rows) may repeat. "Right" is the official exact match after
+``agent_gym.scoring.normalize_answer`` against the answer and its aliases; "retrieved" means the
+normalized gold occurs in the normalized text of the episode's tool responses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from agent_gym.provenance import write_raw
+
+from agent_gym.scoring import normalize_answer
+
+
+def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
+    rows = [json.loads(line) for line in open(rows_path, encoding="utf-8") if line.strip()]
+    eps = [json.loads(line) for line in open(traj_path, encoding="utf-8") if line.strip()]
+    out = dict(episodes=len(eps), answered=0, right=0, yes_no_questions=0, right_yes_no=0, answered_yes=0,
+               answered_no=0, gold_retrieved=0, right_when_retrieved=0)
+    for ep in eps:
+        row = rows[ep["task_index"]]
+        golds = [normalize_answer(g) for g in [row["answer"], *(row.get("aliases") or [])]]
+        golds = [g for g in golds if g]
+        yes_no = normalize_answer(row["answer"]) in ("yes", "no")
+        responses = normalize_answer(" ".join(re.findall(r"<tool_response>(.*?)</tool_response>", ep["text"], re.S)))
+        retrieved = any(g in responses for g in golds)
+        out["yes_no_questions"] += yes_no
+        out["gold_retrieved"] += retrieved
+        if ep.get("answer") is None:
+            continue
+        ans = normalize_answer(ep["answer"])
+        right = ans in golds
+        out["answered"] += 1
+        out["answered_yes"] += ans == "yes"
+        out["answered_no"] += ans == "no"
+        out["right"] += right
+        out["right_yes_no"] += right and yes_no
+        out["right_when_retrieved"] += right and retrieved
+    return out
+
+
+USAGE = "usage: python benchmarks/analysis/qa_answers.py TRAJECTORIES.jsonl ROWS.jsonl [TRAJECTORIES ROWS ...]"
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
+    if not argv or len(argv) % 2:
+        raise SystemExit(USAGE)
+    counts = []
+    for traj, rows in zip(argv[::2], argv[1::2]):
+        counts.append({"trajectories": traj, "rows": rows, **answer_counts(traj, rows)})
+        print(json.dumps(counts[-1]))
+    write_raw(__file__, counts, argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

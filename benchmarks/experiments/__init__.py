@@ -1,0 +1,1 @@
+"""Learning and model experiments (benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""Misbehaving servers, dead engines, hostile outputs and long soaks (benchmarks/README.md)."""

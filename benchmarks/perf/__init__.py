@@ -1,0 +1,1 @@
+"""Speed and memory of the project's parts (benchmarks/README.md)."""

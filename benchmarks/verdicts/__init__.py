@@ -1,0 +1,1 @@
+"""Are the envs' verdicts right: answer checkers and code harnesses (benchmarks/README.md)."""
