@@ -44,7 +44,8 @@ class Episode:
     answer: str | None
     """The text of the final ``<answer>``, or None when the episode was truncated without one."""
     answer_scores: dict[str, float]
-    """The env's raw answer scores in [0, 1] (e.g. ``{"em": 1.0, "f1": 1.0}``); empty without an answer."""
+    """The env's raw answer scores in [0, 1] (e.g. ``{"em": 1.0, "f1": 1.0}``; a QA env with an LLM judge adds
+    ``judge`` and ``judge_failed``, agent_gym/judge.py); empty without an answer."""
     success: bool
     """The env's verdict (``ToolEnv.is_success(answer_scores, task)``); False without an answer."""
     truncation_reason: str | None

@@ -57,6 +57,14 @@ Reward
     ``info["supporting_total"]`` count them on every step. All process and format weights are
     0 by default so that the answer alone defines success; ``call_ok`` in particular can be
     farmed by calling often, while ``supporting_hit`` is bounded by the number of hops.
+    LLM judge (``judge={base_url, model, ...}``, :mod:`agent_gym.judge`): each answer is also
+    sent to a judge model on an OpenAI-compatible server, which says whether it means the gold
+    (or an alias); ``answer_scores["judge"]`` is 1.0 or 0.0, usable in ``answer_weights``
+    (``{"judge": 1.0}``; naming it without a judge raises). ``answer_scores["judge_failed"]``
+    is 1.0 when the judge failed (server down, timeout, HTTP error, no yes/no verdict): the
+    judge score is then 0, the first failure of each kind is logged as a warning, and
+    ``info["judge"]`` (on the answer step) holds the verdict, the reply, the failure's kind and
+    reason, and whether it came from the cache. Success stays exact match.
 Data
     ``load_qa(dataset, data_path, split, limit)``: the official file, the Hugging Face export or
     the normalized JSONL, a file or a directory. With ``data_path=None`` the official file is
@@ -78,6 +86,10 @@ Parameters
     (scaffolded turns for a model with no foothold: ``scaffold=True`` writes the opening of a
     ``search`` call on every turn but the last and ``<answer>`` on the last; the model writes the
     query and the answer; agent_gym/scaffold.py, ``configs/smollm2_qa_grpo_scaffold.yaml``).
+    ``judge`` (None): an LLM judge's settings, see :mod:`agent_gym.judge` (``base_url``,
+    ``model`` required; ``rubric``, ``timeout_s``, ``retries``, ``backoff_s``,
+    ``max_concurrency``, ``cooldown_s``, ``cache_path``, ``max_tokens``, ``api_key_env``,
+    ``extra_body``); a bad or unknown key raises one ``JudgeConfigError`` naming it.
 """
 
 from __future__ import annotations
@@ -93,8 +105,9 @@ from agent_gym.datasets.base import (DATASETS, DataPathError, RowRef, gold_alias
                                      string_list)
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
+from agent_gym.judge import Judge, JudgeConfig, get_judge
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, make_retriever
-from agent_gym.retrievers.tools import LookupTool, PassageFormatter, SearchTool  # moved there (issue 21)
+from agent_gym.retrievers.tools import LookupTool, PassageFormatter, SearchTool  # moved there from this module (2026-11-25)
 from agent_gym.scoring import ANSWER_SCORERS, get_answer_scorer, official_scorers
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool
@@ -102,6 +115,10 @@ from agent_gym.tools import Tool
 __all__ = ["MultiHopQAEnv", "PassageFormatter", "LookupTool", "SearchTool"]
 
 ANSWER_METRICS = ("em", "f1", "substring")
+JUDGE_SCORE = "judge"
+"""The answer score of the LLM judge (``judge=`` kwarg; agent_gym/judge.py), usable in ``answer_weights``."""
+JUDGE_FAILED = "judge_failed"
+"""1.0 when the judge failed for this answer (its ``judge`` score is then 0), else 0.0."""
 EXTRA_COMPONENTS = ("supporting_hit",)
 CORPUS_KINDS = ("bm25", "pyserini", "dense")
 """Retriever kinds built over a corpus; the env adds ``corpus=`` for them."""
@@ -172,6 +189,7 @@ class MultiHopQAEnv(ToolEnv):
         lookup_tool: bool = False,
         answer_metric: str = "em",
         rewards: RewardConfig | dict | None = None,
+        judge: JudgeConfig | dict[str, Any] | None = None,
         tokenizer: Any = None,
         tool_format: str = "hermes",
         system_prompt: str | None = None,
@@ -199,9 +217,12 @@ class MultiHopQAEnv(ToolEnv):
                              f"search(queries, k); got {type(retriever).__name__}")
         if corpus_path is not None and not Path(corpus_path).expanduser().is_file():
             raise DataPathError(f"{self.env_id}: corpus_path {str(corpus_path)!r} does not exist", "corpus_path")
+        judge_cfg = None if judge is None else JudgeConfig.from_any(judge)  # one error naming the bad key
         self.answer_metric = answer_metric
-        reward_cfg = self._reward_config(rewards, answer_metric)
-        self._scored = sorted(set(reward_cfg.answer_weights) | {"em", "f1", answer_metric})
+        reward_cfg = self._reward_config(rewards, answer_metric, judged=judge_cfg is not None)
+        self._scored = sorted((set(reward_cfg.answer_weights) | {"em", "f1", answer_metric}) - {JUDGE_SCORE})
+        self.judge: Judge | None = None if judge_cfg is None else get_judge(judge_cfg)
+        self._judge_info: dict[str, Any] | None = None
         self.lookup_enabled = lookup_tool
 
         self.split = split
@@ -227,13 +248,18 @@ class MultiHopQAEnv(ToolEnv):
         return SYSTEM_PROMPT + (LOOKUP_HINT if self.lookup_enabled else "")
 
     @staticmethod
-    def _reward_config(rewards: RewardConfig | dict | None, answer_metric: str) -> RewardConfig:
+    def _reward_config(rewards: RewardConfig | dict | None, answer_metric: str, judged: bool = False) -> RewardConfig:
         if rewards is None or (isinstance(rewards, dict) and "answer_weights" not in rewards):
             rewards = {**(rewards or {}), "answer_weights": {answer_metric: 1.0}}
         cfg = RewardConfig.from_any(rewards)
-        unknown = sorted(set(cfg.answer_weights) - set(ANSWER_SCORERS))
+        if JUDGE_SCORE in cfg.answer_weights and not judged:
+            raise ValueError(f"rewards.answer_weights names {JUDGE_SCORE!r} but no judge is configured: pass the env "
+                             "kwarg judge={base_url: http://HOST:PORT/v1, model: NAME} (docs/envs/hotpotqa.md, "
+                             "\"LLM-as-judge\")")
+        valid = sorted(set(ANSWER_SCORERS) | ({JUDGE_SCORE} if judged else set()))
+        unknown = sorted(set(cfg.answer_weights) - set(valid))
         if unknown:
-            raise ValueError(f"unknown answer_weights key(s) {unknown}; valid: {sorted(ANSWER_SCORERS)}")
+            raise ValueError(f"unknown answer_weights key(s) {unknown}; valid: {valid}")
         unknown = sorted(set(cfg.extra) - set(EXTRA_COMPONENTS))
         if unknown:
             raise ValueError(f"unknown rewards extra key(s) {unknown}; valid: {list(EXTRA_COMPONENTS)}")
@@ -361,6 +387,11 @@ class MultiHopQAEnv(ToolEnv):
         for name in self._scored:
             if name not in scores:
                 scores[name] = get_answer_scorer(name)(answer, golds)
+        if self.judge is not None:
+            verdict = self.judge.judge(task["question"], golds, answer)  # never raises for the server's fault
+            scores[JUDGE_SCORE] = verdict.score
+            scores[JUDGE_FAILED] = 1.0 if verdict.failed else 0.0
+            self._judge_info = verdict.info()
         return scores
 
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
@@ -381,7 +412,10 @@ class MultiHopQAEnv(ToolEnv):
         return obs, info
 
     def step(self, action: Any):
+        self._judge_info = None
         obs, reward, terminated, truncated, info = super().step(action)
+        if self._judge_info is not None and "answer_scores" in info:
+            info["judge"] = self._judge_info
         info["supporting_found"] = len(self._found)
         info["supporting_total"] = len(self.task.get("supporting_titles") or ())
         return obs, reward, terminated, truncated, info

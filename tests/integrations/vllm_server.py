@@ -41,10 +41,13 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def vllm_openai_server(model: str, served_name: str, python: str = sys.executable,
-                       start_timeout: float = 600.0) -> Iterator[str]:
+                       start_timeout: float = 600.0, max_model_len: int = 4096,
+                       kv_cache_bytes: int = 128 << 20) -> Iterator[str]:
     """Serve ``model`` as ``served_name`` with ``python``'s vLLM; yields the base URL
     (``http://127.0.0.1:PORT/v1``) once ``/health`` answers, and stops the whole process group on
-    exit. A server that exits or is not up within ``start_timeout`` s fails with its output's tail."""
+    exit. A server that exits or is not up within ``start_timeout`` s fails with its output's tail.
+    The KV cache must hold one ``max_model_len`` sequence (SmolLM2-135M's 128 MiB hold about 2,688
+    tokens, so it is served with a shorter ``max_model_len``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -56,8 +59,8 @@ def vllm_openai_server(model: str, served_name: str, python: str = sys.executabl
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", served_name,
            "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0",
-           "--max-model-len", "4096", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
-           "--kv-cache-memory-bytes", str(128 << 20)]
+           "--max-model-len", str(max_model_len), "--no-enable-chunked-prefill",
+           "--max-num-batched-tokens", str(max(4096, max_model_len)), "--kv-cache-memory-bytes", str(kv_cache_bytes)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"})
     reader = LineReader(proc.stdout)
