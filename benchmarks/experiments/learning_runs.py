@@ -52,8 +52,8 @@ def rl(algo: str, seed: int, root: Path, model: Path, extra: list[str], name: st
     run_dir = root / name
     script = "trainers/train_ppo.py" if algo == "ppo" else "trainers/train_grpo.py"
     t0 = time.time()
-    rc = sh([PY, script, "--config", f"configs/factchain_{algo}.yaml", f"run_dir={run_dir}", f"seed={seed}",
-             f"init_from={model}", "progress_bar=false", "torch_threads=1", "run.overwrite=true", *extra], root / f"{name}.log")
+    rc = sh([PY, script, "--config", f"configs/factchain_{algo}.yaml", f"run.run_dir={run_dir}", f"run.seed={seed}",
+             f"model.init_from={model}", "run.progress_bar=false", "model.torch_threads=1", "run.overwrite=true", *extra], root / f"{name}.log")
     recs, evals = read_evals(run_dir) if rc == 0 else ([], [])
     return summarize_run(run_dir, name, algo, seed, model, rc, (time.time() - t0) / 60, len(recs), evals)
 
@@ -110,7 +110,7 @@ def main() -> None:
     models = {s: sft(s, root) for s in args.seeds}
     jobs = [(a, s, [], f"{a}_seed{s}") for a in args.algos for s in args.seeds]
     if args.ablation:  # first, so that the shorter run shares the cores with a full one, as every run does
-        jobs.insert(0, ("grpo", args.seeds[0], ["use_action_mask=false", f"max_minutes={args.ablation_minutes}"],
+        jobs.insert(0, ("grpo", args.seeds[0], ["algorithm.use_action_mask=false", f"run.max_minutes={args.ablation_minutes}"],
                         f"grpo_seed{args.seeds[0]}_no_action_mask"))
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda j: rl(j[0], j[1], root, models[j[1]], j[2], j[3]), jobs))

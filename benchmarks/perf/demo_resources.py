@@ -39,13 +39,13 @@ def main() -> None:
     import yaml
 
     cfg = yaml.safe_load((REPO / args.config).read_text())
-    script = "train_ppo.py" if cfg.get("algo", "ppo") == "ppo" else "train_grpo.py"
+    script = "train_ppo.py" if (cfg.get("algorithm") or {}).get("algo", "ppo") == "ppo" else "train_grpo.py"
     run_dir = tempfile.mkdtemp(prefix="demo_resources_")
-    overrides = [f"run_dir={run_dir}", f"iterations={args.iterations}", "progress_bar=false", "max_minutes=null"]
-    init = cfg.get("init_from")
-    if init and not (REPO / init).is_dir() and not any(o.startswith("init_from=") for o in args.overrides):
+    overrides = [f"run.run_dir={run_dir}", f"run.iterations={args.iterations}", "run.progress_bar=false", "run.max_minutes=null"]
+    init = (cfg.get("model") or {}).get("init_from")
+    if init and not (REPO / init).is_dir() and not any(o.startswith("model.init_from=") for o in args.overrides):
         print(f"note: {init} not found; starting from the untrained tiny model (same shapes)")
-        overrides.append("init_from=null")
+        overrides.append("model.init_from=null")
     cmd = [sys.executable, str(REPO / "trainers" / script), "--config", str(REPO / args.config), *overrides, *args.overrides]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                    stdout=subprocess.DEVNULL)

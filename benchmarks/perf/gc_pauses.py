@@ -31,9 +31,9 @@ from benchmarks.report import save, spread  # noqa: E402
 def run(freeze: bool, iterations: int, tmp: Path) -> dict[str, float]:
     run_dir = tmp / f"run_{freeze}_{len(list(tmp.iterdir()))}"
     cmd = [sys.executable, str(ROOT / "trainers" / "train_grpo.py"), "--config", str(ROOT / "configs" / "factchain_grpo.yaml"),
-           f"run_dir={run_dir}", "init_from=null", f"iterations={iterations}", "max_minutes=null",
-           f"eval_every={iterations}", "eval_tasks=8", "eval_sets={}", "tensorboard=false", "progress_bar=false",
-           f"checkpoint_every={iterations}", "torch_threads=1", f"gc_freeze={str(freeze).lower()}"]
+           f"run.run_dir={run_dir}", "model.init_from=null", f"run.iterations={iterations}", "run.max_minutes=null",
+           f"eval.every={iterations}", "eval.tasks=8", "eval.sets={}", "run.tensorboard=false", "run.progress_bar=false",
+           f"run.checkpoint_every={iterations}", "model.torch_threads=1", f"run.gc_freeze={str(freeze).lower()}"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({out.returncode}): {out.stderr[-3000:]}")

@@ -40,9 +40,9 @@ from benchmarks.report import save, spread  # noqa: E402
 def run(staleness: int, iterations: int, threads: int, tmp: Path) -> dict[str, float]:
     run_dir = tmp / f"run_{staleness}_{len(list(tmp.iterdir()))}"
     cmd = [sys.executable, str(ROOT / "trainers" / "train_grpo.py"), "--config", str(ROOT / "configs" / "factchain_grpo.yaml"),
-           f"run_dir={run_dir}", "init_from=null", f"iterations={iterations}", "max_minutes=null",
-           f"eval_every={iterations}", "eval_tasks=8", "eval_sets={}", "tensorboard=false", "progress_bar=false",
-           f"checkpoint_every={iterations}", f"torch_threads={threads}", f"rollout.max_staleness={staleness}"]
+           f"run.run_dir={run_dir}", "model.init_from=null", f"run.iterations={iterations}", "run.max_minutes=null",
+           f"eval.every={iterations}", "eval.tasks=8", "eval.sets={}", "run.tensorboard=false", "run.progress_bar=false",
+           f"run.checkpoint_every={iterations}", f"model.torch_threads={threads}", f"rollout.max_staleness={staleness}"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({out.returncode}): {out.stderr[-3000:]}")
