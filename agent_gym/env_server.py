@@ -206,7 +206,8 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
     @app.get("/agent_gym/sessions")
     def sessions() -> dict[str, Any]:
         """``open_envs``: the envs built and not yet closed (sessions, plus a stateless call's
-        throwaway env in flight); ``sessions``: openenv-core's session table (None if not found)."""
+        throwaway env in flight); ``sessions``: openenv-core's session table (None if not found);
+        ``max_concurrent_envs``: the limit, which ``RemoteVectorEnv`` checks its sessions against."""
         return {"env_id": env_id, "open_envs": AgentGymEnvironment.open_envs(),
                 "sessions": None if env_server is None else env_server.active_sessions,
                 "max_concurrent_envs": max_concurrent_envs}

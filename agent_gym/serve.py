@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, 
     ap.add_argument("--env-kwargs", default=None, help="env kwargs as YAML/JSON, inline or a file; override the config's")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--max-concurrent-envs", type=int, default=64, help="sessions (one env each) at once")
+    ap.add_argument("--max-concurrent-envs", type=int, default=64,
+                    help="sessions (one env each) at once; a trainer needs rollout.tasks_per_iter * "
+                         "rollout.group_size of them (its client checks, GET /agent_gym/sessions)")
     ap.add_argument("--session-timeout-s", type=float, default=None, help="close sessions idle this long (default: never)")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)

@@ -5,8 +5,9 @@
     python trainers/train_grpo.py --plugin my_project.algos --config my.yaml   # a module that registers names
 
 From the command line (``main`` without ``argv``) a bad input is one line and exit status 2, through
-``agent_gym/cli_errors.py`` (``--debug`` shows the traceback); a non-finite loss exits 3 and a run whose
-files could not be written 4 (``_failure``).
+``agent_gym/cli_errors.py`` (``--debug`` shows the traceback), as is an env server (``rollout.env_server``)
+that is gone mid-run (the line says to restart it and ``--resume``); a non-finite loss exits 3 and a run
+whose files could not be written 4 (``_failure``).
 """
 
 from __future__ import annotations
@@ -91,9 +92,10 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
 
 def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     """The exit status and message of a run that failed in a known way, or ``None`` (then the
-    traceback is shown): 2 bad config, model, data or path (``agent_gym.cli_errors.describe``); 3 a
-    non-finite loss; 4 the run's files could not be written (a full disk, a checkpoint that failed;
-    earlier checkpoints are intact)."""
+    traceback is shown): 2 bad config, model, data or path (``agent_gym.cli_errors.describe``), or the
+    env server (``rollout.env_server``) gone mid-run (restart it, then ``--resume``); 3 a non-finite
+    loss; 4 the run's files could not be written (a full disk, a checkpoint that failed; earlier
+    checkpoints are intact)."""
     from trainers.checkpoint import CheckpointError, format_bytes
     from trainers.trainer import NonFiniteLossError
 
@@ -106,6 +108,17 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
         return 4, f"{first}{after}"
     if isinstance(e, NonFiniteLossError):
         return 3, str(e)
+    gone = _env_server_gone(e)
+    if gone is not None:  # the env server (rollout.env_server) died or restarted mid-run
+        resume = f"continue the run from its last checkpoint with --resume {run_dir}"
+        if not gone.reason:  # it came back, but with other envs: its own message says which
+            return 2, f"{gone}; then {resume}"
+        from urllib.parse import urlsplit
+
+        port = urlsplit(gone.url).port
+        return 2, (f"the env server at {gone.url} is gone mid-run ({gone.reason}): the rollout's sessions and the "
+                   "episodes in them are lost. Restart the server (python -m agent_gym.serve with this run's env and "
+                   f"env kwargs{f', on port {port}' if port else ''}), then {resume}")
     full = next((x for x in chain if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT)), None)
     if full is not None:
         try:
@@ -117,6 +130,24 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
                    f"run_dir), then continue with --resume {run_dir}.")
     message = describe(e, TRAIN_ENV_KWARGS)  # ConfigError, ModelLoadError, a missing file, ...
     return None if message is None else (2, message)
+
+
+def _env_server_gone(e: BaseException) -> BaseException | None:
+    """The ``agent_gym.env_client.EnvServerGoneError`` that ``e`` is or follows from (its causes and
+    contexts), if any; the module is only looked up (it imports openenv-core, which only a run
+    with an env server has loaded)."""
+    client = sys.modules.get("agent_gym.env_client")
+    if client is None:
+        return None
+    queue: list[BaseException] = [e]
+    for _ in range(20):  # a chain is short; a cycle of contexts must not loop
+        if not queue:
+            break
+        x = queue.pop(0)
+        if isinstance(x, client.EnvServerGoneError):
+            return x
+        queue += [y for y in (x.__cause__, x.__context__) if y is not None]
+    return None
 
 
 def _where(e: BaseException) -> str:

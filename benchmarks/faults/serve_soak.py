@@ -5,8 +5,9 @@ over 800 sessions, slowing but not flat.)
     python benchmarks/faults/serve_soak.py --sessions 2000 --concurrency 8   # 8 sessions open at a time
     python benchmarks/faults/serve_soak.py --ref HEAD                        # the server of a commit (before a change)
 
-Starts ``python -m agent_gym.serve`` (a real server process on 127.0.0.1; with ``--ref``, the
-``agent_gym`` and ``envs`` of that commit) and plays ``--sessions`` sessions, one after another or
+Starts ``python -m agent_gym.serve`` (a real server process on 127.0.0.1, started and stopped by
+``agent_gym.serve_process`` as the server's tests start theirs; with ``--ref``, the ``agent_gym``
+and ``envs`` of that commit serve: its ``tree`` argument) and plays ``--sessions`` sessions, one after another or
 ``--concurrency`` at a time, each: connect to ``/ws``, reset, one step (a wrong answer, which ends
 the FactChain episode), close. Every ``--every`` sessions it reads the server's RSS and thread count
 from ``/proc/PID/status`` and ``GET /agent_gym/sessions`` (the envs not yet closed and, on a server
@@ -27,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from agent_gym.provenance import git_tree, write_raw
+from agent_gym.serve_process import ENV_ID, free_port, session_table, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_ID = "AgentR1/FactChain-v0"
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -50,11 +48,6 @@ def proc_status(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM", "Threads"):
             out[key] = int(value.split()[0])
     return out
-
-
-def session_table(url: str, timeout_s: float = 10.0) -> dict:
-    with urllib.request.urlopen(url + "/agent_gym/sessions", timeout=timeout_s) as r:
-        return json.load(r)
 
 
 def one_session(ws_url: str, seed: int, timeout_s: float) -> None:
@@ -125,46 +118,9 @@ def soak(url: str, pid: int, sessions: int, every: int, concurrency: int = 1, ti
             "sessions_per_s": round(sessions / wall, 2), "wall_s": round(wall, 1)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def checkout(ref: str, into: Path) -> Path:
     """The tree of ``ref`` (agent_gym, envs) under ``into``."""
     return git_tree(ref, into, ["agent_gym", "envs"])
-
-
-def start_server(port: int, env_kwargs: dict, log_path: Path, deadline_s: float = 180.0,
-                 tree: Path = ROOT) -> subprocess.Popen:
-    """``python -m agent_gym.serve`` from ``tree`` (put first on ``PYTHONPATH``, ahead of the editable install)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.Popen([sys.executable, "-m", "agent_gym.serve", ENV_ID, "--port", str(port),
-                             "--env-kwargs", json.dumps(env_kwargs)],
-                            cwd=tree, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    proc.wait(10)
-    raise RuntimeError(f"the server did not answer /health in {deadline_s} s: {log_path.read_text()[-2000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def log_figures(text: str) -> dict:

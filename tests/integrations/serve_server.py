@@ -1,65 +1,53 @@
-"""``python -m agent_gym.serve`` as a real process on 127.0.0.1 for the server's tests
-(tests/integrations/test_serve_abuse.py): a free port, start (waits for ``/health``), stop, and the
-session table (``GET /agent_gym/sessions``). benchmarks/faults/serve_soak.py starts its server the
-same way, with code of its own (it runs by path, where ``tests`` is not importable)."""
+"""``python -m agent_gym.serve`` as a real process on 127.0.0.1 for the server's tests: the helpers
+of :mod:`agent_gym.serve_process` (one implementation, shared with benchmarks/faults/serve_soak.py,
+which runs by path and imports it from ``agent_gym``), plus :class:`Server`, one server the tests
+start, stop, kill (SIGKILL) and start again on the same port."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV_ID = "AgentR1/FactChain-v0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agent_gym.serve_process import (ENV_ID, ROOT, free_port, kill_server, session_table, start_server,  # noqa: F401
+                                     stop_server)
 
 
-def start_server(port: int, env_kwargs: dict, log_path: Path, deadline_s: float = 180.0,
-                 env_id: str = ENV_ID) -> subprocess.Popen:
-    """The server of this tree serving ``env_id`` with ``env_kwargs`` on ``port``, its output
-    appended to ``log_path``; returns once ``/health`` answers (raises with the log's tail if the
-    process exits first or ``deadline_s`` passes)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "agent_gym.serve", env_id, "--port", str(port),
-                                 "--env-kwargs", json.dumps(env_kwargs)],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    stop_server(proc)
-    raise RuntimeError(f"the server did not answer /health in {deadline_s} s: {log_path.read_text()[-2000:]}")
+class Server:
+    """One ``python -m agent_gym.serve`` on 127.0.0.1:``port`` (a free one by default), its output
+    appended to ``log``; ``start`` waits for ``/health``, and may be called again after ``stop`` or
+    ``kill`` (the same port: a restarted server)."""
 
+    def __init__(self, log: Path, env_kwargs: dict[str, Any], port: int | None = None, *, env_id: str = ENV_ID,
+                 max_concurrent_envs: int | None = None):
+        self.log, self.env_kwargs, self.env_id = Path(log), dict(env_kwargs), env_id
+        self.port = port if port is not None else free_port()
+        self.max_concurrent_envs = max_concurrent_envs
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
 
-def stop_server(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 15 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    def start(self, deadline_s: float = 180.0) -> "Server":
+        self.proc = start_server(self.port, self.env_kwargs, self.log, deadline_s, env_id=self.env_id,
+                                 max_concurrent_envs=self.max_concurrent_envs)
+        return self
 
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc)
 
-def session_table(url: str, timeout_s: float = 10.0) -> dict:
-    """``GET URL/agent_gym/sessions``: the envs not yet closed (``open_envs``) and openenv-core's
-    session count (``sessions``)."""
-    with urllib.request.urlopen(url + "/agent_gym/sessions", timeout=timeout_s) as r:
-        return json.load(r)
+    def kill(self) -> None:
+        """SIGKILL: the server dies mid-whatever, no close frame sent."""
+        if self.proc is not None:
+            kill_server(self.proc)
+
+    def table(self) -> dict:
+        return session_table(self.url)
+
+    def open_envs(self) -> int:
+        return self.table()["open_envs"]
+
+    def wait_open_envs(self, n: int, deadline_s: float = 20.0) -> int:
+        end = time.monotonic() + deadline_s
+        while (got := self.open_envs()) != n and time.monotonic() < end:
+            time.sleep(0.1)
+        return got

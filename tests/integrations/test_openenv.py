@@ -13,10 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +29,7 @@ from agent_gym.factory import jsonable  # noqa: E402
 from agent_gym.serve import parse_args  # noqa: E402
 from agent_gym.wrappers import TextView  # noqa: E402
 from tests.agent_gym.fuzz import fuzz_action  # noqa: E402
+from tests.integrations.serve_server import Server, free_port  # noqa: E402
 
 ENV_ID = "AgentR1/FactChain-v0"
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,59 +46,14 @@ def _env_kwargs() -> dict:
 ENV_KWARGS = _env_kwargs()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``python -m agent_gym.serve`` in a subprocess; ``start`` waits for ``/health``."""
-
-    def __init__(self, port: int, log: Path):
-        self.port, self.log, self.proc = port, log, None
-        self.url = f"http://127.0.0.1:{port}"
-
-    def start(self, deadline_s: float = 120.0) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_gym.serve", ENV_ID, "--port", str(self.port), "--max-concurrent-envs", "70",
-             "--env-kwargs", json.dumps(ENV_KWARGS)],
-            cwd=ROOT, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2).read()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"the server did not answer /health in {deadline_s} s: {self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def open_envs(self) -> int:
-        with urllib.request.urlopen(self.url + "/agent_gym/sessions", timeout=5) as r:
-            return json.load(r)["open_envs"]
-
-    def wait_open_envs(self, n: int, deadline_s: float = 20.0) -> int:
-        end = time.monotonic() + deadline_s
-        while (got := self.open_envs()) != n and time.monotonic() < end:
-            time.sleep(0.1)
-        return got
+_free_port = free_port  # the name tests/integrations/test_env_server_trainer.py imports
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(_free_port(), tmp_path_factory.mktemp("openenv") / "server.log")
-    s.start()
+    """``python -m agent_gym.serve`` (tests/integrations/serve_server.py), 70 sessions at most."""
+    s = Server(tmp_path_factory.mktemp("openenv") / "server.log", ENV_KWARGS, max_concurrent_envs=70)
+    s.start(deadline_s=120.0)
     yield s
     s.stop()
 
