@@ -65,11 +65,13 @@ class EnvFactory:
         num_threads: threads that step a vector env's sub-envs (``ToolVectorEnv``; 0: one per env).
         server: ``http://host:port`` of a ``python -m agent_gym.serve`` process: envs are sessions there.
         server_timeout_s: how long a remote env waits for one message from the server.
+        server_reconnect_s: how long a remote vector env waits for a server that went away to come
+            back before it fails (``RemoteVectorEnv``'s ``reconnect_s``; 0: fail at once).
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, tokenizer: Any = None, *,
                  vocab_size: int | None = None, num_threads: int = 0, server: str | None = None,
-                 server_timeout_s: float = 120.0):
+                 server_timeout_s: float = 120.0, server_reconnect_s: float = 0.0):
         if not isinstance(env_id, str) or not env_id:
             raise ValueError(f"env_id must be a registered env id string (e.g. 'AgentR1/FactChain-v0'), got {env_id!r}")
         if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
@@ -85,6 +87,7 @@ class EnvFactory:
         self.num_threads = int(num_threads or 0)
         self.server = server.rstrip("/") if server else None
         self.server_timeout_s = float(server_timeout_s)
+        self.server_reconnect_s = float(server_reconnect_s)
         self._server_checked = False
 
     def __repr__(self) -> str:
@@ -110,7 +113,8 @@ class EnvFactory:
     def replace(self, **changes: Any) -> "EnvFactory":
         """A copy with some constructor arguments changed (``vocab_size=`` once a model is known)."""
         args = dict(env_id=self.env_id, env_kwargs=self.env_kwargs, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                    num_threads=self.num_threads, server=self.server, server_timeout_s=self.server_timeout_s)
+                    num_threads=self.num_threads, server=self.server, server_timeout_s=self.server_timeout_s,
+                    server_reconnect_s=self.server_reconnect_s)
         unknown = sorted(set(changes) - set(args))
         if unknown:
             raise TypeError(f"EnvFactory.replace: unknown argument(s) {unknown}; valid: {sorted(args)}")
@@ -146,7 +150,8 @@ class EnvFactory:
             # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
             from agent_gym.env_client import RemoteVectorEnv
 
-            return RemoteVectorEnv(self.server, num_envs, message_timeout_s=self.server_timeout_s)
+            return RemoteVectorEnv(self.server, num_envs, message_timeout_s=self.server_timeout_s,
+                                   reconnect_s=self.server_reconnect_s)
         spec = gym.spec(self.env_id)
         kwargs = self.kwargs(**overrides)
         if spec.vector_entry_point is None:  # registered with gym.register directly, not agent_gym.register_env

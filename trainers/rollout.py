@@ -124,6 +124,34 @@ class RolloutTimes:
     generated_tokens: int = 0
 
 
+ENGINE_RESTARTS = "rollout/engine_restarts"
+
+
+class EngineRestarts:
+    """The metric ``rollout/engine_restarts`` of one generation backend: how often it restarted a dead
+    engine (``VLLMBackend.restarts``; docs/vllm.md, "A dead engine") since the last ``take()``,
+    the first take counting from the backend's start. A backend without an engine to restart
+    (no ``restarts`` attribute: the HF backend, ``AsyncVLLMBackend``) gives no metric. Taken once
+    per iteration, so the column is per iteration and sums to the run's total, as
+    ``rollout/worker_restarts`` does for Ray workers."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.seen = 0
+
+    def count(self) -> int | None:
+        """Restarts since the last ``take()``, without taking them; None without a counter."""
+        n = getattr(self.backend, "restarts", None)
+        return None if n is None else int(n) - self.seen
+
+    def take(self) -> dict[str, float]:
+        new = self.count()
+        if new is None:
+            return {}
+        self.seen += new
+        return {ENGINE_RESTARTS: float(new)}
+
+
 def collect(
     vec: ToolVectorEnv,
     backend: GenerationBackend,

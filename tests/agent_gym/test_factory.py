@@ -148,3 +148,21 @@ def test_a_served_factory_refuses_overrides_and_names_an_unreachable_server():
 def test_jsonable_is_what_json_carries():
     assert jsonable({1: (np.int64(2), np.float32(0.5)), "a": {np.arange(2).dtype.name: np.arange(2)},
                      "s": {3}, "o": object}) == {"1": [2, 0.5], "a": {"int64": [0, 1]}, "s": [3], "o": repr(object)}
+
+
+def test_the_trainers_reconnect_key_reaches_the_remote_vector_env_and_a_negative_one_is_refused():
+    """``rollout.env_server_reconnect_s`` -> ``EnvFactory(server_reconnect_s=)`` -> ``RemoteVectorEnv(reconnect_s=)``
+    (checked on the constructor's arguments: the vector env itself needs a live server, which
+    tests/integrations/test_serve_faults.py runs)."""
+    from trainers.config import ConfigError, from_dict
+    from trainers.trainer import env_factory
+
+    base = {"rollout": {"env_id": "AgentR1/FactChain-v0", "env_server": "http://127.0.0.1:9"}}
+    cfg = from_dict({**base, "rollout": {**base["rollout"], "env_server_reconnect_s": 7.5}}, "test")
+    factory = env_factory(cfg, None, 1000)
+    assert (factory.server, factory.server_reconnect_s) == ("http://127.0.0.1:9", 7.5)
+    assert factory.replace(vocab_size=2000).server_reconnect_s == 7.5
+    assert factory.local().server is None
+    assert env_factory(from_dict(base, "test"), None, 1000).server_reconnect_s == 0.0
+    with pytest.raises(ConfigError, match=r"rollout.env_server_reconnect_s must be >= 0"):
+        from_dict({**base, "rollout": {**base["rollout"], "env_server_reconnect_s": -1}}, "test")

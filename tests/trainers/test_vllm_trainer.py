@@ -33,10 +33,16 @@ VLLM_KWARGS = {"max_model_len": 1024}
 
 
 class _Shared:
-    """The module's engine for one run: ``close()`` leaves it running for the next run."""
+    """The module's engine for one run: ``close()`` leaves it running for the next run, and its
+    ``restarts`` count from this run's start, as a fresh engine's would."""
 
     def __init__(self, engine):
         self.engine = engine
+        self._restarts_before = engine.restarts
+
+    @property
+    def restarts(self):
+        return self.engine.restarts - self._restarts_before
 
     def generate(self, *args, **kwargs):
         return self.engine.generate(*args, **kwargs)
@@ -227,6 +233,8 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     [dead_core] = [k.pid for k in killed]
     assert [p for p, n in engines.items() if n == "VLLM::EngineCore" and p != dead_core], engines
     assert last["rollout/worker_restarts"] == 1
+    # max_restarts 0: the worker's backend restarted no engine (the pool restarted the worker).
+    assert last["rollout/engine_restarts"] == 0 and ref_last["rollout/engine_restarts"] == 0
     assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
     for it in (0, 1):
         assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
@@ -352,6 +360,15 @@ def test_engine_killed_mid_rollout_is_restarted_and_the_run_is_unchanged(tmp_pat
         for a, b in zip(got[it], ref[it]):
             assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
     assert last["policy/loss"] == pytest.approx(ref_last["policy/loss"], abs=1e-6)
+    # The restart is in the run's metrics, in the row of the iteration it happened in (per iteration,
+    # as rollout/worker_restarts), and only there.
+    assert _column(tmp_path / "killed", "rollout/engine_restarts") == [0.0, 1.0, 0.0]
+    assert _column(tmp_path / "undisturbed", "rollout/engine_restarts") == [0.0, 0.0, 0.0]
+
+
+def _column(run_dir, key):
+    """``key`` of every row of the run's metrics.jsonl (None where a row lacks it)."""
+    return [json.loads(line).get(key) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # Last in the module: the engine stays dead.
