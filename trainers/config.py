@@ -144,6 +144,11 @@ class RolloutConfig(Section):
     """``http://host:port`` of a ``python -m agent_gym.serve`` process serving ``env_id`` with this
     run's env kwargs: the rollout steps envs there (one session per env); evaluation stays in-process.
     None: the envs live in this process (docs/integrations.md, "OpenEnv")."""
+    env_server_reconnect_s: float = 0.0
+    """With ``env_server``: how long the rollout waits for a server that went away to come back (a
+    restart on the same URL), retrying with backoff, before the run stops with the one-line error
+    that says to restart it and ``--resume``. The episodes in flight are replayed on the restarted
+    server (same resets, same actions, checked token for token). 0: stop at once."""
     scaffold_drop: list[float] | None = None
     """``[start, end]``: a scaffolded env's (``env_kwargs.scaffold``, agent_gym/scaffold.py) chance of
     dropping a turn's slot, annealed linearly from ``start`` at the first iteration to ``end`` at the
@@ -175,6 +180,9 @@ class RolloutConfig(Section):
         if self.env_server is not None and not self.env_server.startswith(("http://", "https://")):
             raise ConfigError(f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
                               f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}")
+        if self.env_server_reconnect_s < 0:
+            raise ConfigError(f"rollout.env_server_reconnect_s must be >= 0 seconds (0: stop at once when the env "
+                              f"server goes away), got {self.env_server_reconnect_s!r}")
 
     @property
     def batch_size(self) -> int:
@@ -367,6 +375,11 @@ class RunConfig(Section):
     log_trajectories: int = 4
     tensorboard: bool = True
     wandb: bool = False
+    """Log to Weights & Biases too: offline into ``RUN_DIR/wandb`` unless ``WANDB_MODE`` says
+    otherwise (the ``wandb`` extra; trainers/logger.py)."""
+    mlflow: bool = False
+    """Log to MLflow too: a local file store, ``RUN_DIR/mlruns``, unless ``MLFLOW_TRACKING_URI``
+    names another (the ``mlflow`` extra; trainers/logger.py)."""
     progress_bar: bool = True
     checkpoint_every: int = 1
     keep_checkpoints: int = 2

@@ -1,12 +1,22 @@
-"""Run outputs: ``metrics.jsonl``, TensorBoard events, an optional wandb run, a live progress
-bar, ``curves.png``, and sampled ``trajectories/iter_XXXXX.jsonl``. Every metric name is listed
-with its meaning in ``docs/metrics.md``.
+"""Run outputs: ``metrics.jsonl``, TensorBoard events, optional MLflow and wandb runs, a live
+progress bar, ``curves.png``, and sampled ``trajectories/iter_XXXXX.jsonl``. Every metric name is
+listed with its meaning in ``docs/metrics.md``.
+
+Trackers (decision): TensorBoard is on by default and skipped with a warning when missing; MLflow
+(``run.mlflow``) and wandb (``run.wandb``) are off by default, and one that was switched on but is
+not installed stops the run at set-up with one line naming its extra (``ConfigError``), rather than
+training for hours without the tracking that was asked for. Neither needs a server, a login or the
+network by default: MLflow writes a local file store, ``RUN_DIR/mlruns`` (``MLFLOW_TRACKING_URI``
+names another store: a server, ``sqlite:///...``), and wandb runs offline into ``RUN_DIR/wandb``
+(``WANDB_MODE=online`` syncs live; ``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later).
+Both get the scalars TensorBoard gets, at step = iteration, and the run's config.
 
 ``python -m trainers.logger RUN_DIR`` redraws ``curves.png`` of a run, live or finished.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -14,6 +24,10 @@ import time
 import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+TRACKER_PROJECT = "agent_gym"
+"""The wandb project and the MLflow experiment a run logs to (``WANDB_PROJECT`` and
+``MLFLOW_EXPERIMENT_NAME`` name others); the tracker's run is named after the run dir."""
 
 
 class NullLogger:
@@ -32,7 +46,8 @@ class NullLogger:
         pass
 
 
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tb", "curves.png", "model", "final.json", "config.yaml")
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tb", "mlruns", "wandb", "curves.png", "model", "final.json",
+             "config.yaml")
 """What a run (RL or SFT) writes in its run_dir; ``claim_run_dir`` removes these for ``overwrite``."""
 RUN_MARKERS = ("metrics.jsonl", "checkpoints", "model", "final.json")
 """Their presence means the folder holds a run (a lone config.yaml is a run that failed at set-up)."""
@@ -69,10 +84,13 @@ def _empty_dir(path: Path) -> bool:
 
 class RunLogger:
     def __init__(self, run_dir: str | Path, total_iterations: int, tensorboard: bool = True, wandb: bool = False,
-                 progress_bar: bool = True, config: dict[str, Any] | None = None, fsync_every_s: float = 30.0):
+                 progress_bar: bool = True, config: dict[str, Any] | None = None, fsync_every_s: float = 30.0,
+                 mlflow: bool = False):
         """``fsync_every_s``: metrics.jsonl is flushed to the OS on every line (a killed process
         loses nothing) and fsynced at most this often and at ``close`` (an OS crash loses at most
-        that many seconds of lines; 0: fsync every line, about 4 ms each here)."""
+        that many seconds of lines; 0: fsync every line, about 4 ms each here). ``wandb``,
+        ``mlflow``: log to those trackers too (the module docstring); ``ConfigError`` when one is
+        asked for and cannot be imported."""
         self.run_dir = Path(run_dir)
         self.fsync_every_s = fsync_every_s
         self._last_fsync = time.monotonic()
@@ -87,14 +105,15 @@ class RunLogger:
                 self._tb = SummaryWriter(str(self.run_dir / "tb"))
             except ImportError:
                 print("tensorboard is not installed; skipping TensorBoard events (pip install tensorboard)", file=sys.stderr)
+        # Both imports first: a missing tracker stops the run before the other one has started a run.
+        wandb_mod = _require_tracker("wandb", "wandb") if wandb else None
+        mlflow_mod = _require_tracker("mlflow", "mlflow", package="mlflow-skinny") if mlflow else None
         self._wandb = None
-        if wandb:
-            try:
-                import wandb as _wandb
-
-                self._wandb = _wandb.init(project="agent_gym", dir=str(self.run_dir), config=config or {})
-            except ImportError:
-                print("wandb is not installed; skipping (pip install wandb)", file=sys.stderr)
+        if wandb_mod is not None:
+            self._wandb = wandb_mod.init(project=os.environ.get("WANDB_PROJECT") or TRACKER_PROJECT,
+                                         name=self.run_dir.resolve().name, dir=str(self.run_dir),
+                                         config=config or {}, mode=os.environ.get("WANDB_MODE") or "offline")
+        self._mlflow = MlflowRun(self.run_dir, config or {}) if mlflow_mod is not None else None
         self._bar = None
         if progress_bar:
             try:
@@ -129,12 +148,13 @@ class RunLogger:
                 os.fsync(f.fileno())
                 self._last_fsync = time.monotonic()
         if self._tb is not None:
-            for k, v in rec.items():
-                if k != "iteration" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, iteration)
+            for k, v in _scalars(rec).items():
+                self._tb.add_scalar(k, v, iteration)
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(rec, step=iteration)
+        if self._mlflow is not None:
+            self._mlflow.log(iteration, _scalars(rec))
         if self._bar is not None:
             post = {"reward": metrics.get("rollout/reward_mean"), "success": metrics.get("rollout/success_rate"),
                     "tok/s": metrics.get("perf/generated_tokens_per_s")}
@@ -165,6 +185,72 @@ class RunLogger:
             self._bar.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._mlflow is not None:
+            self._mlflow.close()
+
+
+def _require_tracker(module: str, key: str, package: str | None = None) -> Any:
+    """``module`` imported, or a one-line ``ConfigError`` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        from trainers.errors import ConfigError
+
+        raise ConfigError(f"run.{key} is true but {package or module} cannot be imported ({e}); install it with "
+                          f"pip install -e '.[{key}]', or set run.{key}=false") from None
+
+
+def _scalars(rec: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics record (a bool counts as 0 or 1), without its iteration:
+    what TensorBoard and MLflow get (wandb gets the whole record)."""
+    return {k: v for k, v in rec.items() if k != "iteration" and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+class MlflowRun:
+    """One MLflow run through ``MlflowClient`` (no global active run): the run's config as params
+    (``section.key``; a value that is not a string as JSON), then each iteration's scalars at
+    step = iteration. The store is ``MLFLOW_TRACKING_URI`` or the local file store
+    ``RUN_DIR/mlruns``; MLflow 3 refuses a file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true
+    (it is in maintenance mode there, hence the extra's ``<4``), so it is set to true for this
+    process unless already set. ``mlflow ui --backend-store-uri RUN_DIR/mlruns`` shows it."""
+
+    BATCH = 100  # the fewest entries MLflow's log_batch takes of any kind (params: 100, metrics: 1000)
+    MAX_PARAM = 6000  # MLflow's longest param value
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        self.client = MlflowClient(self.uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or TRACKER_PROJECT
+        exp = self.client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(exp_id, run_name=run_dir.resolve().name).info.run_id
+        params = [Param(k, v[: self.MAX_PARAM]) for k, v in _flat_params(config).items()]
+        for i in range(0, len(params), self.BATCH):
+            self.client.log_batch(self.run_id, params=params[i: i + self.BATCH], synchronous=True)
+
+    def log(self, iteration: int, scalars: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, iteration) for k, v in scalars.items()]
+        for i in range(0, len(metrics), self.BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i: i + self.BATCH], synchronous=True)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+
+def _flat_params(config: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in config.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            out[key if sub is None else f"{key}.{sub}"] = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+    return out
 
 
 def _plain(v: Any) -> Any:

@@ -157,9 +157,11 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    with_entropy: bool = False, temperature: float = 1.0,
-                   loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   loss_mask: torch.Tensor | None = None,
+                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(ids[:, t] | ids[:, :t]) for every t, (B, T) with column 0 = 0; optionally the
-    entropy of each position's distribution, (B, T).
+    entropy of each position's distribution, (B, T). ``entropy_grad=False`` computes the entropy
+    without autograd (a monitor, not a loss term: no (B, T, V) intermediates kept for a backward).
 
     ``temperature`` divides the logits, so the policy being scored and optimized is the one the
     backend sampled from (``temperature == 0``, greedy, scores the plain softmax).
@@ -175,7 +177,10 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
         lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))  # (B, T)
-        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
         return lp, ent
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
     sel = loss_mask[:, 1:] > 0  # (B, T-1): position t-1 predicts token t
@@ -186,6 +191,7 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     lp[:, 1:][sel] = logprobs_from_logits(logits[None], input_ids[:, 1:][sel][None])[0]
     ent = None
     if with_entropy:
-        ent = torch.zeros_like(lp)
-        ent[:, 1:][sel] = entropy_from_logits(logits[None])[0]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = torch.zeros_like(lp)
+            ent[:, 1:][sel] = entropy_from_logits(logits[None])[0]
     return lp, ent

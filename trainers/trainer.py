@@ -48,7 +48,7 @@ from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
-from trainers.rollout import LENGTH_CUTS, RolloutBatch, Trajectory, build_batch, summarize
+from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
 from trainers.sources import RolloutSource, derive_seed, episode_record, make_backend
 
 
@@ -61,7 +61,24 @@ def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory
     ``env_server`` (remote rollout envs) when set."""
     r = cfg.rollout
     return EnvFactory(r.env_id, r.env_kwargs, tokenizer, vocab_size=vocab_size, num_threads=r.num_envs_threads,
-                      server=r.env_server)
+                      server=r.env_server, server_reconnect_s=r.env_server_reconnect_s)
+
+
+def with_advantages(records: list[dict[str, Any]], logged: Sequence[Trajectory], trained: Sequence[Trajectory],
+                    batch: RolloutBatch | None) -> list[dict[str, Any]]:
+    """``records`` (of the trajectories ``logged``) with ``advantages``: each token's advantage in the
+    update, on the agent's tokens (0 elsewhere), for the viewer's colours (docs/viewer.md). A
+    trajectory the update did not train on (a group dynamic sampling dropped) gets none."""
+    if batch is None or batch.advantages is None:
+        return records
+    row = {id(t): i for i, t in enumerate(trained)}
+    for rec, t in zip(records, logged):
+        i = row.get(id(t))
+        if i is not None:
+            n = len(t.episode.token_ids)
+            adv = (batch.advantages[i, :n] * batch.loss_mask[i, :n]).tolist()
+            rec["advantages"] = [round(float(a), 6) for a in adv]
+    return records
 
 
 class Trainer:
@@ -133,7 +150,8 @@ class Trainer:
         self.num_tasks = self.source.num_tasks
         r, run = cfg.rollout, cfg.run
         self.sampling = SamplingConfig(max_new_tokens=r.max_turn_tokens, temperature=r.temperature, top_p=r.top_p)
-        self.logger = (RunLogger(self.run_dir, run.iterations, run.tensorboard, run.wandb, run.progress_bar, to_dict(cfg))
+        self.logger = (RunLogger(self.run_dir, run.iterations, run.tensorboard, run.wandb, run.progress_bar, to_dict(cfg),
+                                 mlflow=run.mlflow)
                        if self.parallel.is_main else NullLogger())
         if self.resume:
             self._restore()
@@ -152,6 +170,7 @@ class Trainer:
         cfg = self.cfg
         last: dict[str, float] = {}
         self.gc_stats = GcStats(freeze=cfg.run.gc_freeze)  # after set-up: freezes what set-up built
+        self.engine_restarts = EngineRestarts(self.backend)  # an in-process engine's; Ray workers' come from the source
         self.version = self.start_iteration
         for it in range(self.start_iteration, cfg.run.iterations):
             t0 = time.perf_counter()
@@ -181,9 +200,11 @@ class Trainer:
             metrics.update(self.timing(rt, t_fb, total))
             metrics["time/rollout_wait_s"] = waited
             metrics.update(self.gc_stats.take())
+            metrics.update(self.engine_restarts.take())
             self.logger.log(it, metrics)
-            self.logger.log_trajectories(it, self.trajectory_records(sampled[: cfg.run.log_trajectories],
-                                                                     policy_version=version, staleness=staleness))
+            logged = sampled[: cfg.run.log_trajectories]
+            self.logger.log_trajectories(it, with_advantages(
+                self.trajectory_records(logged, policy_version=version, staleness=staleness), logged, trajs, batch))
             last = metrics
             if (it + 1) % cfg.run.checkpoint_every == 0 or it == cfg.run.iterations - 1 or self.should_stop(metrics):
                 self.checkpoint(it)
@@ -408,10 +429,14 @@ class Trainer:
                                           self.cfg.algorithm.loss_agg)
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus."""
+        """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus.
+        ``policy/entropy`` is measured on every call, from the logits of this forward (the entropy
+        monitor, docs/metrics.md); without a bonus it is computed outside autograd: no term, no
+        gradient, no (tokens, vocabulary) intermediates kept for the backward."""
         a = self.cfg.algorithm
-        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=a.entropy_coef > 0,
-                                 temperature=self.cfg.rollout.temperature, loss_mask=mb.loss_mask)
+        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=True,
+                                 temperature=self.cfg.rollout.temperature, loss_mask=mb.loss_mask,
+                                 entropy_grad=a.entropy_coef > 0)
         loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=a.clip_low,
                                     clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, agg=a.loss_agg,
                                     agg_kwargs=a.loss_kwargs, behaviour_weights=mb.behaviour_weights)
@@ -421,10 +446,10 @@ class Trainer:
                                   agg_kwargs=a.loss_kwargs)
             loss = loss + a.kl_coef * kl
             m.update(km)
-        if ent is not None:
-            entropy = algos.aggregate(ent, mb.loss_mask, a.loss_agg, **a.loss_kwargs)
+        entropy = algos.aggregate(ent, mb.loss_mask, a.loss_agg, **a.loss_kwargs)
+        if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * entropy
-            m["policy/entropy"] = entropy.detach()
+        m["policy/entropy"] = entropy.detach()
         m["policy/total_loss"] = loss.detach()
         return loss, m
 
