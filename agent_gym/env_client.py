@@ -219,7 +219,7 @@ class RemoteToolEnv:
     def close(self) -> None:
         self.client.close()
 
-    def __enter__(self) -> "RemoteToolEnv":
+    def __enter__(self) -> RemoteToolEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -521,7 +521,7 @@ class RemoteVectorEnv:
             self._thread.join(10)
             self._loop.close()
 
-    def __enter__(self) -> "RemoteVectorEnv":
+    def __enter__(self) -> RemoteVectorEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

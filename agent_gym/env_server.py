@@ -30,7 +30,7 @@ import gc
 import json
 import logging
 import threading
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import numpy as np
 import starlette.websockets as ws
@@ -93,8 +93,8 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
             reward=reward, done=bool(terminated or truncated), terminated=bool(terminated), truncated=bool(truncated),
             info=jsonable(info), episode=episode)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task_index: Optional[int] = None,
-              task: Optional[dict[str, Any]] = None, view: Literal["tokens", "text"] = "tokens",
+    def reset(self, seed: int | None = None, episode_id: str | None = None, task_index: int | None = None,
+              task: dict[str, Any] | None = None, view: Literal["tokens", "text"] = "tokens",
               **kwargs: Any) -> AgentGymObservation:
         """``seed``, and ``task_index`` or ``task`` (the env's reset options); ``view`` "text" adds
         TextView's text to every observation of the episode. Anything else is refused by name."""
@@ -107,7 +107,7 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
         self.view, self._sent = view, 0
         return self._observation(None, False, False, info)
 
-    def step(self, action: AgentGymAction, timeout_s: Optional[float] = None, **kwargs: Any) -> AgentGymObservation:
+    def step(self, action: AgentGymAction, timeout_s: float | None = None, **kwargs: Any) -> AgentGymObservation:
         if action.text is not None:
             _, reward, term, trunc, info = self.text_view.step(action.text)
         else:

@@ -22,7 +22,7 @@ unknown field) is openenv-core's ``VALIDATION_ERROR``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server import Action, Observation, State
 from pydantic import Field, model_validator
@@ -34,13 +34,13 @@ from agent_gym.episode import Episode
 class AgentGymAction(Action):
     """One assistant turn: exactly one of ``token_ids`` or ``text``."""
 
-    token_ids: Optional[list[int]] = Field(
+    token_ids: list[int] | None = Field(
         default=None, description="the ids of one assistant turn, stop token included (appended verbatim)")
-    text: Optional[str] = Field(
+    text: str | None = Field(
         default=None, description="the reply text; encoded as one turn and closed with the end-of-turn token (TextView)")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "AgentGymAction":
+    def _one_kind(self) -> AgentGymAction:
         if (self.token_ids is None) == (self.text is None):
             # Not a ValueError: openenv-core 0.3.0 sends pydantic's ``errors()`` as JSON, and a
             # ValueError there (in ``ctx``) cannot be serialized, so the server would drop the session.
@@ -56,17 +56,17 @@ class AgentGymObservation(Observation):
     token_ids: list[int] = Field(description="ids appended since the session's previous observation "
                                              "(after a reset: the whole prompt)")
     num_tokens: int = Field(description="length of the whole context (the full input_ids)")
-    text: Optional[str] = Field(default=None, description="the whole context decoded (view='text' sessions only)")
+    text: str | None = Field(default=None, description="the whole context decoded (view='text' sessions only)")
     terminated: bool = False
     truncated: bool = False
     info: dict[str, Any] = Field(default_factory=dict, description="the env's info, JSON-safe, without 'trajectory'")
-    episode: Optional[Episode] = Field(default=None, description="the finished episode, on its last step only")
+    episode: Episode | None = Field(default=None, description="the finished episode, on its last step only")
 
 
 class AgentGymState(State):
     env_id: str
-    task_id: Optional[str] = None
-    task_index: Optional[int] = None
+    task_id: str | None = None
+    task_index: int | None = None
     turn: int = 0
     num_tokens: int = 0
     done: bool = True

@@ -110,7 +110,7 @@ class EnvFactory:
         """:func:`agent_gym.tokenizer.pad_token_id` of the factory's tokenizer (the built-in one when it has none)."""
         return pad_token_id(load_tokenizer(self.tokenizer))
 
-    def replace(self, **changes: Any) -> "EnvFactory":
+    def replace(self, **changes: Any) -> EnvFactory:
         """A copy with some constructor arguments changed (``vocab_size=`` once a model is known)."""
         args = dict(env_id=self.env_id, env_kwargs=self.env_kwargs, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                     num_threads=self.num_threads, server=self.server, server_timeout_s=self.server_timeout_s,
@@ -121,7 +121,7 @@ class EnvFactory:
         args.update(changes)
         return EnvFactory(args.pop("env_id"), **args)
 
-    def local(self) -> "EnvFactory":
+    def local(self) -> EnvFactory:
         """This factory without its server: envs built in this process."""
         return self.replace(server=None)
 

@@ -158,7 +158,7 @@ class JudgeConfig:
             raise JudgeConfigError(w + "extra_body", f"must be JSON-serializable ({e})") from None
 
     @classmethod
-    def from_any(cls, value: "JudgeConfig | dict[str, Any]") -> "JudgeConfig":
+    def from_any(cls, value: JudgeConfig | dict[str, Any]) -> JudgeConfig:
         if isinstance(value, cls):
             return value
         if not isinstance(value, dict):
@@ -419,7 +419,7 @@ _JUDGES: dict[str, Judge] = {}
 _JUDGES_LOCK = threading.Lock()
 
 
-def get_judge(cfg: "JudgeConfig | dict[str, Any]") -> Judge:
+def get_judge(cfg: JudgeConfig | dict[str, Any]) -> Judge:
     """The process-wide :class:`Judge` of ``cfg`` (checked by :meth:`JudgeConfig.from_any`): every
     env of the process with the same settings shares its cache, its in-flight requests and its
     ``max_concurrency``."""

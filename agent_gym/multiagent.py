@@ -139,7 +139,7 @@ class SeatEnv(ToolEnv):
     the team env. It never scores an answer itself (``score_answer`` returns no scores): the team
     scores the first answer and shares the outcome (:class:`MultiAgentToolEnv`)."""
 
-    def __init__(self, team: "MultiAgentToolEnv", agent: str, tools: Sequence[Tool], **kwargs: Any):
+    def __init__(self, team: MultiAgentToolEnv, agent: str, tools: Sequence[Tool], **kwargs: Any):
         self.team, self.agent = team, agent
         self.required_task_keys = team.required_task_keys
         super().__init__(tools=tools, **kwargs)
@@ -337,11 +337,11 @@ class MultiAgentToolEnv(ParallelEnv):
         self._reset_failed = None
         return out
 
-    def _mailbox_state(self) -> "_MailboxState":
+    def _mailbox_state(self) -> _MailboxState:
         m = self.mailbox
         return _MailboxState(list(m.pending), {k: list(v) for k, v in m.inbox.items()}, list(m.log), m.cycle)
 
-    def _restore_mailbox(self, st: "_MailboxState") -> None:
+    def _restore_mailbox(self, st: _MailboxState) -> None:
         m = self.mailbox
         m.pending, m.inbox, m.log, m.cycle = st.pending, st.inbox, st.log, st.cycle
 

@@ -56,7 +56,7 @@ FIELDS = ("script", "command", "argv", "cwd", "python_executable", "git", "start
           "outputs")
 """The keys of every provenance record (tests/test_results_provenance.py checks them)."""
 
-_START = {"utc": _dt.datetime.now(_dt.timezone.utc), "monotonic": time.monotonic()}
+_START = {"utc": _dt.datetime.now(_dt.UTC), "monotonic": time.monotonic()}
 
 
 def _loadavg() -> list[float] | None:
@@ -167,7 +167,7 @@ def provenance_record(script: str | os.PathLike | None = None, *, argv: Sequence
     (this module's import) and now, the machine, and the versions of what ran. Every key of
     ``FIELDS`` is present; a value that cannot be known is ``None`` (the commit: ``"unknown"``)."""
     script_s = str(script) if script is not None else (sys.argv[0] or None)
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     command, args = _command(script_s, argv)
     git = git_state(script_s)
     try:

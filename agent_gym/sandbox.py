@@ -63,7 +63,7 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewr
 # per-call uid keeps RLIMIT_NPROC (counted per real uid) from mixing concurrent calls.
 UID_RANGE = (1_500_000, 2_500_000)
 STATUSES = ("ok", "error", "timeout", "output_limit")
-_ISSUED_UIDS: "collections.deque[int]" = collections.deque(maxlen=4096)
+_ISSUED_UIDS: collections.deque[int] = collections.deque(maxlen=4096)
 
 
 def issued_uids() -> set[int]:
@@ -116,7 +116,7 @@ class SandboxLimits:
                 raise ValueError(f"sandbox limit {f.name} must be a whole number, got {v!r}")
 
     @classmethod
-    def from_any(cls, value: "SandboxLimits | dict | None") -> "SandboxLimits":
+    def from_any(cls, value: SandboxLimits | dict | None) -> SandboxLimits:
         if value is None:
             return cls()
         if isinstance(value, cls):
@@ -412,7 +412,7 @@ def _remove_stale(plan: CgroupPlan) -> None:
                     pass
 
 
-def call_memory_mb(limits: "SandboxLimits") -> int:
+def call_memory_mb(limits: SandboxLimits) -> int:
     """The memory cgroup's limit for one call: ``memory_mb`` + ``tmpfs_mb`` + 32 MiB (the kernel
     memory of the call: bwrap, page tables, pipes, the tmpfs's inodes)."""
     return int(limits.memory_mb) + int(limits.tmpfs_mb) + 32
@@ -422,7 +422,7 @@ class _CallCgroups:
     """The cgroups of one call: made before it starts, each process joins them in the child before
     ``bwrap`` runs, so everything the call starts is in them; removed after it."""
 
-    def __init__(self, plan: CgroupPlan, limits: "SandboxLimits"):
+    def __init__(self, plan: CgroupPlan, limits: SandboxLimits):
         self.plan, self.dirs, self.procs_files = plan, {}, []
         name = f"agent_gym-{os.getpid()}-{next(_call_counter)}"
         mem = call_memory_mb(limits) << 20
@@ -579,7 +579,7 @@ def _keyctl_nr() -> int:
 _CLONE_NEWNS, _CLONE_NEWUSER, _MS_NOSUID, _MS_NODEV = 0x20000, 0x10000000, 2, 4
 
 
-def _child_setup(cgroups: "_CallCgroups | None", uid: int | None, limits: "SandboxLimits", nproc: int,
+def _child_setup(cgroups: _CallCgroups | None, uid: int | None, limits: SandboxLimits, nproc: int,
                  mount_point: str, keyctl_nr: int) -> None:
     """Runs in the child before it becomes bwrap: join the call's cgroups (still root), drop to the
     call's uid, leave the caller's session keyring for a new empty one, mount the call's tmpfs

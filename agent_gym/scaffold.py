@@ -187,7 +187,7 @@ class Scaffold:
                 raise TypeError(f"Scaffold.turns holds {bad[0]!r}; build it with Scaffold.build(...) from names")
 
     @classmethod
-    def build(cls, spec: Any, env: Any) -> "Scaffold | None":
+    def build(cls, spec: Any, env: Any) -> Scaffold | None:
         """A scaffold from an env argument: ``None``/``False`` (none), ``True`` (the default
         schedule), a :class:`Scaffold`, a callable, or a dict with ``turns``, ``drop_prob`` and
         ``slots`` (the module docstring). Unknown keys and names fail here, naming what is valid."""

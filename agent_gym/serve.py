@@ -36,7 +36,7 @@ def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
     try:
         value = yaml.safe_load(src)
     except yaml.YAMLError as e:
-        raise SystemExit(f"error: {what} is not valid YAML/JSON: {e}")
+        raise SystemExit(f"error: {what} is not valid YAML/JSON: {e}") from None
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app = build_app(env_id, kwargs, args.max_concurrent_envs, args.session_timeout_s)
     except (ValueError, TypeError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None
     settle_heap()  # this process is the server: its start-up objects leave the cyclic GC
     print(f"serving {env_id} on http://{args.host}:{args.port} (WebSocket /ws, "
           f"{args.max_concurrent_envs} sessions at most)", file=sys.stderr, flush=True)

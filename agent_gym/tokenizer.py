@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 import os
+import threading
 from typing import Any
 
 CHATML_TEMPLATE = (

@@ -497,7 +497,7 @@ def _tests_reply(r: SandboxResult) -> tuple[dict | None, str]:
     return reply, why
 
 
-_RECORDS: "collections.OrderedDict[tuple, dict]" = collections.OrderedDict()
+_RECORDS: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
 _RECORDS_LOCK = threading.Lock()
 
 

@@ -101,13 +101,24 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_gym.datasets import QATask, corpus_from_tasks, load_corpus, load_qa
-from agent_gym.datasets.base import (DATASETS, DataPathError, RowRef, gold_aliases, gold_answer, resolve_data_file,
-                                     string_list)
+from agent_gym.datasets.base import (
+    DATASETS,
+    DataPathError,
+    RowRef,
+    gold_aliases,
+    gold_answer,
+    resolve_data_file,
+    string_list,
+)
 from agent_gym.env import RewardConfig, ToolEnv
 from agent_gym.formats import CallOutcome
 from agent_gym.judge import Judge, JudgeConfig, get_judge
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, make_retriever
-from agent_gym.retrievers.tools import LookupTool, PassageFormatter, SearchTool  # moved there from this module (2026-11-25)
+from agent_gym.retrievers.tools import (  # moved there from this module (2026-11-25)
+    LookupTool,
+    PassageFormatter,
+    SearchTool,
+)
 from agent_gym.scoring import ANSWER_SCORERS, get_answer_scorer, official_scorers
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tools import Tool

@@ -21,8 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from agent_gym.cli_errors import (UsageError, UserError, describe, prog_name, registered_ids_hint, run_main,
-                                  take_debug_flag)
+from agent_gym.cli_errors import (
+    UsageError,
+    UserError,
+    describe,
+    prog_name,
+    registered_ids_hint,
+    run_main,
+    take_debug_flag,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

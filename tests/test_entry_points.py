@@ -5,9 +5,9 @@ the editable install can find ``agent_gym``, ``envs`` and ``trainers``."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-import re
 from pathlib import Path
 
 import pytest

@@ -82,7 +82,7 @@ def test_write_raw_names_the_file_and_never_overwrites(tmp_path, monkeypatch):
     monkeypatch.setenv(provenance.ENV_DIR, str(tmp_path))
     script = BENCHMARKS / "perf" / "logger_cost.py"
     paths = [provenance.write_raw(script, {"ms": 1.5, "path": Path("/a")}, label="my run/1") for _ in range(3)]
-    day = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    day = dt.datetime.now(dt.UTC).date().isoformat()
     assert [p.name for p in paths] == [f"{day}_my-run-1.json", f"{day}_my-run-1_2.json", f"{day}_my-run-1_3.json"]
     assert all(p.parent == tmp_path / "logger_cost" for p in paths)
     data = json.loads(paths[0].read_text())

@@ -24,8 +24,15 @@ from typing import Callable
 
 import yaml
 
-from agent_gym.cli_errors import (TRAIN_ENV_KWARGS, ArgumentParser, command, config_yaml_message, describe, prog_name,
-                                  report)
+from agent_gym.cli_errors import (
+    TRAIN_ENV_KWARGS,
+    ArgumentParser,
+    command,
+    config_yaml_message,
+    describe,
+    prog_name,
+    report,
+)
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, load_config, parse_overrides
 

@@ -48,7 +48,6 @@ from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
 from trainers.eval_tasks import clamp_tasks
 
-
 MODEL_CHOICES = ("a local model directory (e.g. runs/RUN/model, written by agent-gym-sft), --checkpoint RUN_DIR for an "
                  "RL run's policy, tiny, smollm2-135m-instruct, or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)")
 

@@ -20,8 +20,8 @@ import importlib
 import json
 import math
 import os
-import time
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 

@@ -68,12 +68,12 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, idx: torch.Tensor) -> "RolloutBatch":
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
         """Rows ``idx`` of every tensor field (a minibatch)."""
         kw = {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return RolloutBatch(**kw)
 
-    def to(self, device: str | torch.device) -> "RolloutBatch":
+    def to(self, device: str | torch.device) -> RolloutBatch:
         """Every tensor field on ``device`` (the trainer's, where its models are)."""
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return RolloutBatch(**kw)

@@ -199,7 +199,7 @@ def collect_async(
             async with asyncio.TaskGroup() as tg:  # one failing cancels the others (their requests aborted)
                 tasks = [tg.create_task(trajectory(i)) for i in range(n)]
         except BaseExceptionGroup as group:
-            raise group.exceptions[0]
+            raise group.exceptions[0] from None
         return [t.result() for t in tasks]
 
     try:

@@ -36,6 +36,7 @@ from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
 from trainers.models import frozen_copy, token_logprobs
 
+
 class ScaleConfigError(UserError, ValueError):
     pass
 

@@ -23,7 +23,7 @@ from .base import load_qa
 
 def heldout_score(dataset: str, row_id: str, salt: str = "") -> float:
     """The row's position in [0, 1) under the hash described in the module's docstring."""
-    digest = hashlib.sha256(f"{salt}{dataset}:{row_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{salt}{dataset}:{row_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 

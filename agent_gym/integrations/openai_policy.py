@@ -66,7 +66,7 @@ class ScaffoldUnsupported(ValueError):
     """A scaffolded env asked of a client that cannot prefill the assistant's turn."""
 
 
-def check_scaffold_support(tool_env: Any, cfg: "ClientConfig") -> None:
+def check_scaffold_support(tool_env: Any, cfg: ClientConfig) -> None:
     """Refuse a scaffolded env unless the server is vLLM with the env's tokenizer (``same_tokenizer``)."""
     if getattr(tool_env, "scaffold", None) is not None and not cfg.same_tokenizer:
         raise ScaffoldUnsupported(

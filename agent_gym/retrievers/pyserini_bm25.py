@@ -71,7 +71,7 @@ def start_jvm() -> None:
                 str(importlib.resources.files("pyserini.resources.jars").joinpath("anserini-*-fatjar.jar"))
             )
             if not jars:
-                raise ImportError(f"pyserini's Anserini jar is missing; reinstall: pip install 'pyserini==1.6.0'")
+                raise ImportError("pyserini's Anserini jar is missing; reinstall: pip install 'pyserini==1.6.0'")
             jnius_config.add_classpath(max(jars, key=os.path.getmtime))
         import jnius  # noqa: F401  (starts the JVM)
 

@@ -199,7 +199,7 @@ class PassageFormatter:
         return best
 
 
-_TOKEN_CHARS: "weakref.WeakKeyDictionary[Any, int | None]" = weakref.WeakKeyDictionary()
+_TOKEN_CHARS: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
 """Tokenizer -> the most characters one of its tokens spans (its vocabulary read once)."""
 
 

@@ -17,7 +17,6 @@ import re
 import sys
 
 from agent_gym.provenance import write_raw
-
 from agent_gym.scoring import normalize_answer
 
 

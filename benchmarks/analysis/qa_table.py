@@ -30,10 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_gym.provenance import write_raw
-
 import yaml
 
+from agent_gym.provenance import write_raw
 from agent_gym.scoring import normalize_answer
 from agent_gym.stats import bootstrap_ci, paired_test
 
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(md)
-    meta = {"command": " ".join(sys.argv), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    meta = {"command": " ".join(sys.argv), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "spec": spec}
     (out / "table.json").write_text(json.dumps({**meta, **table}, indent=1))
     write_raw(__file__, {**meta, **table, "table_md": md}, argv=argv, outputs=[out / "table.md", out / "table.json"])

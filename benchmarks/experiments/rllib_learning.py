@@ -27,9 +27,8 @@ import json
 import statistics
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 from agent_gym.integrations.rllib import train
+from agent_gym.provenance import write_raw
 
 ENV = {"num_hops": 1, "num_relations": 1, "num_entities": 4, "tools_in_prompt": False}
 SETTINGS = {

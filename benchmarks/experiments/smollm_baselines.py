@@ -48,7 +48,6 @@ from typing import Any
 
 from agent_gym.provenance import write_raw
 
-
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 DATASETS = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "musique": "MuSiQue"}
 

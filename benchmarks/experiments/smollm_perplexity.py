@@ -21,7 +21,6 @@ from pathlib import Path
 
 from agent_gym.provenance import write_raw
 
-
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 

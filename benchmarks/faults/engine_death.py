@@ -34,15 +34,18 @@ import threading
 import time
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 import torch
+
+from agent_gym.provenance import write_raw
 
 ROOT = Path(__file__).resolve().parents[2]
 
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
-from trainers.backends import EngineDiedError, SamplingConfig  # noqa: E402
-from trainers.backends import process_guard  # noqa: E402
+from trainers.backends import (  # noqa: E402
+    EngineDiedError,
+    SamplingConfig,
+    process_guard,  # noqa: E402
+)
 from trainers.models import save_policy  # noqa: E402
 from trainers.tiny_model import build_tiny_qwen2  # noqa: E402
 

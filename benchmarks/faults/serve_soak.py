@@ -99,7 +99,7 @@ def soak(url: str, pid: int, sessions: int, every: int, concurrency: int = 1, ti
     # The last sample can be taken before the server has closed the last session's env (it closes
     # it just after the close frame): wait for the table to empty, then sample once more.
     end = time.monotonic() + timeout_s
-    while (table := session_table(url))["open_envs"] and time.monotonic() < end:
+    while session_table(url)["open_envs"] and time.monotonic() < end:
         time.sleep(0.05)
     settled = sample(sessions, t0)
     half = min(curve, key=lambda p: abs(p["sessions"] - sessions / 2))

@@ -18,11 +18,10 @@ import os
 import statistics
 import time
 
-from agent_gym.provenance import write_raw
-
 import numpy as np
 import torch
 
+from agent_gym.provenance import write_raw
 from benchmarks.report import save, spread  # noqa: E402
 from trainers.algos.advantages import _discounted_cumsum_on_mask  # noqa: E402
 

@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 import torch
+
+from agent_gym.provenance import write_raw
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,11 +30,10 @@ import statistics
 import time
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 import numpy as np
 
 import agent_gym  # noqa: E402,F401
+from agent_gym.provenance import write_raw
 from agent_gym.vector import ToolVectorEnv  # noqa: E402
 from envs.factchain import FactChainEnv  # noqa: E402
 

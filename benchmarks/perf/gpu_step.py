@@ -93,8 +93,8 @@ def build_random_model(shapes: dict, tokenizer, path: Path, device: str) -> tupl
 
 
 def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dict:
-    from trainers.config import load_config
     from trainers.compose import build_trainer
+    from trainers.config import load_config
 
     env_kwargs = {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
                   "max_context_tokens": args.max_context_tokens}

@@ -19,11 +19,10 @@ import json
 import statistics
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 from agent_gym.formats import get_format, list_formats  # noqa: E402
-from benchmarks.perf.passage_formatter import timed  # noqa: E402
+from agent_gym.provenance import write_raw
 from agent_gym.tokenizer import default_tokenizer  # noqa: E402
+from benchmarks.perf.passage_formatter import timed  # noqa: E402
 
 TOKENS = 8000
 CASES = {

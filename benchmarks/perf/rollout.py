@@ -37,9 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 import torch
+
+from agent_gym.provenance import write_raw
 
 ROOT = Path(__file__).resolve().parents[2]
 

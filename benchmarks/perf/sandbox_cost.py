@@ -137,8 +137,7 @@ def main() -> None:
     limits = {"wall_s": 30}
 
     def bare() -> None:
-        subprocess.run([python, "-I", "-S", "-u", "-"], input=b"", env={}, cwd="/", check=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.run([python, "-I", "-S", "-u", "-"], input=b"", env={}, cwd="/", check=True, capture_output=True)
 
     def run_old() -> None:
         assert old.run_python("", limits).status == "ok"

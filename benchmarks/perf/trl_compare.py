@@ -112,8 +112,8 @@ def worker_project(a: argparse.Namespace) -> tuple[list[float], dict[str, float]
     import gymnasium as gym
 
     from agent_gym.registration import register_env
-    from trainers.config import TrainConfig
     from trainers.compose import build_trainer
+    from trainers.config import TrainConfig
     from trainers.trainer import Trainer
 
     global ReplyRewardEnv

@@ -22,12 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent_gym.provenance import write_raw
-
 import gymnasium as gym  # noqa: E402
 
 import agent_gym  # noqa: E402,F401
 from agent_gym.math_answer import answers_match  # noqa: E402
+from agent_gym.provenance import write_raw
 from trainers.sft import play  # noqa: E402
 
 

@@ -51,7 +51,7 @@ class FaultServer:
         while not self.stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             self.connections += 1
             with conn:

@@ -13,8 +13,7 @@ import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.factory import EnvFactory, jsonable
-from agent_gym.tokenizer import pad_token_id, tokenizer_fingerprint
-from agent_gym.tokenizer import build_bpe_tokenizer, load_tokenizer
+from agent_gym.tokenizer import build_bpe_tokenizer, load_tokenizer, pad_token_id, tokenizer_fingerprint
 from agent_gym.vector import ToolVectorEnv
 
 ENV_ID = "AgentR1/FactChain-v0"

@@ -356,7 +356,7 @@ def test_http_serve_command(tmp_path):
             except RetrieverError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(proc.communicate(timeout=10)[1].decode() if proc.poll() is not None
-                                         else "server did not start")
+                                         else "server did not start") from None
                 time.sleep(0.2)
         assert hits[0][0].title == "Odile Brask"
     finally:

@@ -19,8 +19,16 @@ import numpy as np
 import pytest
 
 from agent_gym import ToolEnv
-from agent_gym.sandbox import (PythonTool, SandboxLimits, SandboxUnavailable, check_available,
-                               format_result, issued_uids, run_python, sandbox_available)
+from agent_gym.sandbox import (
+    PythonTool,
+    SandboxLimits,
+    SandboxUnavailable,
+    check_available,
+    format_result,
+    issued_uids,
+    run_python,
+    sandbox_available,
+)
 from agent_gym.tools import run_tool
 
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, memory_mb=128, max_procs=16, max_output_bytes=65_536)

@@ -24,8 +24,17 @@ import pytest
 
 import agent_gym  # noqa: F401  (registers the AgentR1 envs)
 from agent_gym import sandbox
-from agent_gym.sandbox import (DENIED_SYSCALLS, PythonTool, SandboxLimits, call_memory_mb, cgroup_plan,
-                               issued_uids, run_python, sandbox_available, seccomp_filter)
+from agent_gym.sandbox import (
+    DENIED_SYSCALLS,
+    PythonTool,
+    SandboxLimits,
+    call_memory_mb,
+    cgroup_plan,
+    issued_uids,
+    run_python,
+    sandbox_available,
+    seccomp_filter,
+)
 from agent_gym.tools import run_tool
 
 pytestmark = pytest.mark.skipif(not sandbox_available(), reason=(

@@ -65,6 +65,7 @@ def test_split_script_writes_parts_mixture_and_corpus(tmp_path):
     assert summary["counts"]["musique"] == {"train": 0, "heldout": 10}
     # The parts load in the env, as trainers/evaluate.py --env-kwargs '{data_path: ...}' reads them.
     import gymnasium as gym
+
     import agent_gym  # noqa: F401
     env = gym.make("AgentR1/HotpotQA-v0", data_path=str(out / "hotpotqa_heldout.jsonl"),
                    corpus_path=str(out / "corpus.jsonl"))

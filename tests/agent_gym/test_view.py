@@ -53,8 +53,8 @@ def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     pytest.importorskip("torch", reason="the viewer test trains a tiny run; install the train extra (make setup)")
-    from trainers.config import TrainConfig
     from trainers.compose import build_trainer
+    from trainers.config import TrainConfig
 
     run = tmp_path_factory.mktemp("viewer") / "run"
     cfg = TrainConfig(run_dir=str(run), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, algo="grpo",

@@ -14,7 +14,6 @@ import agent_gym  # noqa: F401  (registers the envs)
 from agent_gym.stats import sign_test
 from envs import factchain_order as m
 
-
 EXAMPLE = ('Example:\nQuestion: Who is the mentor of the rival of "Karimel"?\nYou: <tool_call>[{"name": "lookup", '
            '"arguments": {"entity": "Karimel", "relation": "rival"}}]</tool_call>\n')
 

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pettingzoo")
-from pettingzoo.test import (api_test, max_cycles_test, parallel_api_test, parallel_seed_test,  # noqa: E402
-                              performance_benchmark, render_test, seed_test)
+from pettingzoo.test import (  # noqa: E402
+    api_test,
+    max_cycles_test,
+    parallel_api_test,
+    parallel_seed_test,
+    performance_benchmark,
+    render_test,
+    seed_test,
+)
 
 import agent_gym  # noqa: E402
 from envs import factchain_team  # noqa: E402

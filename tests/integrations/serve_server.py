@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_gym.serve_process import (ENV_ID, ROOT, free_port, kill_server, session_table, start_server,  # noqa: F401
-                                     stop_server)
+from agent_gym.serve_process import ENV_ID, ROOT, free_port, kill_server, session_table, start_server, stop_server  # noqa: F401
 
 
 class Server:
@@ -26,7 +25,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
-    def start(self, deadline_s: float = 180.0) -> "Server":
+    def start(self, deadline_s: float = 180.0) -> Server:
         self.proc = start_server(self.port, self.env_kwargs, self.log, deadline_s, env_id=self.env_id,
                                  max_concurrent_envs=self.max_concurrent_envs)
         return self

@@ -168,8 +168,8 @@ def test_the_rollout_loop_collects_the_same_batch_from_the_server_as_in_process(
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
     from trainers.rollout import collect
-    from trainers.tiny_model import build_tiny_qwen2
     from trainers.sources import make_vector_env
+    from trainers.tiny_model import build_tiny_qwen2
 
     tok = load_tokenizer(None)
     model = build_tiny_qwen2(tok, seed=0)
@@ -219,6 +219,7 @@ def test_malformed_actions_get_clear_errors_and_the_session_goes_on(server):
         with pytest.raises(AgentGymServerError, match="unknown reset argument.*'colour'"):
             remote.client.reset(seed=0, colour="red")
         (r_obs, _), (l_obs, _) = remote.reset(seed=5), local.reset(seed=5)
+        np.testing.assert_array_equal(r_obs["input_ids"], l_obs["input_ids"])  # the same episode on both sides
         bad = [
             ({}, "VALIDATION_ERROR", "exactly one of 'token_ids'.*got neither"),
             ({"token_ids": [1], "text": "hi"}, "VALIDATION_ERROR", "exactly one of 'token_ids'.*got both"),
@@ -288,8 +289,8 @@ def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
     pytest.importorskip("trl")
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers.integrations.trl import EnvRollout, env_reward
     from agent_gym.tokenizer import load_tokenizer
+    from trainers.integrations.trl import EnvRollout, env_reward
     from trainers.tiny_model import build_tiny_qwen2
 
     class ServerRollout(EnvRollout):

@@ -144,9 +144,9 @@ def ppo_run():
     env runner actor start imports torch and RLlib, tens of seconds on a loaded machine.)"""
     pytest.importorskip("ray.rllib", reason="needs ray[rllib]: run `make test-rllib` (.venv-rllib)")
     import ray
-    from agent_gym.integrations.rllib import build_ppo_config, init_ray
-
     import torch
+
+    from agent_gym.integrations.rllib import build_ppo_config, init_ray
     torch.set_num_threads(1)
     # 4 logical CPUs (not cores): the fixture's 2 runners hold one each while the CLI test's
     # algo starts 2 more on the same cluster; with 2 its actors would wait forever.

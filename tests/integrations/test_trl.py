@@ -32,8 +32,8 @@ def shaping_reward(completions, completion_ids, env_mask=None, **kwargs):
 def trained(tmp_path_factory):
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers.integrations.trl import EnvRollout, env_reward
     from agent_gym.tokenizer import load_tokenizer
+    from trainers.integrations.trl import EnvRollout, env_reward
     from trainers.tiny_model import build_tiny_qwen2
 
     tok = load_tokenizer(None)

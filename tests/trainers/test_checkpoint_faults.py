@@ -19,8 +19,14 @@ import pytest
 import torch
 import yaml
 
-from trainers.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, load_latest_checkpoint,
-                                 save_checkpoint, verify_checkpoint)
+from trainers.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    load_latest_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
 RUN = dict(env_id="AgentR1/FactChain-v0", algo="grpo", model="tiny", tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=16,
            eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1,

@@ -1,8 +1,7 @@
+import warnings
 from pathlib import Path
 
 import pytest
-
-import warnings
 
 from trainers.compose import check
 from trainers.config import ConfigError, TrainConfig, load_config
@@ -81,9 +80,9 @@ def test_env_kwargs_are_arguments_of_the_env(path):
     import inspect
 
     import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
 
     import agent_gym  # noqa: F401
-    from gymnasium.envs.registration import load_env_creator
 
     first = path.read_text().splitlines()[0]
     cfg = load_config(path, cls=SFTConfig if "train_sft" in first else TrainConfig)
@@ -106,7 +105,6 @@ def test_env_kwargs_are_arguments_of_the_env(path):
 @pytest.fixture
 def scratch_registrations():
     from trainers import algos
-
     from trainers.algos import registry
 
     regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.NEEDS_GROUPS, algos.AGGREGATIONS, algos.AGG_UNITS,

@@ -9,8 +9,8 @@ import torch
 
 from tests.trainers.conftest import tiny_rl_config
 from trainers import algos
-from trainers.config import ConfigError, from_dict
 from trainers.compose import build_trainer, check
+from trainers.config import ConfigError, from_dict
 
 pytestmark = pytest.mark.timeout(600)
 

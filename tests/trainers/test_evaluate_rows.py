@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainers import evaluate
-from trainers.config import TrainConfig
 from trainers.compose import build_trainer
+from trainers.config import TrainConfig
 
 QA = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
 ROWS = QA / "normalized_dev.jsonl"  # one row: "In which town was the director of The Glass Orchard born?"

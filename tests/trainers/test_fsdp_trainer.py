@@ -201,8 +201,8 @@ def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
 
 
 def test_fsdp_shares_must_divide_evenly(monkeypatch):
-    from trainers.parallel import SingleProcess
     from trainers.compose import build_trainer, check
+    from trainers.parallel import SingleProcess
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")

@@ -8,8 +8,8 @@ each, and the action-mask ablation) are benchmarks/experiments/learning_runs.py;
 import torch
 
 from tests.trainers.conftest import COMPACT_ENV
-from trainers.config import TrainConfig
 from trainers.compose import build_trainer
+from trainers.config import TrainConfig
 
 
 def test_grpo_clearly_improves_success(tmp_path, sft_model):

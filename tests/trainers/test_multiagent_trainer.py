@@ -8,9 +8,9 @@ import pytest
 import torch
 
 pytest.importorskip("pettingzoo")
+from trainers.compose import build_trainer, check, choose_parts  # noqa: E402
 from trainers.config import TrainConfig, load_config  # noqa: E402
 from trainers.multiagent import TeamRollout  # noqa: E402
-from trainers.compose import build_trainer, check, choose_parts  # noqa: E402
 from trainers.trainer import Trainer  # noqa: E402
 
 ENV = {"tools_in_prompt": False, "max_cycles": 4, "rewards": {"call_invalid": -0.1, "no_action": -0.1}}

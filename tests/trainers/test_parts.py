@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from trainers.compose import choose_parts
 from trainers.config import ConfigError, TrainConfig
 from trainers.distributed import FSDP
 from trainers.multiagent import TeamRollout
 from trainers.parallel import SingleProcess
 from trainers.ray_rollout import RayRollout
 from trainers.sources import LocalRollout
-from trainers.compose import choose_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 

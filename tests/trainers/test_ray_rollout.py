@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.trainers.conftest import COMPACT_ENV, tiny_rl_config
+from trainers.compose import build_trainer, check
 from trainers.config import ConfigError
 from trainers.rollout import collect
-from trainers.compose import build_trainer, check
 from trainers.sources import make_vector_env
 
 

@@ -342,10 +342,9 @@ class TestTrainer:
 
         import trainers.trainer as trainer_mod
         from tests.trainers.conftest import tiny_rl_config
-        from trainers.rollout_async import AsyncRollout
-        from trainers.compose import build_trainer
-
         from trainers.backends.vllm_backend import AsyncVLLMBackend
+        from trainers.compose import build_trainer
+        from trainers.rollout_async import AsyncRollout
 
         lock = engines[0]
         real_make_backend = trainer_mod.make_backend

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from agent_gym.vector import ToolVectorEnv
 from tests.agent_gym.test_scaffold import QEnv
@@ -87,8 +86,8 @@ def test_one_grpo_iteration_from_smollm2_with_the_scaffold_has_reward(tmp_path):
     """RL from the instruct model itself: with the scaffold, every episode makes valid searches and
     answers, and the batch has reward (the answer's F1 and the supporting-paragraph reward)."""
     from tests.trainers.test_smollm import _available
-    from trainers.config import from_dict
     from trainers.compose import build_trainer
+    from trainers.config import from_dict
 
     if _available() is not None:
         pytest.skip(f"SmolLM2 extra absent: {_available()}")
@@ -119,8 +118,8 @@ def test_rollout_scaffold_drop_anneals_the_slots_over_the_run(tmp_path):
     all scaffolded (each env's reset gets the iteration's ``scaffold_drop_prob``)."""
     import json
 
-    from trainers.config import from_dict
     from trainers.compose import build_trainer
+    from trainers.config import from_dict
 
     cfg = from_dict({
         "run": {"run_dir": str(tmp_path / "run"), "iterations": 3, "checkpoint_every": 100, "tensorboard": False,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from trainers import scale
+from trainers.compose import build_trainer, check
 from trainers.config import ConfigError, TrainConfig
 from trainers.rollout import RolloutBatch
-from trainers.compose import build_trainer, check
 from trainers.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

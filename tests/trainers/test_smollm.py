@@ -137,8 +137,8 @@ def test_smollm2_tool_format_reads_lists_objects_and_broken_calls():
 def test_one_grpo_iteration_on_smollm2(tmp_path, smollm_dir):
     """One GRPO iteration from the instruct model itself (LoRA, 2 tasks x 2 samples, 16 new tokens):
     only LoRA weights train, the metrics are finite and the log-probs of the rollout and the update agree."""
-    from trainers.config import TrainConfig
     from trainers.compose import build_trainer
+    from trainers.config import TrainConfig
 
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"},
                       algo="grpo", model="smollm2-135m-instruct", iterations=1,

@@ -11,9 +11,9 @@ import torch
 
 from tests.trainers.conftest import tiny_rl_config
 from trainers import algos
+from trainers.compose import build_trainer, check
 from trainers.config import ConfigError, from_dict
 from trainers.sources import LocalRollout
-from trainers.compose import build_trainer, check
 
 pytestmark = pytest.mark.timeout(600)
 

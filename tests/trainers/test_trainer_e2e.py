@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.trainers.conftest import tiny_rl_config
-from trainers.rollout import build_batch
 from trainers.compose import build_trainer
+from trainers.rollout import build_batch
 from trainers.trainer import NonFiniteLossError
 
 

@@ -180,8 +180,8 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     import torch
 
     import trainers.trainer as trainer_mod
-    from trainers.ray_rollout import RayRollout
     from trainers.compose import build_trainer
+    from trainers.ray_rollout import RayRollout
 
     kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=40,
               env_kwargs={"tools_in_prompt": False, "max_turns": 3,
@@ -378,8 +378,7 @@ def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_che
     """No restart left: the engine's worker SIGKILLed during iteration 1's weight sync ends the run
     with EngineDiedError (before 2026-11-25 a dead engine hung the call for good), naming the process,
     the signal and what to do; iteration 0's checkpoint is intact and no engine process is left."""
-    from trainers.backends import EngineDiedError
-    from trainers.backends import process_guard
+    from trainers.backends import EngineDiedError, process_guard
     from trainers.checkpoint import latest_checkpoint, load_checkpoint
 
     engine.max_restarts = engine.restarts

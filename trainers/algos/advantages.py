@@ -44,7 +44,6 @@ Where this departs from the papers:
 from __future__ import annotations
 
 import math
-
 from typing import Protocol, Sequence
 
 import torch

@@ -332,7 +332,7 @@ class VLLMBackend(_ClosedOnExit):
             self.llm.collective_rpc("reload_weights_from_file", args=(self._weights_path,))
             self.llm.reset_prefix_cache()
 
-    def _after_death(self, what: str, watch: "_EngineWatch", cause: BaseException | None) -> None:
+    def _after_death(self, what: str, watch: _EngineWatch, cause: BaseException | None) -> None:
         """Record the death, end what is left of the engine, then restart it or raise."""
         self.deaths.append(EngineDeath(during=what, cause=watch.death or "?", noticed_at=watch.noticed_at or time.monotonic()))
         self._discard_engine()
@@ -341,7 +341,7 @@ class VLLMBackend(_ClosedOnExit):
             problem = ("its weights come through CUDA IPC (make_gpu_ipc_weight_sender), which leaves no copy this "
                        "backend could load into a new engine, so it does not restart it")
         elif self.restarts >= self.max_restarts:
-            problem = (f"restarts are off (max_restarts=0)" if self.max_restarts == 0 else
+            problem = ("restarts are off (max_restarts=0)" if self.max_restarts == 0 else
                        f"it was restarted {self.restarts} time(s) already (max_restarts={self.max_restarts})")
         if problem is not None:
             self._dead = f"{watch.death} during {what}; {problem}"
@@ -390,7 +390,7 @@ class VLLMBackend(_ClosedOnExit):
 
     @staticmethod
     def sampling_params(sampling: SamplingConfig, seed: int | None = None,
-                        stop: Sequence[str] | None = None) -> "SamplingParams":
+                        stop: Sequence[str] | None = None) -> SamplingParams:
         """The ``SamplingParams`` for one request of ``sampling`` (public for benchmarks). ``stop``:
         stop strings (a scaffolded turn's); vLLM then detokenizes to find them, and keeps the
         token that completes one in ``token_ids`` (only the text is cut)."""
@@ -480,7 +480,7 @@ class AsyncVLLMBackend(_ClosedOnExit):
         self._thread = threading.Thread(target=self._loop.run_forever, name="AsyncVLLMBackendLoop", daemon=True)
         self._thread.start()
 
-        async def start() -> "AsyncLLM":  # on the loop: the client's sockets and output handler belong to it
+        async def start() -> AsyncLLM:  # on the loop: the client's sockets and output handler belong to it
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
         try:
@@ -648,7 +648,7 @@ class _EngineWatch:
     (only a weak one to its client), so an ``LLM`` dropped without ``close()`` is still collected.
     """
 
-    def __init__(self, llm: "LLM", token: str):
+    def __init__(self, llm: LLM, token: str):
         client = llm.llm_engine.engine_core
         self._client = weakref.ref(client)
         self._resources = getattr(client, "resources", None)
@@ -828,7 +828,7 @@ class WeightSyncExtension:
 class _CollectiveRpcSyncClient:
     """vLLM's ``VLLMWeightSyncClient`` protocol over an in-process ``LLM``'s ``collective_rpc``."""
 
-    def __init__(self, llm: "LLM"):
+    def __init__(self, llm: LLM):
         self.llm = llm
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:

@@ -117,7 +117,7 @@ class EnvRollout:
         self.last_episodes: list[Episode] = []
 
     @classmethod
-    def from_factory(cls, env_factory: Any, max_turn_tokens: int = 64, seed: int = 0) -> "EnvRollout":
+    def from_factory(cls, env_factory: Any, max_turn_tokens: int = 64, seed: int = 0) -> EnvRollout:
         """An ``EnvRollout`` on an existing ``EnvFactory``'s id, env kwargs, tokenizer and server (its
         ``vocab_size`` is not used: it comes from the model TRL trains)."""
         return cls(env_factory.env_id, env_factory.env_kwargs, env_factory.tokenizer, max_turn_tokens=max_turn_tokens,
