@@ -14,6 +14,16 @@ from agent_gym.tools import Tool, ToolResult, tool
 
 register_builtin_envs()
 
-__all__ = ["ENV_IDS", "MULTIAGENT_IDS", "RewardConfig", "Tool", "ToolEnv", "ToolResult", "make_multiagent", "register_env",
-           "register_multiagent", "tool"]
+__all__ = [
+    "ENV_IDS",
+    "MULTIAGENT_IDS",
+    "RewardConfig",
+    "Tool",
+    "ToolEnv",
+    "ToolResult",
+    "make_multiagent",
+    "register_env",
+    "register_multiagent",
+    "tool",
+]
 __version__ = "0.1.0"

@@ -62,8 +62,9 @@ class ChatRenderer:
         cache_size: deltas are memoized by message content (tool results repeat often).
     """
 
-    def __init__(self, tokenizer: Any, tools: list[dict] | None = None, eot_token: str | None = None,
-                 cache_size: int = 4096):
+    def __init__(
+        self, tokenizer: Any, tools: list[dict] | None = None, eot_token: str | None = None, cache_size: int = 4096
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} has no chat "
@@ -73,7 +74,8 @@ class ChatRenderer:
         self.tools = tools or None
         added = list(getattr(tokenizer, "added_tokens_decoder", {}).values())
         specials = {t for t in getattr(tokenizer, "all_special_tokens", []) if t} | {
-            t.content for t in added if getattr(t, "special", False) and t.content}
+            t.content for t in added if getattr(t, "special", False) and t.content
+        }
         tags = {t.content for t in added if not getattr(t, "special", False) and t.content} - specials
         strip = {t.content: (bool(getattr(t, "lstrip", False)), bool(getattr(t, "rstrip", False))) for t in added}
         # Every added token's text (``_added_re``), the special ones (``_special_re``) and the
@@ -92,10 +94,12 @@ class ChatRenderer:
             special = set(tokenizer.all_special_ids) | {
                 i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)
             }
-            after = [i for i in base_ids[self._content_end(base_ids):] if i in special]
+            after = [i for i in base_ids[self._content_end(base_ids) :] if i in special]
             if not after:
-                raise ChatTemplateError("could not find the assistant end-of-turn token in the chat template; "
-                                        "pass eot_token=... explicitly.")
+                raise ChatTemplateError(
+                    "could not find the assistant end-of-turn token in the chat template; "
+                    "pass eot_token=... explicitly."
+                )
             self.eot_id = after[0]
         else:
             self.eot_id = tokenizer.convert_tokens_to_ids(eot_token)
@@ -115,8 +119,9 @@ class ChatRenderer:
     # -- rendering ---------------------------------------------------------------------------
 
     def render_text(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+        return self.tok.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -236,14 +241,16 @@ class ChatRenderer:
             )
         if self._has_plain_tokens(new_messages):
             return self._delta_token_mode(new_messages)  # contents holding added-token text
-        return self.encode(full[len(self._base_prefix_text):])
+        return self.encode(full[len(self._base_prefix_text) :])
 
     def _delta_token_mode(self, new_messages: list[Message]) -> list[int]:
         full = self.encode_render(_BASE + list(new_messages), add_generation_prompt=True)[1]
         n = len(self._base_prefix_ids)
         if full[:n] != self._base_prefix_ids:
-            raise ChatTemplateError("the base conversation's tokens are not a prefix of the longer render; "
-                                    "token-exact incremental rendering is impossible with this template.")
+            raise ChatTemplateError(
+                "the base conversation's tokens are not a prefix of the longer render; "
+                "token-exact incremental rendering is impossible with this template."
+            )
         return full[n:]
 
     def _content_end(self, base_ids: list[int]) -> int:

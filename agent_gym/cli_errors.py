@@ -47,13 +47,17 @@ from agent_gym.env_ids import ENV_IDS
 
 DEBUG_ENV = "AGENT_GYM_DEBUG"
 DEBUG_FLAG = "--debug"
-EPILOG = ("A bad input prints one line, 'error: <what is wrong>; <what to type instead>', and exits with status 2; "
-          f"{DEBUG_FLAG} (or {DEBUG_ENV}=1) shows the traceback.")
+EPILOG = (
+    "A bad input prints one line, 'error: <what is wrong>; <what to type instead>', and exits with status 2; "
+    f"{DEBUG_FLAG} (or {DEBUG_ENV}=1) shows the traceback."
+)
 
 ENV_KWARGS_FLAG = "--env-kwargs '{{{}}}'"
 """How ``agent-gym-eval`` and ``agent-gym-serve`` take env arguments: ``ENV_KWARGS_FLAG.format("data_path: F")``."""
-TRAIN_ENV_KWARGS = ("rollout: {{env_kwargs: {{{}}}}} in the config (an override rollout.env_kwargs='{{...}}' replaces the "
-                    "whole mapping)")
+TRAIN_ENV_KWARGS = (
+    "rollout: {{env_kwargs: {{{}}}}} in the config (an override rollout.env_kwargs='{{...}}' replaces the "
+    "whole mapping)"
+)
 SFT_ENV_KWARGS = "env_kwargs: {{{}}} in the config (an override env_kwargs='{{...}}' replaces the whole mapping)"
 
 
@@ -184,8 +188,10 @@ def describe(e: BaseException, env_kwargs: str = ENV_KWARGS_FLAG) -> str | None:
     return None
 
 
-PROJECT_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), pkg) + os.sep
-                     for pkg in ("agent_gym", "envs", "trainers"))
+PROJECT_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), pkg) + os.sep
+    for pkg in ("agent_gym", "envs", "trainers")
+)
 
 
 def raised_by_project(e: BaseException) -> bool:
@@ -221,8 +227,10 @@ def yaml_message(e: Exception, source: str | None = None) -> str:
     context = getattr(e, "context", None)
     at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     what = f"{name} is not valid YAML" if name else "a value is not valid YAML"
-    return (f"{what}: {problem}{f' ({context})' if context else ''}{at}; fix the YAML there (key: value "
-            "mappings, lists as [a, b]; quote strings that hold ': ')")
+    return (
+        f"{what}: {problem}{f' ({context})' if context else ''}{at}; fix the YAML there (key: value "
+        "mappings, lists as [a, b]; quote strings that hold ': ')"
+    )
 
 
 def config_yaml_message(e: Exception, config: str | None, overrides: list[str] = ()) -> str:
@@ -255,19 +263,37 @@ def registered_ids_hint(env_id: str | None = None) -> str:
     names = {i.rpartition("/")[2].lower(): i for i in ids}  # compared without the namespace they share
     close = difflib.get_close_matches(env_id.rpartition("/")[2].lower(), names, n=1, cutoff=0.7) if env_id else []
     first = f"did you mean {names[close[0]]}? " if close else ""
-    return (f"{first}pass a registered id, e.g. AgentR1/FactChain-v0"
-            + (f" (registered: {', '.join(ids)})" if ids else ""))
+    return f"{first}pass a registered id, e.g. AgentR1/FactChain-v0" + (
+        f" (registered: {', '.join(ids)})" if ids else ""
+    )
 
 
 def _strip_error(message: str) -> str:
     message = message.strip()
-    return message[len("error:"):].strip() if message.lower().startswith("error:") else message
+    return message[len("error:") :].strip() if message.lower().startswith("error:") else message
 
 
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-__all__ = ["ArgumentParser", "DEBUG_ENV", "check_env_id", "config_yaml_message", "DEBUG_FLAG", "ENV_KWARGS_FLAG", "EPILOG", "SFT_ENV_KWARGS", "TRAIN_ENV_KWARGS",
-           "UsageError", "UserError", "command", "debug_requested", "describe", "prog_name", "report", "run_main",
-           "take_debug_flag"]
+__all__ = [
+    "ArgumentParser",
+    "DEBUG_ENV",
+    "check_env_id",
+    "config_yaml_message",
+    "DEBUG_FLAG",
+    "ENV_KWARGS_FLAG",
+    "EPILOG",
+    "SFT_ENV_KWARGS",
+    "TRAIN_ENV_KWARGS",
+    "UsageError",
+    "UserError",
+    "command",
+    "debug_requested",
+    "describe",
+    "prog_name",
+    "report",
+    "run_main",
+    "take_debug_flag",
+]

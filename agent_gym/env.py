@@ -197,14 +197,21 @@ class ToolEnv(gym.Env):
         tool_replay: str | None = None,
     ):
         if answer_source not in ANSWER_SOURCES:
-            raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
-                             "only <answer>...</answer>; 'text' also reads the short answer a reply without tags "
-                             "gives; 'reply' takes the whole reply as the answer")
+            raise ValueError(
+                f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
+                "only <answer>...</answer>; 'text' also reads the short answer a reply without tags "
+                "gives; 'reply' takes the whole reply as the answer"
+            )
         if max_calls_per_turn is None:
             max_calls_per_turn = max_tool_calls
-        for name, v in (("max_turns", max_turns), ("max_context_tokens", max_context_tokens),
-                        ("max_tool_calls", max_tool_calls), ("max_invalid_calls", max_invalid_calls),
-                        ("max_calls_per_turn", max_calls_per_turn), ("max_tool_output_chars", max_tool_output_chars)):
+        for name, v in (
+            ("max_turns", max_turns),
+            ("max_context_tokens", max_context_tokens),
+            ("max_tool_calls", max_tool_calls),
+            ("max_invalid_calls", max_invalid_calls),
+            ("max_calls_per_turn", max_calls_per_turn),
+            ("max_tool_output_chars", max_tool_output_chars),
+        ):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -240,8 +247,9 @@ class ToolEnv(gym.Env):
         self.reward_cfg = RewardConfig.from_any(rewards)
         self.render_mode = render_mode
         if tool_record is not None and tool_replay is not None:
-            raise ValueError("tool_record and tool_replay exclude each other: record a rollout first, then replay it "
-                             "from that file")
+            raise ValueError(
+                "tool_record and tool_replay exclude each other: record a rollout first, then replay it from that file"
+            )
         self._tool_record = ToolRecorder(tool_record) if tool_record is not None else None
         self._tool_replay = ToolReplay(tool_replay) if tool_replay is not None else None
         self.episode_seed: int | None = None
@@ -318,8 +326,10 @@ class ToolEnv(gym.Env):
             raise ValueError(f"options['task'] must be a dict, got {type(task).__name__}")
         missing = [k for k in self.required_task_keys if k not in task]
         if missing:
-            raise ValueError(f"options['task'] is missing key(s) {missing}; {type(self).__name__} tasks need "
-                             f"{list(self.required_task_keys)} (got keys {sorted(map(str, task))})")
+            raise ValueError(
+                f"options['task'] is missing key(s) {missing}; {type(self).__name__} tasks need "
+                f"{list(self.required_task_keys)} (got keys {sorted(map(str, task))})"
+            )
         if not isinstance(task["question"], str):
             raise ValueError(f"options['task']['question'] must be a string, got {type(task['question']).__name__}")
         return dict(task)
@@ -337,12 +347,14 @@ class ToolEnv(gym.Env):
         options = options or {}
         unknown = set(options) - {"task", "task_index", "scaffold_drop_prob"}
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'task', 'task_index', "
-                             "'scaffold_drop_prob'")
+            raise ValueError(
+                f"unknown reset option(s) {sorted(unknown)}; valid: 'task', 'task_index', 'scaffold_drop_prob'"
+            )
         if "scaffold_drop_prob" in options:
             if self.scaffold is None:
-                raise ValueError("reset option 'scaffold_drop_prob' needs an env built with a scaffold "
-                                 "(env kwarg scaffold: ...)")
+                raise ValueError(
+                    "reset option 'scaffold_drop_prob' needs an env built with a scaffold (env kwarg scaffold: ...)"
+                )
             self._drop_prob = check_drop_prob(options["scaffold_drop_prob"])
         else:
             self._drop_prob = 0.0 if self.scaffold is None else self.scaffold.drop_prob
@@ -377,8 +389,10 @@ class ToolEnv(gym.Env):
         # first agent token.
         self._ids = self.renderer.prompt_ids(self.messages) + self._open_slot(1)
         if len(self._ids) >= self.max_context_tokens:
-            raise ValueError(f"the prompt of task {task.get('id')!r} is {len(self._ids)} tokens, over "
-                             f"max_context_tokens={self.max_context_tokens}; raise the budget.")
+            raise ValueError(
+                f"the prompt of task {task.get('id')!r} is {len(self._ids)} tokens, over "
+                f"max_context_tokens={self.max_context_tokens}; raise the budget."
+            )
         self.prompt_len = len(self._ids)
         self._loss_mask = [0] * self.prompt_len
         self._done = False
@@ -399,8 +413,10 @@ class ToolEnv(gym.Env):
         checks every slot with it before stepping any."""
         failed = self.__dict__.get("_reset_failed")
         if failed is not None:
-            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
-                               "with whatever came before it. Call reset() again and let it succeed first.")
+            raise RuntimeError(
+                f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
+                "with whatever came before it. Call reset() again and let it succeed first."
+            )
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first.")
         return _as_id_list(action, self.vocab_size)
@@ -467,14 +483,25 @@ class ToolEnv(gym.Env):
             self._ids.extend(close_ids)
             self._loss_mask.extend([0] * len(close_ids))
             text, read_text = slot.prefix + agent_text + close, slot.read(value)
-            slot_info = {"slot": slot.name, "value": value, "stopped_at": None if tail is None else len(value),
-                         "close_written": close}
+            slot_info = {
+                "slot": slot.name,
+                "value": value,
+                "stopped_at": None if tail is None else len(value),
+                "close_written": close,
+            }
         if closed_by_env:
             self._ids.append(self.eot_id)
             self._loss_mask.append(0)
         self.transcript.append(("assistant", text))
-        turn = _Turn(span=span, closed_by_env=closed_by_env, text=text, dropped=dropped, agent_text=agent_text,
-                     read_text=read_text, slot=slot_info)
+        turn = _Turn(
+            span=span,
+            closed_by_env=closed_by_env,
+            text=text,
+            dropped=dropped,
+            agent_text=agent_text,
+            read_text=read_text,
+            slot=slot_info,
+        )
         if dropped:
             turn.truncated, turn.reason = True, "context"
         return turn
@@ -484,7 +511,9 @@ class ToolEnv(gym.Env):
         answer = turn.parsed.answer
         scores = self.score_answer(answer, self.task)
         if not isinstance(scores, dict):
-            raise TypeError(f"{type(self).__name__}.score_answer must return a dict of floats, got {type(scores).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}.score_answer must return a dict of floats, got {type(scores).__name__}"
+            )
         turn.answer_scores = {k: float(v) for k, v in scores.items()}
         for k, w in self.reward_cfg.answer_weights.items():
             turn.comps[k] = w * turn.answer_scores.get(k, 0.0)
@@ -502,10 +531,17 @@ class ToolEnv(gym.Env):
         skipped = turn.parsed.calls_skipped
         if skipped:  # the calls past max_calls_per_turn: one failed outcome, nothing parsed or run
             k = self.max_calls_per_turn
-            turn.outcomes.append(CallOutcome(
-                ToolCall(None, {}, "", f"{skipped} calls past the limit of {k} per turn"), "too_many_calls",
-                ToolResult(f"Error: this turn has {skipped} more tool call(s) after the first {k}; they were not "
-                           f"read or run. At most {k} calls are read per turn.", ok=False)))
+            turn.outcomes.append(
+                CallOutcome(
+                    ToolCall(None, {}, "", f"{skipped} calls past the limit of {k} per turn"),
+                    "too_many_calls",
+                    ToolResult(
+                        f"Error: this turn has {skipped} more tool call(s) after the first {k}; they were not "
+                        f"read or run. At most {k} calls are read per turn.",
+                        ok=False,
+                    ),
+                )
+            )
             self.calls_skipped += skipped
         for o in turn.outcomes:
             key = "tool" if o.status == "ok" else "invalid"
@@ -528,8 +564,11 @@ class ToolEnv(gym.Env):
         """The results (or a nudge) as the next messages: their chat-template delta, then the next
         turn's scaffold prefix (if any), are appended unless the episode ends here or they would
         leave no room for a next turn."""
-        msgs = self.format.result_messages(turn.outcomes) if turn.outcomes else [
-            {"role": "user", "content": self.format.nudge()}]
+        msgs = (
+            self.format.result_messages(turn.outcomes)
+            if turn.outcomes
+            else [{"role": "user", "content": self.format.nudge()}]
+        )
         if not turn.truncated:
             delta = self.renderer.delta_ids(msgs)
             n_messages = len(self.messages)
@@ -582,7 +621,10 @@ class ToolEnv(gym.Env):
     def _slot_info(self) -> dict[str, Any]:
         """The next turn's scaffold, for the sampler: its stop strings and the slot's name."""
         slot = self._slot
-        return {"stop_strings": [] if slot is None else list(slot.stop), "scaffold": None if slot is None else slot.name}
+        return {
+            "stop_strings": [] if slot is None else list(slot.stop),
+            "scaffold": None if slot is None else slot.name,
+        }
 
     @property
     def scaffold_prefix(self) -> str:
@@ -630,10 +672,28 @@ class ToolEnv(gym.Env):
             self._done = True
         return self._obs(), reward, turn.terminated, turn.truncated, info
 
-    _EPISODE_LISTS = ("_ids", "_loss_mask", "step_spans", "step_rewards", "step_reward_components",
-                      "step_call_statuses", "step_calls", "step_slots", "transcript", "messages")
-    _EPISODE_SCALARS = ("turn", "tool_calls_used", "invalid_streak", "answer", "_done", "outputs_truncated",
-                        "calls_skipped", "_slot")
+    _EPISODE_LISTS = (
+        "_ids",
+        "_loss_mask",
+        "step_spans",
+        "step_rewards",
+        "step_reward_components",
+        "step_call_statuses",
+        "step_calls",
+        "step_slots",
+        "transcript",
+        "messages",
+    )
+    _EPISODE_SCALARS = (
+        "turn",
+        "tool_calls_used",
+        "invalid_streak",
+        "answer",
+        "_done",
+        "outputs_truncated",
+        "calls_skipped",
+        "_slot",
+    )
 
     episode_state: tuple[str, ...] = ()
     """Names of per-episode attributes a subclass keeps and changes during a step (in
@@ -647,12 +707,15 @@ class ToolEnv(gym.Env):
         """Check a class's ``episode_state`` when it is defined and gather those of its MRO."""
         super().__init_subclass__(**kwargs)
         declared = cls.__dict__.get("episode_state", ())
-        names_ok = isinstance(declared, (tuple, list)) and all(isinstance(k, str) and k.isidentifier() for k in declared)
+        names_ok = isinstance(declared, (tuple, list)) and all(
+            isinstance(k, str) and k.isidentifier() for k in declared
+        )
         if not names_ok:
             hint = f" (write ({declared!r},))" if isinstance(declared, str) else ""
             raise TypeError(f"{cls.__name__}.episode_state must be a tuple of attribute names, got {declared!r}{hint}")
-        cls._episode_state_all = tuple(dict.fromkeys(
-            k for klass in reversed(cls.__mro__) for k in klass.__dict__.get("episode_state", ())))
+        cls._episode_state_all = tuple(
+            dict.fromkeys(k for klass in reversed(cls.__mro__) for k in klass.__dict__.get("episode_state", ()))
+        )
         own_reset = cls.__dict__.get("reset")
         if callable(own_reset) and not getattr(own_reset, "__agent_gym_transactional__", False):
             cls.reset = _transactional_reset(own_reset)  # type: ignore[method-assign]
@@ -663,8 +726,12 @@ class ToolEnv(gym.Env):
         (which a subclass may change in place), and the RNG's state (drawing a task index advances
         it in place)."""
         rng = self.__dict__.get("_np_random")
-        return (dict(self.__dict__), {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all},
-                rng, None if rng is None else copy.deepcopy(rng.bit_generator.state))
+        return (
+            dict(self.__dict__),
+            {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all},
+            rng,
+            None if rng is None else copy.deepcopy(rng.bit_generator.state),
+        )
 
     def _reset_rollback(self, saved: tuple[dict[str, Any], dict[str, Any], Any, Any]) -> None:
         attrs, extra, rng, rng_state = saved
@@ -682,9 +749,11 @@ class ToolEnv(gym.Env):
     def _checkpoint(self) -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
         """The episode state a step may change. Steps only append to the lists, so their lengths
         are enough to undo one; a subclass's ``episode_state`` is deep-copied."""
-        return ({k: len(getattr(self, k)) for k in self._EPISODE_LISTS},
-                {k: getattr(self, k) for k in self._EPISODE_SCALARS},
-                {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all})
+        return (
+            {k: len(getattr(self, k)) for k in self._EPISODE_LISTS},
+            {k: getattr(self, k) for k in self._EPISODE_SCALARS},
+            {k: copy.deepcopy(getattr(self, k, _MISSING)) for k in self._episode_state_all},
+        )
 
     def _rollback(self, saved: tuple[dict[str, int], dict[str, Any], dict[str, Any]]) -> None:
         lengths, scalars, extra = saved
@@ -704,14 +773,22 @@ class ToolEnv(gym.Env):
         (not ``info["episode"]``, which Gymnasium's ``RecordEpisodeStatistics`` owns)."""
         scores = {k: float(v) for k, v in answer_scores.items()}
         return Episode(
-            token_ids=list(self._ids), loss_mask=list(self._loss_mask), prompt_len=self.prompt_len,
-            step_spans=[list(s) for s in self.step_spans], step_rewards=list(self.step_rewards),
+            token_ids=list(self._ids),
+            loss_mask=list(self._loss_mask),
+            prompt_len=self.prompt_len,
+            step_spans=[list(s) for s in self.step_spans],
+            step_rewards=list(self.step_rewards),
             step_reward_components=[dict(c) for c in self.step_reward_components],
             step_call_statuses=[list(s) for s in self.step_call_statuses],
-            task_id=str(self.task.get("id", self.task_index)), task_index=self.task_index, answer=self.answer,
-            answer_scores=scores, success=self.answer is not None and bool(self.is_success(scores, self.task)),
-            truncation_reason=truncation_reason, tool_outputs_truncated=self.outputs_truncated,
-            tool_calls_skipped=self.calls_skipped, step_slots=list(self.step_slots),
+            task_id=str(self.task.get("id", self.task_index)),
+            task_index=self.task_index,
+            answer=self.answer,
+            answer_scores=scores,
+            success=self.answer is not None and bool(self.is_success(scores, self.task)),
+            truncation_reason=truncation_reason,
+            tool_outputs_truncated=self.outputs_truncated,
+            tool_calls_skipped=self.calls_skipped,
+            step_slots=list(self.step_slots),
             step_calls=[list(c) for c in self.step_calls],
         )
 
@@ -760,26 +837,36 @@ class ToolEnv(gym.Env):
 
     def _run_call(self, call: ToolCall) -> CallOutcome:
         if call.error is not None:
-            return CallOutcome(call, "parse_error", ToolResult(f"Error: could not parse the tool call: {call.error}", ok=False))
+            return CallOutcome(
+                call, "parse_error", ToolResult(f"Error: could not parse the tool call: {call.error}", ok=False)
+            )
         t = self.tools.get(call.name)  # type: ignore[arg-type]
         if t is None:
-            return CallOutcome(call, "unknown_tool", ToolResult(
-                f"Error: unknown tool {call.name!r}. Available tools: {sorted(self.tools)}", ok=False))
+            return CallOutcome(
+                call,
+                "unknown_tool",
+                ToolResult(f"Error: unknown tool {call.name!r}. Available tools: {sorted(self.tools)}", ok=False),
+            )
         bad = check_arguments(t, call.arguments)  # never raises: a validation that fails is a tool_error
         if bad is not None:  # invalid arguments do not spend the budget
             return CallOutcome(call, *bad)
         if self.tool_calls_used >= self.max_tool_calls:
-            return CallOutcome(call, "budget", ToolResult(
-                f"Error: tool budget of {self.max_tool_calls} calls is spent.", ok=False))
-        key = {"task_id": str(self.task.get("id", self.task_index)), "seed": self.episode_seed,
-               "call": self.tool_calls_used}
+            return CallOutcome(
+                call, "budget", ToolResult(f"Error: tool budget of {self.max_tool_calls} calls is spent.", ok=False)
+            )
+        key = {
+            "task_id": str(self.task.get("id", self.task_index)),
+            "seed": self.episode_seed,
+            "call": self.tool_calls_used,
+        }
         if self._tool_replay is not None:  # agent_gym/tool_log.py: the recorded result, no tool run
             status, result = self._tool_replay.serve(**key, name=call.name, arguments=call.arguments)
         else:
             status, result = run_tool(t, call.arguments, validate=False, scope=self)  # abandoned calls bounded per env
             if self._tool_record is not None:
-                self._tool_record.write(**key, turn=self.turn, name=call.name, arguments=call.arguments,
-                                        status=status, result=result)
+                self._tool_record.write(
+                    **key, turn=self.turn, name=call.name, arguments=call.arguments, status=status, result=result
+                )
         self.tool_calls_used += 1
         return CallOutcome(call, status, result)
 

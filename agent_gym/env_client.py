@@ -72,16 +72,18 @@ class _NoRetry(Exception):
 
 def _http_url(ws_url: str) -> str:
     """``ws://host:port/ws`` as ``http://host:port``."""
-    base = ws_url[:-len("/ws")] if ws_url.endswith("/ws") else ws_url
-    return "http" + base[len("ws"):] if base.startswith("ws") else base
+    base = ws_url[: -len("/ws")] if ws_url.endswith("/ws") else ws_url
+    return "http" + base[len("ws") :] if base.startswith("ws") else base
 
 
 def _full_message(url: str, limit: Any, open_now: Any, refused: int | None = None, needed: int | None = None) -> str:
     """A refused session's message (``refused`` of ``needed`` when a vector env's were refused)."""
     what = "a session" if refused is None else f"{refused} of the {needed} sessions this run opened"
-    return (f"env server {url} refused {what}: it is at its limit of {limit} sessions ({open_now} open). Restart it "
-            f"with a larger --max-concurrent-envs, or need fewer sessions: {SESSIONS_HINT} (another client may "
-            "have opened sessions since this one looked)")
+    return (
+        f"env server {url} refused {what}: it is at its limit of {limit} sessions ({open_now} open). Restart it "
+        f"with a larger --max-concurrent-envs, or need fewer sessions: {SESSIONS_HINT} (another client may "
+        "have opened sessions since this one looked)"
+    )
 
 
 async def _last_reply(ws: Any) -> dict[str, Any] | None:
@@ -134,7 +136,8 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[AgentGymObservation]:
         obs = AgentGymObservation.model_validate(
-            {**payload.get("observation", {}), "reward": payload.get("reward"), "done": payload.get("done", False)})
+            {**payload.get("observation", {}), "reward": payload.get("reward"), "done": payload.get("done", False)}
+        )
         return StepResult(observation=obs, reward=payload.get("reward"), done=bool(payload.get("done", False)))
 
     def _parse_state(self, payload: dict[str, Any]) -> AgentGymState:
@@ -150,12 +153,17 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
             await _close_quietly(ws)  # after a timeout the server may still hold the session: let it go
             if refusal is not None and refusal.get("code") == "CAPACITY_REACHED":
                 raise self._full(refusal) from e
-            reason = (f"no reply within message_timeout_s={self._message_timeout} s" if isinstance(e, TimeoutError)
-                      else f"{type(e).__name__}: {e}")
+            reason = (
+                f"no reply within message_timeout_s={self._message_timeout} s"
+                if isinstance(e, TimeoutError)
+                else f"{type(e).__name__}: {e}"
+            )
             raise EnvServerGoneError(
                 f"the connection to the agent_gym server at {self._ws_url} is gone ({reason}); "
                 "its session and episode are lost (the server stopped or restarted). Connect again and reset.",
-                _http_url(self._ws_url), reason) from e
+                _http_url(self._ws_url),
+                reason,
+            ) from e
         if response.get("type") == "error":
             data = response.get("data", {})
             if data.get("code") == "CAPACITY_REACHED":  # and the server closes the connection
@@ -165,7 +173,9 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
             msg = data.get("message", "unknown error")
             if data.get("errors"):
                 msg += ": " + "; ".join(
-                    (f"{'.'.join(map(str, e['loc']))}: " if e.get("loc") else "") + str(e.get("msg")) for e in data["errors"])
+                    (f"{'.'.join(map(str, e['loc']))}: " if e.get("loc") else "") + str(e.get("msg"))
+                    for e in data["errors"]
+                )
             raise AgentGymServerError(msg, str(data.get("code", "UNKNOWN")), data)
         return response
 
@@ -191,8 +201,10 @@ class RemoteToolEnv:
     def _unpack(self, obs: AgentGymObservation, reset: bool) -> tuple[Any, dict[str, Any]]:
         self._ids = list(obs.token_ids) if reset else self._ids + list(obs.token_ids)
         if len(self._ids) != obs.num_tokens:
-            raise RuntimeError(f"the rebuilt context has {len(self._ids)} ids, the server says {obs.num_tokens}: "
-                               "an observation was lost; reset to resynchronize")
+            raise RuntimeError(
+                f"the rebuilt context has {len(self._ids)} ids, the server says {obs.num_tokens}: "
+                "an observation was lost; reset to resynchronize"
+            )
         info = dict(obs.info)
         if obs.episode is not None:
             info["trajectory"] = obs.episode
@@ -297,7 +309,10 @@ class RemoteVectorEnv:
             reason = f"{type(getattr(e, 'reason', e)).__name__}: {getattr(e, 'reason', e)}"
             raise EnvServerGoneError(
                 f"env server {self.base_url} does not answer (GET {path}: {reason}); start it (python -m "
-                "agent_gym.serve ENV_ID --host HOST --port PORT) or fix the URL", self.base_url, reason) from e
+                "agent_gym.serve ENV_ID --host HOST --port PORT) or fix the URL",
+                self.base_url,
+                reason,
+            ) from e
 
     def _check_room(self) -> None:
         """Refuse (:class:`EnvServerFullError`) ``num_envs`` sessions the server has no room for. A
@@ -311,18 +326,26 @@ class RemoteVectorEnv:
         if not isinstance(limit, int) or not isinstance(open_now, int) or open_now + self.num_envs <= limit:
             return
         room = limit - open_now
-        fewer = (f"so make that at most {room}" if room > 0
-                 else "and there is no room left until the other sessions close")
+        fewer = (
+            f"so make that at most {room}" if room > 0 else "and there is no room left until the other sessions close"
+        )
         raise EnvServerFullError(
             f"env server {self.base_url} cannot open the {self.num_envs} sessions this run needs (one per env): it "
             f"allows {limit} at once (python -m agent_gym.serve --max-concurrent-envs {limit}) and {open_now} are "
             f"open. Restart it with --max-concurrent-envs {open_now + self.num_envs} or more, or need fewer "
-            f"sessions: {SESSIONS_HINT}, {fewer}", self.base_url, limit, open_now, self.num_envs)
+            f"sessions: {SESSIONS_HINT}, {fewer}",
+            self.base_url,
+            limit,
+            open_now,
+            self.num_envs,
+        )
 
     def _connect(self) -> list[AgentGymClient]:
         """``num_envs`` connected clients (sessions); none left open if one fails."""
-        clients = [AgentGymClient(base_url=self.base_url, message_timeout_s=self.message_timeout_s)
-                   for _ in range(self.num_envs)]
+        clients = [
+            AgentGymClient(base_url=self.base_url, message_timeout_s=self.message_timeout_s)
+            for _ in range(self.num_envs)
+        ]
         try:
             self._run(*(c.connect() for c in clients))
         except BaseException:
@@ -342,14 +365,22 @@ class RemoteVectorEnv:
         return EnvServerGoneError(
             f"env server {self.base_url} is gone ({reason}){late}: its sessions and the episodes in them are lost. "
             "Restart it (python -m agent_gym.serve with the same env, env kwargs and port) and start those "
-            "episodes again", self.base_url, reason)
+            "episodes again",
+            self.base_url,
+            reason,
+        )
 
     def _raise_refusals(self, errors: dict[int, BaseException]) -> None:
         """Raise :class:`EnvServerFullError` if the server refused some slots' sessions for capacity."""
         full = [e for e in errors.values() if isinstance(e, EnvServerFullError)]
         if full:
-            raise EnvServerFullError(_full_message(self.base_url, full[0].limit, full[0].open, len(full), self.num_envs),
-                                     self.base_url, full[0].limit, full[0].open, self.num_envs) from full[0]
+            raise EnvServerFullError(
+                _full_message(self.base_url, full[0].limit, full[0].open, len(full), self.num_envs),
+                self.base_url,
+                full[0].limit,
+                full[0].open,
+                self.num_envs,
+            ) from full[0]
 
     def _lost(self, errors: dict[int, BaseException], attempts: int) -> bool:
         """Whether the server is gone for some slot of ``errors``: then reconnect (True: call again)
@@ -374,11 +405,14 @@ class RemoteVectorEnv:
                 info = self._get("/agent_gym/env", timeout_s=max(end - time.monotonic(), 1.0))
                 if info != self._env_info:
                     before = self._env_info or {}
-                    raise _NoRetry(EnvServerGoneError(
-                        f"env server {self.base_url} came back serving other envs ({info.get('env_id')!r}, env kwargs "
-                        f"{info.get('env_kwargs')}; before: {before.get('env_id')!r}, {before.get('env_kwargs')}): "
-                        "the episodes in flight cannot go on there. Restart it with this run's env and env kwargs",
-                        self.base_url))
+                    raise _NoRetry(
+                        EnvServerGoneError(
+                            f"env server {self.base_url} came back serving other envs ({info.get('env_id')!r}, env kwargs "
+                            f"{info.get('env_kwargs')}; before: {before.get('env_id')!r}, {before.get('env_kwargs')}): "
+                            "the episodes in flight cannot go on there. Restart it with this run's env and env kwargs",
+                            self.base_url,
+                        )
+                    )
                 self._check_room()
                 self.clients = self._connect()
                 self._replay()
@@ -418,16 +452,24 @@ class RemoteVectorEnv:
             raise lost
         for i, ids in zip(slots, rebuilt):
             if isinstance(ids, BaseException):  # the new server refused a replayed reset or action
-                raise _NoRetry(EnvServerGoneError(
-                    f"env server {self.base_url} came back, but replaying slot {i}'s episode there failed "
-                    f"({type(ids).__name__}: {ids}): its env is not the one that was lost; start those episodes "
-                    "again", self.base_url))
+                raise _NoRetry(
+                    EnvServerGoneError(
+                        f"env server {self.base_url} came back, but replaying slot {i}'s episode there failed "
+                        f"({type(ids).__name__}: {ids}): its env is not the one that was lost; start those episodes "
+                        "again",
+                        self.base_url,
+                    )
+                )
             if ids != self._ids[i]:
-                raise _NoRetry(EnvServerGoneError(
-                    f"env server {self.base_url} came back, but replaying slot {i}'s episode there (the same reset "
-                    f"and {len(self._history[i][1])} actions) rebuilt another context ({len(ids)} ids, not "  # type: ignore[index]
-                    f"{len(self._ids[i])}): its env is not the one that was lost (other env kwargs, or an env that "
-                    "is not reproducible from its seed); start those episodes again", self.base_url))
+                raise _NoRetry(
+                    EnvServerGoneError(
+                        f"env server {self.base_url} came back, but replaying slot {i}'s episode there (the same reset "
+                        f"and {len(self._history[i][1])} actions) rebuilt another context ({len(ids)} ids, not "  # type: ignore[index]
+                        f"{len(self._ids[i])}): its env is not the one that was lost (other env kwargs, or an env that "
+                        "is not reproducible from its seed); start those episodes again",
+                        self.base_url,
+                    )
+                )
 
     # -- the vector env ------------------------------------------------------------------------
 
@@ -445,8 +487,10 @@ class RemoteVectorEnv:
     def _take(self, i: int, obs: AgentGymObservation, reset: bool) -> dict[str, Any]:
         self._ids[i] = list(obs.token_ids) if reset else self._ids[i] + list(obs.token_ids)
         if len(self._ids[i]) != obs.num_tokens:
-            raise RuntimeError(f"slot {i}: the rebuilt context has {len(self._ids[i])} ids, the server says "
-                               f"{obs.num_tokens}; reset to resynchronize")
+            raise RuntimeError(
+                f"slot {i}: the rebuilt context has {len(self._ids[i])} ids, the server says "
+                f"{obs.num_tokens}; reset to resynchronize"
+            )
         info = dict(obs.info)
         if obs.episode is not None:
             info["trajectory"] = obs.episode
@@ -480,7 +524,9 @@ class RemoteVectorEnv:
         idx = [i for i, a in enumerate(actions) if a is not None]
         for i in idx:
             if not self.active[i]:
-                raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action or reset it.")
+                raise RuntimeError(
+                    f"sub-env {i} is not active (its episode ended); pass None as its action or reset it."
+                )
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
@@ -501,8 +547,13 @@ class RemoteVectorEnv:
                     self._history[i][1].append(a if isinstance(a, (str, dict)) else np.array(a, copy=True))  # type: ignore[index]
                 rewards[i], terminated[i], truncated[i] = float(out.reward), o.terminated, o.truncated
                 self.active[i] = not o.done
-                results[i] = ({"input_ids": np.asarray(self._ids[i], dtype=np.int64)}, rewards[i], o.terminated,
-                              o.truncated, infos[i])
+                results[i] = (
+                    {"input_ids": np.asarray(self._ids[i], dtype=np.int64)},
+                    rewards[i],
+                    o.terminated,
+                    o.truncated,
+                    infos[i],
+                )
             if not errors:
                 break
             self._raise_refusals(errors)
@@ -528,5 +579,11 @@ class RemoteVectorEnv:
         self.close()
 
 
-__all__ = ["AgentGymClient", "AgentGymServerError", "EnvServerFullError", "EnvServerGoneError", "RemoteToolEnv",
-           "RemoteVectorEnv"]
+__all__ = [
+    "AgentGymClient",
+    "AgentGymServerError",
+    "EnvServerFullError",
+    "EnvServerGoneError",
+    "RemoteToolEnv",
+    "RemoteVectorEnv",
+]

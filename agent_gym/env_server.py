@@ -82,24 +82,39 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
     def open_envs(cls) -> int:
         return cls._open
 
-    def _observation(self, reward: float | None, terminated: bool, truncated: bool,
-                     info: dict[str, Any]) -> AgentGymObservation:
+    def _observation(
+        self, reward: float | None, terminated: bool, truncated: bool, info: dict[str, Any]
+    ) -> AgentGymObservation:
         ids = self.tool_env._obs()["input_ids"].tolist()
-        delta, self._sent = ids[self._sent:], len(ids)
+        delta, self._sent = ids[self._sent :], len(ids)
         episode = info.pop("trajectory", None)
         return AgentGymObservation(
-            token_ids=delta, num_tokens=len(ids),
+            token_ids=delta,
+            num_tokens=len(ids),
             text=self.text_view._text({"input_ids": ids}) if self.view == "text" else None,
-            reward=reward, done=bool(terminated or truncated), terminated=bool(terminated), truncated=bool(truncated),
-            info=jsonable(info), episode=episode)
+            reward=reward,
+            done=bool(terminated or truncated),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=jsonable(info),
+            episode=episode,
+        )
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, task_index: int | None = None,
-              task: dict[str, Any] | None = None, view: Literal["tokens", "text"] = "tokens",
-              **kwargs: Any) -> AgentGymObservation:
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_index: int | None = None,
+        task: dict[str, Any] | None = None,
+        view: Literal["tokens", "text"] = "tokens",
+        **kwargs: Any,
+    ) -> AgentGymObservation:
         """``seed``, and ``task_index`` or ``task`` (the env's reset options); ``view`` "text" adds
         TextView's text to every observation of the episode. Anything else is refused by name."""
         if kwargs:
-            raise ValueError(f"unknown reset argument(s) {sorted(kwargs)}; valid: seed, task_index, task, view, episode_id")
+            raise ValueError(
+                f"unknown reset argument(s) {sorted(kwargs)}; valid: seed, task_index, task, view, episode_id"
+            )
         if view not in ("tokens", "text"):
             raise ValueError(f"view must be 'tokens' or 'text', got {view!r}")
         options = {k: v for k, v in (("task_index", task_index), ("task", task)) if v is not None}
@@ -118,9 +133,15 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
     def state(self) -> AgentGymState:
         te = self.tool_env
         task = getattr(te, "task", None)
-        return AgentGymState(env_id=self.env_id, task_id=None if task is None else str(task.get("id", te.task_index)),
-                             task_index=getattr(te, "task_index", None), turn=getattr(te, "turn", 0),
-                             num_tokens=len(te._ids), done=bool(te._done), step_count=getattr(te, "turn", 0))
+        return AgentGymState(
+            env_id=self.env_id,
+            task_id=None if task is None else str(task.get("id", te.task_index)),
+            task_index=getattr(te, "task_index", None),
+            turn=getattr(te, "turn", 0),
+            num_tokens=len(te._ids),
+            done=bool(te._done),
+            step_count=getattr(te, "turn", 0),
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -178,8 +199,12 @@ def settle_heap() -> None:
     gc.collect()
 
 
-def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurrent_envs: int = 64,
-              session_timeout_s: float | None = None):
+def build_app(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    max_concurrent_envs: int = 64,
+    session_timeout_s: float | None = None,
+):
     """openenv-core's FastAPI app serving ``env_id``; plus ``GET /agent_gym/sessions`` and
     ``GET /agent_gym/env`` (:func:`describe_env`), ``POST /step`` refused with 409 (:data:`STATELESS_STEP`)
     and ``/ws`` behind :class:`WebSocketGuard` (a malformed frame costs one error reply, a client's
@@ -196,9 +221,15 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
     finally:
         probe.close()
     factory = functools.partial(AgentGymEnvironment, env_id, dict(env_kwargs or {}))
-    app = create_app(factory, AgentGymAction, AgentGymObservation, env_name=env_id,
-                     concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs,
-                                                          session_timeout=session_timeout_s))
+    app = create_app(
+        factory,
+        AgentGymAction,
+        AgentGymObservation,
+        env_name=env_id,
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout_s
+        ),
+    )
     _refuse_stateless_step(app)
     app.add_middleware(WebSocketGuard)
     env_server = _openenv_server(app)
@@ -208,9 +239,12 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
         """``open_envs``: the envs built and not yet closed (sessions, plus a stateless call's
         throwaway env in flight); ``sessions``: openenv-core's session table (None if not found);
         ``max_concurrent_envs``: the limit, which ``RemoteVectorEnv`` checks its sessions against."""
-        return {"env_id": env_id, "open_envs": AgentGymEnvironment.open_envs(),
-                "sessions": None if env_server is None else env_server.active_sessions,
-                "max_concurrent_envs": max_concurrent_envs}
+        return {
+            "env_id": env_id,
+            "open_envs": AgentGymEnvironment.open_envs(),
+            "sessions": None if env_server is None else env_server.active_sessions,
+            "max_concurrent_envs": max_concurrent_envs,
+        }
 
     @app.get("/agent_gym/env")
     def env() -> dict[str, Any]:
@@ -220,25 +254,33 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_concurr
     return app
 
 
-STATELESS_STEP = ("POST /step cannot step this env: openenv-core's HTTP /step builds a fresh env for each request "
-                  "and steps it without a reset, and an agent_gym env has no episode before reset(); "
-                  "episodes live in WebSocket sessions: connect to /ws (agent_gym.env_client.AgentGymClient or "
-                  "RemoteToolEnv), send reset, then step")
+STATELESS_STEP = (
+    "POST /step cannot step this env: openenv-core's HTTP /step builds a fresh env for each request "
+    "and steps it without a reset, and an agent_gym env has no episode before reset(); "
+    "episodes live in WebSocket sessions: connect to /ws (agent_gym.env_client.AgentGymClient or "
+    "RemoteToolEnv), send reset, then step"
+)
 """The body's ``detail`` of the 409 that ``POST /step`` answers (``code``: ``NO_EPISODE``)."""
 
 
 def _refuse_stateless_step(app: Any) -> None:
     """Replace openenv-core's ``POST /step`` (a throwaway env per request, stepped without a reset:
     always a 500 here) by a 409 naming the reason and the WebSocket session to use instead."""
-    app.router.routes[:] = [r for r in app.router.routes
-                            if not (isinstance(r, APIRoute) and r.path == "/step" and "POST" in r.methods)]
+    app.router.routes[:] = [
+        r for r in app.router.routes if not (isinstance(r, APIRoute) and r.path == "/step" and "POST" in r.methods)
+    ]
 
     example = {"application/json": {"example": {"detail": STATELESS_STEP, "code": "NO_EPISODE"}}}
 
-    @app.post("/step", status_code=409, response_model=None, tags=["Environment Control"],
-              summary="Refused: use the WebSocket session",
-              description=STATELESS_STEP + ".",
-              responses={409: {"description": "always: there is no episode to step", "content": example}})
+    @app.post(
+        "/step",
+        status_code=409,
+        response_model=None,
+        tags=["Environment Control"],
+        summary="Refused: use the WebSocket session",
+        description=STATELESS_STEP + ".",
+        responses={409: {"description": "always: there is no episode to step", "content": example}},
+    )
     async def step():  # (no annotation: FastAPI would resolve a local name for its OpenAPI schema)
         return JSONResponse(status_code=409, content={"detail": STATELESS_STEP, "code": "NO_EPISODE"})
 
@@ -267,20 +309,25 @@ def frame_problem(message: dict[str, Any]) -> str | None:
     text = message.get("text")
     if text is None:
         data = message.get("bytes") or b""
-        return (f"a binary frame ({len(data)} bytes) is not a message; send each message as a JSON object in a text "
-                'frame, e.g. {"type": "reset", "data": {}}')
+        return (
+            f"a binary frame ({len(data)} bytes) is not a message; send each message as a JSON object in a text "
+            'frame, e.g. {"type": "reset", "data": {}}'
+        )
     try:
         value = json.loads(text)  # parsed again by openenv-core: microseconds against an env step
     except RecursionError:
-        return ("the message is JSON nested too deeply to parse; send a JSON object such as "
-                '{"type": "reset", "data": {}}')
+        return (
+            'the message is JSON nested too deeply to parse; send a JSON object such as {"type": "reset", "data": {}}'
+        )
     except ValueError:
         return None
     if isinstance(value, dict):
         return None
     kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-    return (f"a message must be a JSON object, got {kind}; send e.g. "
-            '{"type": "reset", "data": {}} or {"type": "step", "data": {"text": "..."}}')
+    return (
+        f"a message must be a JSON object, got {kind}; send e.g. "
+        '{"type": "reset", "data": {}} or {"type": "step", "data": {"text": "..."}}'
+    )
 
 
 class WebSocketGuard:
@@ -354,9 +401,23 @@ def describe_env(env_id: str, env_kwargs: dict[str, Any] | None, tool_env: Any) 
         num_tasks: int | None = int(tool_env.num_tasks())
     except NotImplementedError:
         num_tasks = None
-    return {"env_id": env_id, "env_kwargs": jsonable(dict(env_kwargs or {})), "vocab_size": int(tool_env.vocab_size),
-            "num_tasks": num_tasks, "tokenizer": tokenizer_fingerprint(tool_env.tokenizer)}
+    return {
+        "env_id": env_id,
+        "env_kwargs": jsonable(dict(env_kwargs or {})),
+        "vocab_size": int(tool_env.vocab_size),
+        "num_tasks": num_tasks,
+        "tokenizer": tokenizer_fingerprint(tool_env.tokenizer),
+    }
 
 
-__all__ = ["STATELESS_STEP", "TRIM_EVERY", "AgentGymEnvironment", "WebSocketGuard", "build_app", "describe_env",
-           "frame_problem", "settle_heap", "trim_heap"]
+__all__ = [
+    "STATELESS_STEP",
+    "TRIM_EVERY",
+    "AgentGymEnvironment",
+    "WebSocketGuard",
+    "build_app",
+    "describe_env",
+    "frame_problem",
+    "settle_heap",
+    "trim_heap",
+]

@@ -35,9 +35,11 @@ class AgentGymAction(Action):
     """One assistant turn: exactly one of ``token_ids`` or ``text``."""
 
     token_ids: list[int] | None = Field(
-        default=None, description="the ids of one assistant turn, stop token included (appended verbatim)")
+        default=None, description="the ids of one assistant turn, stop token included (appended verbatim)"
+    )
     text: str | None = Field(
-        default=None, description="the reply text; encoded as one turn and closed with the end-of-turn token (TextView)")
+        default=None, description="the reply text; encoded as one turn and closed with the end-of-turn token (TextView)"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> AgentGymAction:
@@ -45,16 +47,19 @@ class AgentGymAction(Action):
             # Not a ValueError: openenv-core 0.3.0 sends pydantic's ``errors()`` as JSON, and a
             # ValueError there (in ``ctx``) cannot be serialized, so the server would drop the session.
             raise PydanticCustomError(
-                "action_kind", "an action has exactly one of 'token_ids' (a list of int ids) or 'text' (a string); "
-                "got {got}", {"got": "both" if self.token_ids is not None else "neither"})
+                "action_kind",
+                "an action has exactly one of 'token_ids' (a list of int ids) or 'text' (a string); got {got}",
+                {"got": "both" if self.token_ids is not None else "neither"},
+            )
         return self
 
 
 class AgentGymObservation(Observation):
     """What the env returns after a reset or a step (see the module docstring for ``token_ids``)."""
 
-    token_ids: list[int] = Field(description="ids appended since the session's previous observation "
-                                             "(after a reset: the whole prompt)")
+    token_ids: list[int] = Field(
+        description="ids appended since the session's previous observation (after a reset: the whole prompt)"
+    )
     num_tokens: int = Field(description="length of the whole context (the full input_ids)")
     text: str | None = Field(default=None, description="the whole context decoded (view='text' sessions only)")
     terminated: bool = False

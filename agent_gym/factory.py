@@ -69,17 +69,30 @@ class EnvFactory:
             back before it fails (``RemoteVectorEnv``'s ``reconnect_s``; 0: fail at once).
     """
 
-    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, tokenizer: Any = None, *,
-                 vocab_size: int | None = None, num_threads: int = 0, server: str | None = None,
-                 server_timeout_s: float = 120.0, server_reconnect_s: float = 0.0):
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: Mapping[str, Any] | None = None,
+        tokenizer: Any = None,
+        *,
+        vocab_size: int | None = None,
+        num_threads: int = 0,
+        server: str | None = None,
+        server_timeout_s: float = 120.0,
+        server_reconnect_s: float = 0.0,
+    ):
         if not isinstance(env_id, str) or not env_id:
             raise ValueError(f"env_id must be a registered env id string (e.g. 'AgentR1/FactChain-v0'), got {env_id!r}")
         if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
             raise ValueError(f"env_kwargs must be a mapping of env arguments, got {type(env_kwargs).__name__}")
-        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
+        ):
             raise ValueError(f"vocab_size must be a positive integer (the policy's embedding rows), got {vocab_size!r}")
         if server is not None and (not isinstance(server, str) or not server.startswith(("http://", "https://"))):
-            raise ValueError(f"server must be an http(s):// URL of a `python -m agent_gym.serve` process, got {server!r}")
+            raise ValueError(
+                f"server must be an http(s):// URL of a `python -m agent_gym.serve` process, got {server!r}"
+            )
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.tokenizer = tokenizer
@@ -112,9 +125,16 @@ class EnvFactory:
 
     def replace(self, **changes: Any) -> EnvFactory:
         """A copy with some constructor arguments changed (``vocab_size=`` once a model is known)."""
-        args = dict(env_id=self.env_id, env_kwargs=self.env_kwargs, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                    num_threads=self.num_threads, server=self.server, server_timeout_s=self.server_timeout_s,
-                    server_reconnect_s=self.server_reconnect_s)
+        args = dict(
+            env_id=self.env_id,
+            env_kwargs=self.env_kwargs,
+            tokenizer=self.tokenizer,
+            vocab_size=self.vocab_size,
+            num_threads=self.num_threads,
+            server=self.server,
+            server_timeout_s=self.server_timeout_s,
+            server_reconnect_s=self.server_reconnect_s,
+        )
         unknown = sorted(set(changes) - set(args))
         if unknown:
             raise TypeError(f"EnvFactory.replace: unknown argument(s) {unknown}; valid: {sorted(args)}")
@@ -150,15 +170,27 @@ class EnvFactory:
             # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
             from agent_gym.env_client import RemoteVectorEnv
 
-            return RemoteVectorEnv(self.server, num_envs, message_timeout_s=self.server_timeout_s,
-                                   reconnect_s=self.server_reconnect_s)
+            return RemoteVectorEnv(
+                self.server, num_envs, message_timeout_s=self.server_timeout_s, reconnect_s=self.server_reconnect_s
+            )
         spec = gym.spec(self.env_id)
         kwargs = self.kwargs(**overrides)
         if spec.vector_entry_point is None:  # registered with gym.register directly, not agent_gym.register_env
-            return ToolVectorEnv.from_entry_point(spec.entry_point, num_envs=num_envs, num_threads=self.num_threads,
-                                                  info_format="list", **{**(spec.kwargs or {}), **kwargs})
-        return gym.make_vec(self.env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                            num_threads=self.num_threads, info_format="list", **kwargs)
+            return ToolVectorEnv.from_entry_point(
+                spec.entry_point,
+                num_envs=num_envs,
+                num_threads=self.num_threads,
+                info_format="list",
+                **{**(spec.kwargs or {}), **kwargs},
+            )
+        return gym.make_vec(
+            self.env_id,
+            num_envs=num_envs,
+            vectorization_mode="vector_entry_point",
+            num_threads=self.num_threads,
+            info_format="list",
+            **kwargs,
+        )
 
     @staticmethod
     def num_tasks(vec: Any) -> int:
@@ -173,9 +205,11 @@ class EnvFactory:
 
     def _remote_only(self, overrides: Mapping[str, Any]) -> None:
         if overrides:
-            raise ValueError(f"env kwargs overrides {sorted(overrides)} cannot reach a served env: the server at "
-                             f"{self.server} builds its envs from its own arguments. Build these envs in-process "
-                             "(factory.local().make_vector(...)) or serve them from a second server.")
+            raise ValueError(
+                f"env kwargs overrides {sorted(overrides)} cannot reach a served env: the server at "
+                f"{self.server} builds its envs from its own arguments. Build these envs in-process "
+                "(factory.local().make_vector(...)) or serve them from a second server."
+            )
         if not self._server_checked:
             self.check_server()
 
@@ -192,14 +226,17 @@ class EnvFactory:
             with urllib.request.urlopen(url, timeout=min(self.server_timeout_s, 30.0)) as r:
                 return json.load(r)
         except urllib.error.HTTPError as e:
-            raise ConnectionError(f"env server {self.server}: GET /agent_gym/env answered HTTP {e.code}; is it an "
-                                  "agent_gym server (python -m agent_gym.serve) of this version?") from e
+            raise ConnectionError(
+                f"env server {self.server}: GET /agent_gym/env answered HTTP {e.code}; is it an "
+                "agent_gym server (python -m agent_gym.serve) of this version?"
+            ) from e
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise ConnectionError(
                 f"env server {self.server} is unreachable ({type(reason).__name__}: {reason}). Start it with "
                 f"`python -m agent_gym.serve {self.env_id} --host HOST --port PORT --env-kwargs '{{...}}'` "
-                "(the same env kwargs and vocab_size as this run), or unset env_server to build the envs in-process.") from e
+                "(the same env kwargs and vocab_size as this run), or unset env_server to build the envs in-process."
+            ) from e
 
     def check_server(self) -> dict[str, Any]:
         """Check that the server's envs are the ones this factory would build; returns its info.
@@ -217,15 +254,22 @@ class EnvFactory:
         if vocab is None:  # the env's own default (ToolEnv): the tokenizer's size
             vocab = max(len(tok), getattr(tok, "vocab_size", 0))
         if info.get("vocab_size") != vocab:
-            diffs.append(f"vocab_size: server {info.get('vocab_size')}, here {vocab} (pass the policy's as "
-                         "--env-kwargs '{vocab_size: N}' to the server)")
+            diffs.append(
+                f"vocab_size: server {info.get('vocab_size')}, here {vocab} (pass the policy's as "
+                "--env-kwargs '{vocab_size: N}' to the server)"
+            )
         if info.get("tokenizer") != tokenizer_fingerprint(tok):
-            diffs.append("tokenizer: the server's env encodes with a different tokenizer (a different vocabulary, "
-                         "special tokens or chat template); give the server the model's tokenizer in --env-kwargs")
+            diffs.append(
+                "tokenizer: the server's env encodes with a different tokenizer (a different vocabulary, "
+                "special tokens or chat template); give the server the model's tokenizer in --env-kwargs"
+            )
         if diffs:
-            raise ValueError(f"env server {self.server} serves other envs than this run would build: "
-                             + "; ".join(diffs) + ". Restart the server with this run's env_id and env kwargs "
-                             "(python -m agent_gym.serve --config THIS_CONFIG.yaml does).")
+            raise ValueError(
+                f"env server {self.server} serves other envs than this run would build: "
+                + "; ".join(diffs)
+                + ". Restart the server with this run's env_id and env kwargs "
+                "(python -m agent_gym.serve --config THIS_CONFIG.yaml does)."
+            )
         self._server_checked = True
         return info
 

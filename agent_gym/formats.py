@@ -107,7 +107,7 @@ def _parse_answer(text: str) -> str | None:
     last = None
     for _, b, e, _ in tag_spans(text, "<answer>", "</answer>"):
         last = (b, e)
-    return text[last[0]:last[1]].strip() if last else None
+    return text[last[0] : last[1]].strip() if last else None
 
 
 class ToolCallFormat:
@@ -140,8 +140,10 @@ class ToolCallFormat:
 
     def nudge(self) -> str:
         """The message sent when a turn holds neither a call nor an answer."""
-        return ("Your reply contained no tool call and no final answer. Call a tool, or give the "
-                "final answer as <answer>...</answer>.")
+        return (
+            "Your reply contained no tool call and no final answer. Call a tool, or give the "
+            "final answer as <answer>...</answer>."
+        )
 
 
 _FORMATS: dict[str, Callable[[], ToolCallFormat]] = {}
@@ -181,7 +183,7 @@ class HermesFormat(ToolCallFormat):
             turn.calls.append(self._parse_call(text[b:e]))
         closed = text.count("</tool_call>")
         if text.count("<tool_call>") > closed and calls.room():
-            tail = text[text.rfind("<tool_call>"):]
+            tail = text[text.rfind("<tool_call>") :]
             turn.calls.append(ToolCall(None, {}, tail, "unclosed <tool_call> tag"))
         return turn
 
@@ -214,8 +216,10 @@ class HermesFormat(ToolCallFormat):
         return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
     def instructions(self, tools: list[Tool]) -> str:
-        return ("Call tools with <tool_call>{\"name\": <tool name>, \"arguments\": {...}}</tool_call>. "
-                "When you know the answer, reply with <answer>...</answer>.")
+        return (
+            'Call tools with <tool_call>{"name": <tool name>, "arguments": {...}}</tool_call>. '
+            "When you know the answer, reply with <answer>...</answer>."
+        )
 
 
 @register_format("search_r1")
@@ -232,7 +236,7 @@ class SearchR1Format(ToolCallFormat):
             else:
                 turn.calls.append(ToolCall("search", {}, text[s:end], "empty <search></search> query"))
         if text.count("<search>") > text.count("</search>") and calls.room():
-            turn.calls.append(ToolCall("search", {}, text[text.rfind("<search>"):], "unclosed <search> tag"))
+            turn.calls.append(ToolCall("search", {}, text[text.rfind("<search>") :], "unclosed <search> tag"))
         return turn
 
     def result_messages(self, outcomes: list[CallOutcome]) -> list[dict[str, str]]:
@@ -241,19 +245,25 @@ class SearchR1Format(ToolCallFormat):
 
     def call_text(self, name: str, arguments: dict[str, Any]) -> str:
         if name != "search" or set(arguments) != {"query"}:
-            raise ValueError(f"tool_format 'search_r1' writes only search(query) calls, not {name}({sorted(arguments)})")
+            raise ValueError(
+                f"tool_format 'search_r1' writes only search(query) calls, not {name}({sorted(arguments)})"
+            )
         return f"<search>{arguments['query']}</search>"
 
     def check_tools(self, tools: list[Tool]) -> None:
         names = [t.name for t in tools]
         if "search" not in names:
-            raise ValueError(f"tool_format 'search_r1' needs a tool named 'search'; this env has {names}. "
-                             "Use tool_format='hermes' for other tools.")
+            raise ValueError(
+                f"tool_format 'search_r1' needs a tool named 'search'; this env has {names}. "
+                "Use tool_format='hermes' for other tools."
+            )
 
     def instructions(self, tools: list[Tool]) -> str:
-        return ("To search, write <search> query </search>; the results come back between "
-                "<information> and </information>. When you know the answer, reply with "
-                "<answer>...</answer>.")
+        return (
+            "To search, write <search> query </search>; the results come back between "
+            "<information> and </information>. When you know the answer, reply with "
+            "<answer>...</answer>."
+        )
 
 
 @register_format("smollm2")
@@ -282,7 +292,7 @@ class SmolLM2Format(HermesFormat):
             else:
                 turn.calls.append(self._parse_call(body))
         if text.count("<tool_call>") > text.count("</tool_call>"):
-            turn.calls.append(ToolCall(None, {}, text[text.rfind("<tool_call>"):], "unclosed <tool_call> tag"))
+            turn.calls.append(ToolCall(None, {}, text[text.rfind("<tool_call>") :], "unclosed <tool_call> tag"))
         if max_calls is not None and len(turn.calls) > max_calls:  # the env's per-turn cap
             turn.calls_skipped += len(turn.calls) - max_calls
             del turn.calls[max_calls:]
@@ -297,10 +307,12 @@ class SmolLM2Format(HermesFormat):
 
     def instructions(self, tools: list[Any]) -> str:
         sigs = json.dumps([t.schema()["function"] if "function" in t.schema() else t.schema() for t in tools])
-        return ("You have access to the following tools:\n<tools>" + sigs + "</tools>\n"
-                "To call tools, write a list of calls in this format:\n"
-                '<tool_call>[{"name": "func_name", "arguments": {"argument1": "value1"}}]</tool_call>\n'
-                "When you know the answer, reply with <answer>...</answer>.")
+        return (
+            "You have access to the following tools:\n<tools>" + sigs + "</tools>\n"
+            "To call tools, write a list of calls in this format:\n"
+            '<tool_call>[{"name": "func_name", "arguments": {"argument1": "value1"}}]</tool_call>\n'
+            "When you know the answer, reply with <answer>...</answer>."
+        )
 
 
 _ANSWER_LEAD = re.compile(r"(?:the\s+)?(?:final\s+|short\s+)?answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
@@ -319,7 +331,7 @@ def answer_from_text(text: str) -> str | None:
     if yes_no:  # "No, Scott Derrickson and Ed Wood were not ..." answers a yes/no question
         return yes_no.group(1).lower()
     leads = list(_ANSWER_LEAD.finditer(text))
-    rest = text[leads[-1].end():] if leads else text
+    rest = text[leads[-1].end() :] if leads else text
     line = rest.strip().split("\n", 1)[0]
     end = re.search(r"\.(?:\s|$)", line)
     out = (line[: end.start()] if end else line).strip().strip("*\"'` ").strip()

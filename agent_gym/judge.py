@@ -63,8 +63,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["DEFAULT_RUBRIC", "FAILURE_KINDS", "Judge", "JudgeConfig", "JudgeConfigError", "Verdict", "get_judge",
-           "parse_verdict"]
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "FAILURE_KINDS",
+    "Judge",
+    "JudgeConfig",
+    "JudgeConfigError",
+    "Verdict",
+    "get_judge",
+    "parse_verdict",
+]
 
 log = logging.getLogger("agent_gym.judge")
 
@@ -119,11 +127,16 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         w = "judge."
         if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
-            raise JudgeConfigError(w + "base_url", "must be the server's http(s) URL with its /v1, such as "
-                                   f"http://127.0.0.1:8000/v1; got {self.base_url!r}")
+            raise JudgeConfigError(
+                w + "base_url",
+                "must be the server's http(s) URL with its /v1, such as "
+                f"http://127.0.0.1:8000/v1; got {self.base_url!r}",
+            )
         if not isinstance(self.model, str) or not self.model.strip():
-            raise JudgeConfigError(w + "model", "must name the model the server serves (GET BASE_URL/models "
-                                   f"lists them); got {self.model!r}")
+            raise JudgeConfigError(
+                w + "model",
+                f"must name the model the server serves (GET BASE_URL/models lists them); got {self.model!r}",
+            )
         if not isinstance(self.rubric, str):
             raise JudgeConfigError(w + "rubric", f"must be a string, got {type(self.rubric).__name__}")
         _check_rubric(self.rubric)
@@ -148,8 +161,9 @@ class JudgeConfig:
             if Path(self.cache_path).expanduser().is_dir():
                 raise JudgeConfigError(w + "cache_path", f"{str(self.cache_path)!r} is a folder; name a file")
         if not isinstance(self.api_key_env, str):
-            raise JudgeConfigError(w + "api_key_env",
-                                   f"must be an environment variable's name, got {self.api_key_env!r}")
+            raise JudgeConfigError(
+                w + "api_key_env", f"must be an environment variable's name, got {self.api_key_env!r}"
+            )
         if not isinstance(self.extra_body, dict):
             raise JudgeConfigError(w + "extra_body", f"must be a dict of request fields, got {self.extra_body!r}")
         try:
@@ -162,16 +176,19 @@ class JudgeConfig:
         if isinstance(value, cls):
             return value
         if not isinstance(value, dict):
-            raise JudgeConfigError("judge", "must be a dict of judge settings (at least base_url and model), "
-                                   f"got {type(value).__name__}")
+            raise JudgeConfigError(
+                "judge", f"must be a dict of judge settings (at least base_url and model), got {type(value).__name__}"
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(value) - set(names), key=str)
         if unknown:
             raise JudgeConfigError(f"judge.{unknown[0]}", f"unknown key; valid keys: {', '.join(names)}")
         for req in ("base_url", "model"):
             if req not in value:
-                raise JudgeConfigError(f"judge.{req}", "is required (judge needs base_url, the server's /v1 URL, "
-                                       "and model, the served model's name)")
+                raise JudgeConfigError(
+                    f"judge.{req}",
+                    "is required (judge needs base_url, the server's /v1 URL, and model, the served model's name)",
+                )
         v = dict(value)
         if isinstance(v.get("cache_path"), os.PathLike):
             v["cache_path"] = os.fspath(v["cache_path"])
@@ -197,16 +214,22 @@ def _check_rubric(rubric: str) -> None:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(rubric) if f is not None]
     except ValueError as e:
-        raise JudgeConfigError("judge.rubric",
-                               f"is not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+        raise JudgeConfigError(
+            "judge.rubric", f"is not a valid template ({e}); write literal braces as {{{{ and }}}}"
+        ) from None
     for f in fields:
         if f not in RUBRIC_FIELDS:
-            raise JudgeConfigError("judge.rubric", f"has the field {{{f}}}; the fields are "
-                                   f"{', '.join('{' + n + '}' for n in RUBRIC_FIELDS)} (literal braces: {{{{ and }}}})")
+            raise JudgeConfigError(
+                "judge.rubric",
+                f"has the field {{{f}}}; the fields are "
+                f"{', '.join('{' + n + '}' for n in RUBRIC_FIELDS)} (literal braces: {{{{ and }}}})",
+            )
     missing = [f for f in REQUIRED_FIELDS if f not in fields]
     if missing:
-        raise JudgeConfigError("judge.rubric", f"must contain {', '.join('{' + m + '}' for m in missing)}: the judge "
-                               "compares the answer with the gold")
+        raise JudgeConfigError(
+            "judge.rubric",
+            f"must contain {', '.join('{' + m + '}' for m in missing)}: the judge compares the answer with the gold",
+        )
 
 
 def parse_verdict(text: str) -> float | None:
@@ -271,10 +294,18 @@ class Judge:
 
         self.cfg = cfg
         key = os.environ.get(cfg.api_key_env) or "EMPTY"
-        ccfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key=key, timeout=float(cfg.timeout_s),
-                            max_retries=cfg.retries, backoff_base=float(cfg.backoff_s),
-                            backoff_max=float(cfg.backoff_s) * 16, temperature=0.0, max_tokens=cfg.max_tokens,
-                            extra_body=dict(cfg.extra_body))
+        ccfg = ClientConfig(
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key=key,
+            timeout=float(cfg.timeout_s),
+            max_retries=cfg.retries,
+            backoff_base=float(cfg.backoff_s),
+            backoff_max=float(cfg.backoff_s) * 16,
+            temperature=0.0,
+            max_tokens=cfg.max_tokens,
+            extra_body=dict(cfg.extra_body),
+        )
         self._client = ChatClient(ccfg, sleep=sleep)  # raises ImportError naming the extra without openai
         self._slots = threading.BoundedSemaphore(cfg.max_concurrency)
         self._lock = threading.Lock()
@@ -324,8 +355,20 @@ class Judge:
             self._cache[key] = (score, reply)
         if self._cache_file is None:
             return
-        line = json.dumps({"model": self.cfg.model, "rubric_sha": self._rubric_sha, "question": key[0],
-                           "golds": list(key[1]), "answer": key[2], "score": score, "reply": reply}) + "\n"
+        line = (
+            json.dumps(
+                {
+                    "model": self.cfg.model,
+                    "rubric_sha": self._rubric_sha,
+                    "question": key[0],
+                    "golds": list(key[1]),
+                    "answer": key[2],
+                    "score": score,
+                    "reply": reply,
+                }
+            )
+            + "\n"
+        )
         try:
             fd = os.open(self._cache_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
@@ -371,14 +414,19 @@ class Judge:
         from agent_gym.integrations.openai_policy import RequestFailed
 
         if self._in_cooldown():
-            return self._fail("unavailable", "skipped: a judge request failed for good less than "
-                              f"{self.cfg.cooldown_s:g} s ago (judge.cooldown_s)")
+            return self._fail(
+                "unavailable",
+                f"skipped: a judge request failed for good less than {self.cfg.cooldown_s:g} s ago (judge.cooldown_s)",
+            )
         question, golds, answer = key
         prompt = self.cfg.rubric.format(question=question, gold=" / ".join(golds), answer=answer)
         with self._slots:
             if self._in_cooldown():  # it failed while this one waited for a slot
-                return self._fail("unavailable", "skipped: a judge request failed for good less than "
-                                  f"{self.cfg.cooldown_s:g} s ago (judge.cooldown_s)")
+                return self._fail(
+                    "unavailable",
+                    "skipped: a judge request failed for good less than "
+                    f"{self.cfg.cooldown_s:g} s ago (judge.cooldown_s)",
+                )
             with self._lock:
                 self.stats["requests"] += 1
             try:
@@ -391,8 +439,12 @@ class Judge:
                 return self._fail("error", f"{type(e).__name__}: {e}", attempts=1)
         score = parse_verdict(reply.text)
         if score is None:
-            return self._fail("unparseable", f"no yes/no verdict in the judge's reply {reply.text[:200]!r}",
-                              reply=reply.text, attempts=reply.attempts)
+            return self._fail(
+                "unparseable",
+                f"no yes/no verdict in the judge's reply {reply.text[:200]!r}",
+                reply=reply.text,
+                attempts=reply.attempts,
+            )
         self._store(key, score, reply.text)
         return Verdict(score, reply=reply.text, attempts=reply.attempts)
 
@@ -402,9 +454,12 @@ class Judge:
     def _fail(self, kind: str, error: str, reply: str | None = None, attempts: int = 0) -> Verdict:
         with self._lock:
             self.stats[f"failed_{kind}"] += 1
-        self._warn(kind, f"judge failed ({kind}): {error}. The judge score of such answers is 0 and "
-                         "answer_scores['judge_failed'] is 1 (info['judge'] has each reason); this warning is "
-                         "logged once per kind.")
+        self._warn(
+            kind,
+            f"judge failed ({kind}): {error}. The judge score of such answers is 0 and "
+            "answer_scores['judge_failed'] is 1 (info['judge'] has each reason); this warning is "
+            "logged once per kind.",
+        )
         return Verdict(0.0, failed=kind, error=error, reply=reply, attempts=attempts)
 
     def _warn(self, kind: str, message: str) -> None:

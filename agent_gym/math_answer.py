@@ -102,7 +102,7 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j]
+                return text[i + 1 : j]
     return None  # unclosed
 
 
@@ -127,7 +127,7 @@ def _unwrap(s: str, command: str) -> str:
             if depth == 0:
                 break
             k += 1
-        out.append(s[j + len(command) + 1:k])
+        out.append(s[j + len(command) + 1 : k])
         i = k + 1
 
 
@@ -212,8 +212,7 @@ def prepare(answer: str) -> str:
 
 def _degrees_to_radians(answer: str) -> str:
     """``30^\\circ`` -> ``(30)\\cdot\\frac{\\pi}{180}``: used when the other side is in radians."""
-    return re.sub(r"([\d.]+|\([^()]*\))\s*(?:\^\s*\{?\\circ\}?|\\degree)",
-                  r"(\1)\\cdot\\frac{\\pi}{180}", answer)
+    return re.sub(r"([\d.]+|\([^()]*\))\s*(?:\^\s*\{?\\circ\}?|\\degree)", r"(\1)\\cdot\\frac{\\pi}{180}", answer)
 
 
 def _mv_parse(answer: str) -> list:
@@ -255,8 +254,14 @@ def judge(predicted: str, gold: str) -> tuple[bool, str]:
     return bool(ok), ("math_verify" if ok else "no_match")
 
 
-_WARM_UP = (("\\boxed{\\frac{1}{2}}", "0.5"), ("(x+1)^2", "x^2+2x+1"), ("[1,2)", "(1,2]"), ("\\{1,2\\}", "\\{2,1\\}"),
-            ("y=2x+1", "2x+1"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}"))
+_WARM_UP = (
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("[1,2)", "(1,2]"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("y=2x+1", "2x+1"),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}"),
+)
 
 
 def _serve() -> None:
@@ -305,8 +310,10 @@ def _serve_loop() -> None:
 # -- the worker pool (parent side) -----------------------------------------------------------------
 
 
-_WORKER_CMD = ("import importlib.util as u, sys; s = u.spec_from_file_location('_agent_gym_math_worker', sys.argv[1]); "
-               "m = u.module_from_spec(s); s.loader.exec_module(m); m._serve()")
+_WORKER_CMD = (
+    "import importlib.util as u, sys; s = u.spec_from_file_location('_agent_gym_math_worker', sys.argv[1]); "
+    "m = u.module_from_spec(s); s.loader.exec_module(m); m._serve()"
+)
 
 
 class _WorkerDied(Exception):
@@ -317,8 +324,12 @@ class _Worker:
     """One worker process: the module file run on its own (no ``agent_gym`` package import)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD, os.path.abspath(__file__)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CMD, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
         self._buf = b""
         try:
             reply = self.read_line(time.monotonic() + WORKER_START_TIMEOUT_S)
@@ -329,8 +340,10 @@ class _Worker:
         if reply is None or "error" in json.loads(reply):
             self.kill()
             why = json.loads(reply)["error"] if reply else died
-            raise RuntimeError(f"the math answer checker's worker process failed ({why}); it needs math-verify: "
-                               f"pip install math-verify (the 'code' extra: pip install -e '.[code]')")
+            raise RuntimeError(
+                f"the math answer checker's worker process failed ({why}); it needs math-verify: "
+                f"pip install math-verify (the 'code' extra: pip install -e '.[code]')"
+            )
 
     def read_line(self, deadline: float) -> str | None:
         """One line from the worker, or ``None`` when the deadline passes; ``_WorkerDied`` if it exits."""
@@ -486,9 +499,23 @@ def answers_match(predicted: str, gold: str, timeout: float | None = None) -> bo
 def check_available() -> None:
     """``ImportError`` naming the fix when math-verify is not installed (checked when an env is made)."""
     if importlib.util.find_spec("math_verify") is None:
-        raise ImportError("AgentR1/Math-v0 checks answers with math-verify, which is not installed: "
-                          "pip install math-verify (or the project's 'code' extra: pip install -e '.[code]')")
+        raise ImportError(
+            "AgentR1/Math-v0 checks answers with math-verify, which is not installed: "
+            "pip install math-verify (or the project's 'code' extra: pip install -e '.[code]')"
+        )
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "STATUSES", "answers_match", "as_text", "check_answer", "check_available",
-           "extract_answer", "judge", "last_boxed", "normalize", "prepare", "shutdown_workers"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "STATUSES",
+    "answers_match",
+    "as_text",
+    "check_answer",
+    "check_available",
+    "extract_answer",
+    "judge",
+    "last_boxed",
+    "normalize",
+    "prepare",
+    "shutdown_workers",
+]

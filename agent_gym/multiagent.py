@@ -99,8 +99,10 @@ class _MailboxState:
 
 class SendTool(Tool):
     name = "send"
-    description = ("Send a text message to a teammate. It is delivered at the end of this round; the "
-                   "teammate reads it with receive.")
+    description = (
+        "Send a text message to a teammate. It is delivered at the end of this round; the "
+        "teammate reads it with receive."
+    )
 
     def __init__(self, mailbox: Mailbox, sender: str, recipients: Sequence[str], max_chars: int = 200):
         self.mailbox, self.sender = mailbox, sender
@@ -162,8 +164,9 @@ class SeatEnv(ToolEnv):
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         return self.team.process_components(self.agent, outcome, task)
 
-    def end_episode(self, answer_scores: dict[str, float], truncation_reason: str | None,
-                    outcome: dict[str, float] | None = None) -> Episode:
+    def end_episode(
+        self, answer_scores: dict[str, float], truncation_reason: str | None, outcome: dict[str, float] | None = None
+    ) -> Episode:
         """End this seat's episode from outside (the team ended it) and return its ``Episode``;
         ``outcome`` components are added to its last step (and its reward)."""
         if outcome:
@@ -232,8 +235,10 @@ class MultiAgentToolEnv(ParallelEnv):
             if missing:
                 raise ValueError(f"system_prompts has no prompt for agent(s) {missing}")
         elif not isinstance(system_prompts, str):
-            raise ValueError(f"system_prompts must be a string (shared, each seat's identity added) or a dict of "
-                             f"agent name -> prompt, got {type(system_prompts).__name__}")
+            raise ValueError(
+                f"system_prompts must be a string (shared, each seat's identity added) or a dict of "
+                f"agent name -> prompt, got {type(system_prompts).__name__}"
+            )
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.possible_agents: list[str] = list(seat_tools)
@@ -251,12 +256,22 @@ class MultiAgentToolEnv(ParallelEnv):
             if isinstance(system_prompts, dict):
                 prompt = system_prompts[a]
             else:
-                prompt = f"{system_prompts.rstrip()}\n\n{self.seat_identity(a)}" if system_prompts.strip() else self.seat_identity(a)
+                prompt = (
+                    f"{system_prompts.rstrip()}\n\n{self.seat_identity(a)}"
+                    if system_prompts.strip()
+                    else self.seat_identity(a)
+                )
             self.seats[a] = SeatEnv(
-                self, a, tools, tokenizer=self.tokenizer, system_prompt=prompt, rewards=self.reward_cfg,
+                self,
+                a,
+                tools,
+                tokenizer=self.tokenizer,
+                system_prompt=prompt,
+                rewards=self.reward_cfg,
                 max_turns=max_turns if max_turns is not None else self.max_cycles + 1,
                 max_invalid_calls=max_invalid_calls if max_invalid_calls is not None else self.max_cycles + 1,
-                **seat_kwargs)
+                **seat_kwargs,
+            )
         first = self.seats[self.possible_agents[0]]
         self.vocab_size = first.vocab_size
         self.stop_token_ids = list(first.stop_token_ids)
@@ -273,8 +288,10 @@ class MultiAgentToolEnv(ParallelEnv):
         others = [b for b in self.possible_agents if b != agent]
         if not others:
             return f"You are {agent}."
-        return (f"You are {agent}, one of a team of {len(self.possible_agents)} agents; your "
-                f"teammate{'s are' if len(others) > 1 else ' is'} {', '.join(others)}.")
+        return (
+            f"You are {agent}, one of a team of {len(self.possible_agents)} agents; your "
+            f"teammate{'s are' if len(others) > 1 else ' is'} {', '.join(others)}."
+        )
 
     def num_tasks(self) -> int:
         raise NotImplementedError
@@ -319,8 +336,12 @@ class MultiAgentToolEnv(ParallelEnv):
         refuses until a reset succeeds. (A seat failing after others had reset used to leave the
         team half in the new episode.) What ``on_reset`` did to the tools is not undone, as for a
         single env; the refusal keeps the old episode from running on with it."""
-        saved = (dict(self.__dict__), self._mailbox_state(),
-                 self.np_random.bit_generator.state, {a: s._reset_checkpoint() for a, s in self.seats.items()})
+        saved = (
+            dict(self.__dict__),
+            self._mailbox_state(),
+            self.np_random.bit_generator.state,
+            {a: s._reset_checkpoint() for a, s in self.seats.items()},
+        )
         try:
             out = self._reset(seed, options)
         except BaseException as e:
@@ -351,8 +372,10 @@ class MultiAgentToolEnv(ParallelEnv):
         options = dict(options or {})
         unknown = sorted(set(options) - set(_RESET_OPTIONS))
         if unknown:
-            warnings.warn(f"{type(self).__name__}.reset: ignoring unknown option(s) {unknown}; valid: {list(_RESET_OPTIONS)}",
-                          stacklevel=2)
+            warnings.warn(
+                f"{type(self).__name__}.reset: ignoring unknown option(s) {unknown}; valid: {list(_RESET_OPTIONS)}",
+                stacklevel=2,
+            )
         first = self.seats[self.possible_agents[0]]
         if "task" in options:
             task, self.task_index = first.check_task(options["task"]), -1
@@ -393,7 +416,8 @@ class MultiAgentToolEnv(ParallelEnv):
                     f"{type(self).__name__}: agents {seen[key]!r} and {a!r} start with the same observation "
                     f"({len(obs[a]['input_ids'])} identical token ids), so a policy shared by the seats could not "
                     "know which one it plays. Give each seat its own system prompt (pass one string, to which each "
-                    "seat's identity is added, or a dict whose prompts differ) or make seat_messages() name the agent.")
+                    "seat's identity is added, or a dict whose prompts differ) or make seat_messages() name the agent."
+                )
             seen[key] = a
 
     def step(self, actions: dict[str, Any]):
@@ -402,8 +426,10 @@ class MultiAgentToolEnv(ParallelEnv):
         ``ValueError`` naming it."""
         failed = self.__dict__.get("_reset_failed")
         if failed:
-            raise RuntimeError(f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
-                               "with whatever came before it; call reset() again and let it succeed first.")
+            raise RuntimeError(
+                f"the last reset() failed ({failed}) and changed nothing; step() refuses to go on "
+                "with whatever came before it; call reset() again and let it succeed first."
+            )
         if self._broken:
             raise RuntimeError("a seat's step raised during the last cycle; call reset() before stepping again")
         if not self.agents:
@@ -479,7 +505,6 @@ class MultiAgentToolEnv(ParallelEnv):
     def close(self) -> None:
         for s in self.seats.values():
             s.close()
-
 
 
 __all__ = ["Mailbox", "MultiAgentToolEnv", "ReceiveTool", "SeatEnv", "SendTool"]

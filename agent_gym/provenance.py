@@ -44,16 +44,58 @@ MAX_CHANGED_LISTED = 20
 BIG_BYTES = 1 << 20
 """A raw file over this size is too big to commit: write_raw says so (results/README.md)."""
 
-PACKAGES = ("numpy", "scipy", "torch", "transformers", "peft", "accelerate", "datasets", "trl", "vllm", "ray",
-            "gymnasium", "pettingzoo", "bm25s", "pyserini", "math_verify", "yaml", "psutil", "matplotlib")
+PACKAGES = (
+    "numpy",
+    "scipy",
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "datasets",
+    "trl",
+    "vllm",
+    "ray",
+    "gymnasium",
+    "pettingzoo",
+    "bm25s",
+    "pyserini",
+    "math_verify",
+    "yaml",
+    "psutil",
+    "matplotlib",
+)
 """Reported with their versions when the script has imported them (nothing is imported here)."""
-ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "AGENT_GYM_SHARED_DATA",
-            "PYTHONHASHSEED")
+ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "AGENT_GYM_SHARED_DATA",
+    "PYTHONHASHSEED",
+)
 """Environment variables that change what a benchmark measures, recorded when set."""
 
-FIELDS = ("script", "command", "argv", "cwd", "python_executable", "git", "started_utc", "finished_utc", "wall_s",
-          "load_average", "cpu_count", "cpus_usable", "hostname", "platform", "python", "packages", "env", "label",
-          "outputs")
+FIELDS = (
+    "script",
+    "command",
+    "argv",
+    "cwd",
+    "python_executable",
+    "git",
+    "started_utc",
+    "finished_utc",
+    "wall_s",
+    "load_average",
+    "cpu_count",
+    "cpus_usable",
+    "hostname",
+    "platform",
+    "python",
+    "packages",
+    "env",
+    "label",
+    "outputs",
+)
 """The keys of every provenance record (tests/test_results_provenance.py checks them)."""
 
 _START = {"utc": _dt.datetime.now(_dt.UTC), "monotonic": time.monotonic()}
@@ -107,8 +149,15 @@ def git_state(script: str | None = None) -> dict[str, Any]:
     itself is tracked."""
     out, err = _git("rev-parse", "HEAD")
     if out is None:
-        return {"commit": "unknown", "short": "unknown", "dirty": None, "changed": [], "changed_count": None,
-                "script_tracked": None, "error": err}
+        return {
+            "commit": "unknown",
+            "short": "unknown",
+            "dirty": None,
+            "changed": [],
+            "changed_count": None,
+            "script_tracked": None,
+            "error": err,
+        }
     commit = out.strip()
     state: dict[str, Any] = {"commit": commit, "short": commit[:7]}
     status, err = _git("status", "--porcelain=v1", "--untracked-files=no")
@@ -161,8 +210,13 @@ def _command(script: str | None, argv: Sequence[str] | None) -> tuple[str, list[
     return shlex.join(words), list(sys.argv)
 
 
-def provenance_record(script: str | os.PathLike | None = None, *, argv: Sequence[str] | None = None,
-                      label: str | None = None, outputs: Sequence[str | os.PathLike] = ()) -> dict[str, Any]:
+def provenance_record(
+    script: str | os.PathLike | None = None,
+    *,
+    argv: Sequence[str] | None = None,
+    label: str | None = None,
+    outputs: Sequence[str | os.PathLike] = (),
+) -> dict[str, Any]:
     """What produced a result: the command, the commit, the dates and load averages at the start
     (this module's import) and now, the machine, and the versions of what ran. Every key of
     ``FIELDS`` is present; a value that cannot be known is ``None`` (the commit: ``"unknown"``)."""
@@ -225,8 +279,14 @@ def _jsonable(o: Any) -> Any:
     return str(o)
 
 
-def write_raw(script: str | os.PathLike, result: Any, *, label: str | None = None,
-              argv: Sequence[str] | None = None, outputs: Sequence[str | os.PathLike] = ()) -> Path:
+def write_raw(
+    script: str | os.PathLike,
+    result: Any,
+    *,
+    label: str | None = None,
+    argv: Sequence[str] | None = None,
+    outputs: Sequence[str | os.PathLike] = (),
+) -> Path:
     """Write ``{"provenance": ..., "result": result}`` to
     ``<results dir>/<script stem>/<UTC date>_<label>.json`` (never over an existing file: ``_2``,
     ``_3``, ... are added) and say where on stderr. ``script``: the calling script's ``__file__``;
@@ -250,8 +310,11 @@ def write_raw(script: str | os.PathLike, result: Any, *, label: str | None = Non
     shown = _rel(path)
     print(f"raw output with provenance: {shown}", file=sys.stderr)
     if len(text.encode()) > BIG_BYTES:
-        print(f"note: {shown} is {len(text.encode()) / 2**20:.1f} MiB, too big to commit under results/ "
-              "(results/README.md): keep the figures, drop the bulk, before citing it", file=sys.stderr)
+        print(
+            f"note: {shown} is {len(text.encode()) / 2**20:.1f} MiB, too big to commit under results/ "
+            "(results/README.md): keep the figures, drop the bulk, before citing it",
+            file=sys.stderr,
+        )
     return path
 
 
@@ -260,8 +323,9 @@ def git_tree(ref: str, into: Path, paths: Sequence[str]) -> Path:
     side: the same script measuring an older tree, interleaved with this one)."""
     import tarfile
 
-    archive = subprocess.run(["git", "archive", "--format=tar", ref, *paths], cwd=REPO, capture_output=True,
-                             check=True, timeout=120).stdout
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, *paths], cwd=REPO, capture_output=True, check=True, timeout=120
+    ).stdout
     into.mkdir(parents=True, exist_ok=True)
     path = into / "archive.tar"
     path.write_bytes(archive)

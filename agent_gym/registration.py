@@ -50,8 +50,10 @@ def register_env(env_id: str, entry_point: str, kwargs: dict[str, Any] | None = 
         old = (spec.entry_point, dict(spec.kwargs or {}))
     if old is not None:
         if old != entry:
-            raise ValueError(f"env id {env_id!r} is already registered to {old[0]!r} with kwargs {old[1]}; "
-                             f"cannot register {entry_point!r} with kwargs {entry[1]} under it (pick a new id or version)")
+            raise ValueError(
+                f"env id {env_id!r} is already registered to {old[0]!r} with kwargs {old[1]}; "
+                f"cannot register {entry_point!r} with kwargs {entry[1]} under it (pick a new id or version)"
+            )
         ENV_IDS[env_id] = entry
         return
     ENV_IDS[env_id] = entry
@@ -72,8 +74,10 @@ def register_multiagent(env_id: str, entry_point: str, kwargs: dict[str, Any] | 
     entry = (entry_point, dict(kwargs or {}))
     old = MULTIAGENT_IDS.get(env_id)
     if old is not None and old != entry:
-        raise ValueError(f"multi-agent id {env_id!r} is already registered to {old[0]!r} with kwargs {old[1]}; "
-                         f"cannot register {entry_point!r} with kwargs {entry[1]} under it (pick a new id or version)")
+        raise ValueError(
+            f"multi-agent id {env_id!r} is already registered to {old[0]!r} with kwargs {old[1]}; "
+            f"cannot register {entry_point!r} with kwargs {entry[1]} under it (pick a new id or version)"
+        )
     if env_id in ENV_IDS:
         raise ValueError(f"{env_id!r} is a single-agent (gym.make) id; pick another id for the multi-agent env")
     MULTIAGENT_IDS[env_id] = entry
@@ -84,9 +88,12 @@ def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
     ``pettingzoo.utils.conversions.parallel_to_aec``), or the ``ParallelEnv`` itself with
     ``parallel=True``. ``kwargs`` override the registered defaults."""
     if env_id not in MULTIAGENT_IDS:
-        hint = ("" if importlib.util.find_spec("pettingzoo") else
-                " (pettingzoo is not installed, so the multi-agent envs are not registered: "
-                "pip install 'agent-gym[pettingzoo]')")
+        hint = (
+            ""
+            if importlib.util.find_spec("pettingzoo")
+            else " (pettingzoo is not installed, so the multi-agent envs are not registered: "
+            "pip install 'agent-gym[pettingzoo]')"
+        )
         raise ValueError(f"unknown multi-agent id {env_id!r}; registered: {sorted(MULTIAGENT_IDS)}{hint}")
     entry_point, defaults = MULTIAGENT_IDS[env_id]
     module, _, name = entry_point.partition(":")

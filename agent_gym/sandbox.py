@@ -54,10 +54,12 @@ from typing import Any
 from agent_gym.cli_errors import UserError
 from agent_gym.tools import Tool, ToolResult
 
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`, which `make setup` "
-                "does through scripts/setup_sandbox.sh) and allow unprivileged user namespaces "
-                "(`sysctl -w kernel.unprivileged_userns_clone=1` where that setting exists, "
-                "`user.max_user_namespaces` > 0)")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`, which `make setup` "
+    "does through scripts/setup_sandbox.sh) and allow unprivileged user namespaces "
+    "(`sysctl -w kernel.unprivileged_userns_clone=1` where that setting exists, "
+    "`user.max_user_namespaces` > 0)"
+)
 
 # As root, each call runs as a uid drawn from this range: no account owns these ids, and a
 # per-call uid keeps RLIMIT_NPROC (counted per real uid) from mixing concurrent calls.
@@ -212,39 +214,71 @@ DENIED_SYSCALLS: dict[str, str] = {
     "modify_ldt": "x86 segment tables (kernel attack surface)",
     "uselib": "legacy library loading",
     # mounts and namespaces: bwrap builds the sandbox's own before it loads the filter
-    "mount": "mounting", "umount2": "unmounting (uncovering what bwrap mounted over)",
-    "pivot_root": "changing the root", "chroot": "changing the root",
-    "unshare": "new namespaces", "setns": "entering other namespaces",
-    "open_tree": "new mount API", "move_mount": "new mount API", "fsopen": "new mount API",
-    "fsconfig": "new mount API", "fsmount": "new mount API", "fspick": "new mount API",
+    "mount": "mounting",
+    "umount2": "unmounting (uncovering what bwrap mounted over)",
+    "pivot_root": "changing the root",
+    "chroot": "changing the root",
+    "unshare": "new namespaces",
+    "setns": "entering other namespaces",
+    "open_tree": "new mount API",
+    "move_mount": "new mount API",
+    "fsopen": "new mount API",
+    "fsconfig": "new mount API",
+    "fsmount": "new mount API",
+    "fspick": "new mount API",
     "mount_setattr": "new mount API",
     "name_to_handle_at": "file handles (escaping a bind mount)",
     "open_by_handle_at": "file handles (escaping a bind mount)",
     # the machine
-    "kexec_load": "loading a new kernel", "kexec_file_load": "loading a new kernel",
-    "reboot": "rebooting", "init_module": "kernel modules", "finit_module": "kernel modules",
-    "delete_module": "kernel modules", "swapon": "swap", "swapoff": "swap", "acct": "process accounting",
-    "quotactl": "disk quotas", "syslog": "the kernel log", "iopl": "I/O ports", "ioperm": "I/O ports",
-    "settimeofday": "the clock", "clock_settime": "the clock", "clock_adjtime": "the clock",
-    "adjtimex": "the clock", "vhangup": "terminals",
+    "kexec_load": "loading a new kernel",
+    "kexec_file_load": "loading a new kernel",
+    "reboot": "rebooting",
+    "init_module": "kernel modules",
+    "finit_module": "kernel modules",
+    "delete_module": "kernel modules",
+    "swapon": "swap",
+    "swapoff": "swap",
+    "acct": "process accounting",
+    "quotactl": "disk quotas",
+    "syslog": "the kernel log",
+    "iopl": "I/O ports",
+    "ioperm": "I/O ports",
+    "settimeofday": "the clock",
+    "clock_settime": "the clock",
+    "clock_adjtime": "the clock",
+    "adjtimex": "the clock",
+    "vhangup": "terminals",
     # memory that RLIMIT_AS does not count (the bound where there is no memory cgroup)
     "memfd_create": "anonymous files: their pages lie outside RLIMIT_AS",
     "memfd_secret": "secret memory outside RLIMIT_AS",
-    "shmget": "SysV shared memory: outside RLIMIT_AS", "shmat": "SysV shared memory",
+    "shmget": "SysV shared memory: outside RLIMIT_AS",
+    "shmat": "SysV shared memory",
     "shmctl": "SysV shared memory",
-    "msgget": "SysV message queues (kernel memory)", "msgsnd": "SysV message queues",
-    "msgrcv": "SysV message queues", "msgctl": "SysV message queues",
-    "semget": "SysV semaphores (kernel memory)", "semop": "SysV semaphores",
-    "semtimedop": "SysV semaphores", "semctl": "SysV semaphores",
-    "mq_open": "POSIX message queues (kernel memory)", "mq_unlink": "POSIX message queues",
+    "msgget": "SysV message queues (kernel memory)",
+    "msgsnd": "SysV message queues",
+    "msgrcv": "SysV message queues",
+    "msgctl": "SysV message queues",
+    "semget": "SysV semaphores (kernel memory)",
+    "semop": "SysV semaphores",
+    "semtimedop": "SysV semaphores",
+    "semctl": "SysV semaphores",
+    "mq_open": "POSIX message queues (kernel memory)",
+    "mq_unlink": "POSIX message queues",
 }
 # clone() with any of these flags is denied (no new namespaces, a user namespace above all).
 # clone3() passes its flags in memory a filter cannot read: it gets ENOSYS, and the C library falls
 # back to clone(), which is checked. personality() is allowed only for PER_LINUX (0) and the query
 # 0xffffffff: the other personas switch protections off (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC).
-CLONE_NEW_FLAGS = {"CLONE_NEWTIME": 0x80, "CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x02000000,
-                   "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
-                   "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000}
+CLONE_NEW_FLAGS = {
+    "CLONE_NEWTIME": 0x80,
+    "CLONE_NEWNS": 0x20000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -258,7 +292,8 @@ def seccomp_filter() -> tuple[bytes, tuple[str, ...]]:
     except (ImportError, OSError) as e:  # OSError: libseccomp.so.2 missing
         raise SandboxUnavailable(
             f"the sandbox's syscall filter needs pyseccomp and libseccomp ({e}); pip install pyseccomp "
-            "(the project's `code` extra) and apt-get install -y libseccomp2") from e
+            "(the project's `code` extra) and apt-get install -y libseccomp2"
+        ) from e
     import errno
     import tempfile
 
@@ -352,14 +387,16 @@ def _cgroup_plan(setting: str) -> CgroupPlan:
     with open("/proc/self/cgroup") as fh:
         for line in fh:
             _, ctrls, path = line.rstrip("\n").split(":", 2)
-            for c in (ctrls.split(",") if ctrls else [""]):
+            for c in ctrls.split(",") if ctrls else [""]:
                 own[c] = path
     kill = memory = pids = None
     v2 = [m for m, t, _ in _mounts() if t == "cgroup2"]
     if setting.strip():
         if not os.path.isfile(os.path.join(setting, "cgroup.procs")):
-            raise SandboxUnavailable(f"{CGROUP_ENV}={setting!r} is not a cgroup v2 directory; "
-                                     "set it to a delegated cgroup v2 directory, or to 'none'")
+            raise SandboxUnavailable(
+                f"{CGROUP_ENV}={setting!r} is not a cgroup v2 directory; "
+                "set it to a delegated cgroup v2 directory, or to 'none'"
+            )
         v2_parent: str | None = setting
     else:
         v2_parent = os.path.join(v2[0], own.get("", "/").lstrip("/")) if v2 and "" in own else None
@@ -404,8 +441,13 @@ def _remove_stale(plan: CgroupPlan) -> None:
             continue
         for name in names:
             parts = name.split("-")
-            if len(parts) == 3 and parts[0] == "agent_gym" and parts[1].isdigit() and parts[2].isdigit() \
-                    and not os.path.exists(f"/proc/{parts[1]}"):
+            if (
+                len(parts) == 3
+                and parts[0] == "agent_gym"
+                and parts[1].isdigit()
+                and parts[2].isdigit()
+                and not os.path.exists(f"/proc/{parts[1]}")
+            ):
                 try:
                     os.rmdir(os.path.join(parent, name))
                 except OSError:
@@ -499,7 +541,7 @@ class _CallCgroups:
         if not self.plan.memory:
             return None
         d = self.dirs["memory"]
-        for name in (("memory.peak",) if self.plan.memory[0] == 2 else ("memory.max_usage_in_bytes",)):
+        for name in ("memory.peak",) if self.plan.memory[0] == 2 else ("memory.max_usage_in_bytes",):
             try:
                 with open(os.path.join(d, name)) as fh:
                     return int(fh.read()) / (1 << 20)
@@ -579,8 +621,9 @@ def _keyctl_nr() -> int:
 _CLONE_NEWNS, _CLONE_NEWUSER, _MS_NOSUID, _MS_NODEV = 0x20000, 0x10000000, 2, 4
 
 
-def _child_setup(cgroups: _CallCgroups | None, uid: int | None, limits: SandboxLimits, nproc: int,
-                 mount_point: str, keyctl_nr: int) -> None:
+def _child_setup(
+    cgroups: _CallCgroups | None, uid: int | None, limits: SandboxLimits, nproc: int, mount_point: str, keyctl_nr: int
+) -> None:
     """Runs in the child before it becomes bwrap: join the call's cgroups (still root), drop to the
     call's uid, leave the caller's session keyring for a new empty one, mount the call's tmpfs
     (size and inode count bounded) in a private user and mount namespace, and set the rlimits.
@@ -608,11 +651,15 @@ def _child_setup(cgroups: _CallCgroups | None, uid: int | None, limits: SandboxL
     for sub in ("tmp", "shm"):
         os.mkdir(os.path.join(mount_point, sub), 0o777)
     mb, cpu = 1 << 20, int(limits.cpu_s)
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_NPROC, (nproc, nproc)),
-                       (resource.RLIMIT_FSIZE, (int(limits.max_file_mb) * mb,) * 2),
-                       (resource.RLIMIT_NOFILE, (int(limits.max_open_files),) * 2),
-                       (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_MSGQUEUE, (0, 0)),
-                       (resource.RLIMIT_AS, (int(limits.memory_mb) * mb,) * 2)):  # last: no allocation after
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_NPROC, (nproc, nproc)),
+        (resource.RLIMIT_FSIZE, (int(limits.max_file_mb) * mb,) * 2),
+        (resource.RLIMIT_NOFILE, (int(limits.max_open_files),) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_MSGQUEUE, (0, 0)),
+        (resource.RLIMIT_AS, (int(limits.memory_mb) * mb,) * 2),
+    ):  # last: no allocation after
         resource.setrlimit(res, value)
 
 
@@ -621,20 +668,60 @@ def _bwrap_command(python: str, limits: SandboxLimits, seccomp_fd: int, info_fd:
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
     return [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-        "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
-        "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd),
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        "--hostname",
+        "sandbox",
+        "--seccomp",
+        str(seccomp_fd),
+        "--info-fd",
+        str(info_fd),
         *_root_binds(python),
-        "--proc", "/proc", "--dev", "/dev",
-        "--bind", os.path.join(mount_point, "shm"), "/dev/shm", "--remount-ro", "/dev",
-        "--bind", os.path.join(mount_point, "tmp"), "/tmp",
-        "--remount-ro", "/",
-        "--chdir", "/tmp", "--clearenv",
-        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-        "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--bind",
+        os.path.join(mount_point, "shm"),
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--bind",
+        os.path.join(mount_point, "tmp"),
+        "/tmp",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "TMPDIR",
+        "/tmp",
         # -I: isolated (no PYTHON* variables, no user site, no cwd on sys.path); -S: no site-packages
         # (the standard library only, whatever the system has installed; and a 20% faster start).
-        "--", python, "-I", "-S", "-u", "-",
+        "--",
+        python,
+        "-I",
+        "-S",
+        "-u",
+        "-",
     ]
 
 
@@ -736,9 +823,16 @@ def _run(code: str, limits: SandboxLimits, python: str) -> SandboxResult:
     try:
         cmd = _bwrap_command(python, limits, sec_r, info_w, mount_point)
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/",
-            start_new_session=True, pass_fds=(sec_r, info_w),
-            preexec_fn=functools.partial(_child_setup, cgroups, uid, limits, nproc, mount_point, _keyctl_nr()))
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={},
+            cwd="/",
+            start_new_session=True,
+            pass_fds=(sec_r, info_w),
+            preexec_fn=functools.partial(_child_setup, cgroups, uid, limits, nproc, mount_point, _keyctl_nr()),
+        )
     except BaseException:
         os.close(info_r)
         if cgroups is not None:
@@ -853,8 +947,9 @@ def _run(code: str, limits: SandboxLimits, python: str) -> SandboxResult:
         else:
             oom, peak = 0, None
     if not gone or left_in_cgroup:  # never seen; a kernel or set-up fault, not the program's doing
-        raise RuntimeError(f"the sandbox's processes outlived the call (namespace gone: {gone}, "
-                           f"cgroup: {sorted(left_in_cgroup)})")
+        raise RuntimeError(
+            f"the sandbox's processes outlived the call (namespace gone: {gone}, cgroup: {sorted(left_in_cgroup)})"
+        )
     code_ = proc.returncode
     if status is None:
         status, detail, reason = _exit_status(code_, limits, oom, cpu_s)
@@ -863,18 +958,31 @@ def _run(code: str, limits: SandboxLimits, python: str) -> SandboxResult:
         both = len(stdout) + len(stderr)
         if both > cap:  # keep the cap, stdout first
             stdout = stdout[:cap]
-            stderr = stderr[:max(cap - len(stdout), 0)]
-    return SandboxResult(status, code_ if status in ("ok", "error") else None, stdout, stderr,
-                         time.monotonic() - t0, detail, reason=reason, leftovers=leftovers,
-                         memory_peak_mb=peak, isolation=plan.mode)
+            stderr = stderr[: max(cap - len(stdout), 0)]
+    return SandboxResult(
+        status,
+        code_ if status in ("ok", "error") else None,
+        stdout,
+        stderr,
+        time.monotonic() - t0,
+        detail,
+        reason=reason,
+        leftovers=leftovers,
+        memory_peak_mb=peak,
+        isolation=plan.mode,
+    )
 
 
 def _exit_status(code: int, limits: SandboxLimits, oom_kills: int = 0, cpu_s: float = 0.0) -> tuple[str, str, str]:
     """(status, detail, reason) from bwrap's exit code: the program's exit code, or 128 + the
     signal that ended it."""
     if oom_kills and code != 0:
-        return ("error", f"memory limit of {call_memory_mb(limits)} MiB for the whole call "
-                f"(the kernel ended {oom_kills} process(es) at it)", "memory")
+        return (
+            "error",
+            f"memory limit of {call_memory_mb(limits)} MiB for the whole call "
+            f"(the kernel ended {oom_kills} process(es) at it)",
+            "memory",
+        )
     if code == 0:
         return "ok", "", "exit"
     sig = code - 128 if code > 128 else None
@@ -886,8 +994,11 @@ def _exit_status(code: int, limits: SandboxLimits, oom_kills: int = 0, cpu_s: fl
         except ValueError:
             name = f"signal {sig}"
         if sig == signal.SIGKILL:
-            return "error", "killed by SIGKILL (no limit was reached: the program or one of its processes sent it)", \
-                "signal"
+            return (
+                "error",
+                "killed by SIGKILL (no limit was reached: the program or one of its processes sent it)",
+                "signal",
+            )
         return "error", f"killed by {name}", "signal"
     return "error", f"exit code {code}", "exit"
 
@@ -932,9 +1043,11 @@ class PythonTool(Tool):
     sandbox enforces its own wall-clock deadline and kills the program at it."""
 
     name = "python"
-    description = ("Run a Python 3 program in an isolated sandbox and get back what it prints. Each "
-                   "call starts fresh: no network, no files kept between calls, the standard library (no project packages). "
-                   "Use print() to see results.")
+    description = (
+        "Run a Python 3 program in an isolated sandbox and get back what it prints. Each "
+        "call starts fresh: no network, no files kept between calls, the standard library (no project packages). "
+        "Use print() to see results."
+    )
     parameters = {
         "type": "object",
         "properties": {"code": {"type": "string", "description": "the complete Python 3 program"}},
@@ -942,8 +1055,9 @@ class PythonTool(Tool):
         "additionalProperties": False,
     }
 
-    def __init__(self, limits: SandboxLimits | dict | None = None, python: str | None = None,
-                 max_result_chars: int = 2000):
+    def __init__(
+        self, limits: SandboxLimits | dict | None = None, python: str | None = None, max_result_chars: int = 2000
+    ):
         self.limits = SandboxLimits.from_any(limits)
         self.python = python
         if not isinstance(max_result_chars, int) or max_result_chars <= 0:
@@ -952,9 +1066,11 @@ class PythonTool(Tool):
 
     def execute(self, code: str) -> ToolResult:
         r = run_python(code, self.limits, self.python)
-        return ToolResult(format_result(r, self.max_result_chars), ok=r.ok,
-                          metadata={"status": r.status, "exit_code": r.exit_code, "wall_s": r.wall_s,
-                                    "reason": r.reason})
+        return ToolResult(
+            format_result(r, self.max_result_chars),
+            ok=r.ok,
+            metadata={"status": r.status, "exit_code": r.exit_code, "wall_s": r.wall_s, "reason": r.reason},
+        )
 
 
 def format_result(r: SandboxResult, max_chars: int = 2000) -> str:
@@ -976,6 +1092,19 @@ def _tail(text: str, n: int) -> str:
     return text if len(text) <= n else f"[... {len(text) - n} characters cut]\n" + text[-n:]
 
 
-__all__ = ["CgroupPlan", "DENIED_SYSCALLS", "PythonTool", "SandboxLimits", "SandboxResult", "SandboxUnavailable",
-           "call_memory_mb", "cgroup_plan", "check_available", "default_python", "format_result", "run_python",
-           "sandbox_available", "seccomp_filter"]
+__all__ = [
+    "CgroupPlan",
+    "DENIED_SYSCALLS",
+    "PythonTool",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "call_memory_mb",
+    "cgroup_plan",
+    "check_available",
+    "default_python",
+    "format_result",
+    "run_python",
+    "sandbox_available",
+    "seccomp_filter",
+]

@@ -82,8 +82,10 @@ class Slot:
             raise TypeError(f"scaffold slot {self.name!r}: prefix and close must be strings")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not stop or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"scaffold slot {self.name!r}: stop must be a non-empty list of non-empty strings, "
-                             f"got {self.stop!r}: without one the model's part would run to the end of its turn")
+            raise ValueError(
+                f"scaffold slot {self.name!r}: stop must be a non-empty list of non-empty strings, "
+                f"got {self.stop!r}: without one the model's part would run to the end of its turn"
+            )
         object.__setattr__(self, "stop", stop)
 
     def cut(self, text: str) -> tuple[str, str | None]:
@@ -117,8 +119,13 @@ class Slot:
         return self.close[k:]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "prefix": self.prefix, "stop": list(self.stop), "close": self.close,
-                "json_string": self.json_string}
+        return {
+            "name": self.name,
+            "prefix": self.prefix,
+            "stop": list(self.stop),
+            "close": self.close,
+            "json_string": self.json_string,
+        }
 
 
 def answer_slot() -> Slot:
@@ -133,28 +140,35 @@ def call_slot(fmt: Any, tool: Any, argument: str | None = None) -> Slot:
     """A call to ``tool`` with its one string argument (or ``argument``) as the model's part, written
     the way ``fmt`` (a :class:`~agent_gym.formats.ToolCallFormat`) writes calls."""
     schema = tool.schema()
-    params = (schema.get("function", schema).get("parameters") or {})
+    params = schema.get("function", schema).get("parameters") or {}
     props = params.get("properties") or {}
     if argument is None:
         strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
         required = list(params.get("required") or [])
         if len(strings) != 1 or any(r != strings[0] for r in required):
-            raise ValueError(f"scaffold 'call:{tool.name}': the tool must take exactly one string argument to "
-                             f"fill, it has properties {sorted(props)} (required {required}); name one as "
-                             f"'call:{tool.name}.<argument>' or write the slot out under scaffold.slots")
+            raise ValueError(
+                f"scaffold 'call:{tool.name}': the tool must take exactly one string argument to "
+                f"fill, it has properties {sorted(props)} (required {required}); name one as "
+                f"'call:{tool.name}.<argument>' or write the slot out under scaffold.slots"
+            )
         argument = strings[0]
     elif argument not in props:
-        raise ValueError(f"scaffold 'call:{tool.name}.{argument}': the tool has no argument {argument!r} "
-                         f"(it has {sorted(props)})")
+        raise ValueError(
+            f"scaffold 'call:{tool.name}.{argument}': the tool has no argument {argument!r} (it has {sorted(props)})"
+        )
     else:
         other = [r for r in (params.get("required") or []) if r != argument]
         if other:
-            raise ValueError(f"scaffold 'call:{tool.name}.{argument}': the tool also requires {other}, which a "
-                             "one-value slot cannot fill; write the slot out under scaffold.slots")
+            raise ValueError(
+                f"scaffold 'call:{tool.name}.{argument}': the tool also requires {other}, which a "
+                "one-value slot cannot fill; write the slot out under scaffold.slots"
+            )
     text = fmt.call_text(tool.name, {argument: _MARK})
     if text.count(_MARK) != 1:
-        raise ValueError(f"tool format {fmt.name!r} does not write the argument verbatim once; write the slot out "
-                         "under scaffold.slots")
+        raise ValueError(
+            f"tool format {fmt.name!r} does not write the argument verbatim once; write the slot out "
+            "under scaffold.slots"
+        )
     prefix, close = text.split(_MARK)
     if prefix.endswith('"') and close.startswith('"'):  # inside a JSON string: the closing quote ends it
         return Slot(prefix, ('"', "\n"), close, json_string=True, name=f"call:{tool.name}")
@@ -200,8 +214,10 @@ class Scaffold:
         if spec is True:
             spec = {}
         if not isinstance(spec, dict):
-            raise TypeError(f"scaffold must be a dict (turns, drop_prob, slots), true, a Scaffold or a callable, got "
-                            f"{type(spec).__name__}")
+            raise TypeError(
+                f"scaffold must be a dict (turns, drop_prob, slots), true, a Scaffold or a callable, got "
+                f"{type(spec).__name__}"
+            )
         unknown = sorted(set(spec) - {"turns", "drop_prob", "slots"})
         if unknown:
             raise ValueError(f"unknown scaffold key(s) {unknown}; valid keys: ['drop_prob', 'slots', 'turns']")
@@ -217,8 +233,11 @@ class Scaffold:
                 turns = [f"call:{first}"] * (env.max_turns - 1) + [ANSWER_SLOT]
         if isinstance(turns, (str, dict)) or not isinstance(turns, (list, tuple)):
             raise TypeError(f"scaffold.turns must be a list (one slot per turn), got {turns!r}")
-        return cls([None if t is None else _slot_from(t, f"turn {i + 1}", env, own) for i, t in enumerate(turns)],
-                   drop_prob=spec.get("drop_prob", 0.0), slots=own)
+        return cls(
+            [None if t is None else _slot_from(t, f"turn {i + 1}", env, own) for i, t in enumerate(turns)],
+            drop_prob=spec.get("drop_prob", 0.0),
+            slots=own,
+        )
 
     def slot(self, env: Any, turn: int) -> Slot | None:
         """Turn ``turn``'s slot (from 1) before any drop."""
@@ -243,8 +262,10 @@ def _slot_from(spec: SlotSpec, where: str, env: Any, own: dict[str, Slot]) -> Sl
         unknown = sorted(set(spec) - {"prefix", "stop", "close", "json_string", "name"})
         missing = sorted({"prefix", "stop", "close"} - set(spec))
         if unknown or missing:
-            raise ValueError(f"scaffold slot {where}: unknown key(s) {unknown}, missing {missing}; a slot has "
-                             "prefix, stop, close (and json_string)")
+            raise ValueError(
+                f"scaffold slot {where}: unknown key(s) {unknown}, missing {missing}; a slot has "
+                "prefix, stop, close (and json_string)"
+            )
         return Slot(**{"name": where, **spec})
     if not isinstance(spec, str):
         raise TypeError(f"scaffold slot {where}: expected a slot name or a dict, got {spec!r}")
@@ -253,10 +274,12 @@ def _slot_from(spec: SlotSpec, where: str, env: Any, own: dict[str, Slot]) -> Sl
     if spec == ANSWER_SLOT:
         return answer_slot()
     if spec.startswith("call:"):
-        name, _, arg = spec[len("call:"):].partition(".")
+        name, _, arg = spec[len("call:") :].partition(".")
         tool = env.tools.get(name)
         if tool is None:
             raise ValueError(f"scaffold slot {spec!r}: this env has no tool {name!r} (it has {sorted(env.tools)})")
         return call_slot(env.format, tool, arg or None)
-    raise ValueError(f"scaffold slot {spec!r} is unknown; valid: 'answer', 'call:<tool>', 'call:<tool>.<argument>'"
-                     f", null (a free turn) or a name under scaffold.slots ({sorted(own)})")
+    raise ValueError(
+        f"scaffold slot {spec!r} is unknown; valid: 'answer', 'call:<tool>', 'call:<tool>.<argument>'"
+        f", null (a free turn) or a name under scaffold.slots ({sorted(own)})"
+    )

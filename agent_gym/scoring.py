@@ -187,7 +187,9 @@ def official_scorers(dataset: str) -> dict[str, AnswerScorer]:
     try:
         return OFFICIAL_SCORERS[dataset]
     except KeyError:
-        raise KeyError(f"no official scorers for dataset {dataset!r}; known: {', '.join(sorted(OFFICIAL_SCORERS))}") from None
+        raise KeyError(
+            f"no official scorers for dataset {dataset!r}; known: {', '.join(sorted(OFFICIAL_SCORERS))}"
+        ) from None
 
 
 def get_answer_scorer(name: str) -> AnswerScorer:

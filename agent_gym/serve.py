@@ -45,23 +45,38 @@ def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, str, dict[str, Any]]:
-    ap = ArgumentParser(prog=prog_name("python -m agent_gym.serve", argv, module="agent_gym.serve"),
-                        description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(
+        prog=prog_name("python -m agent_gym.serve", argv, module="agent_gym.serve"),
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("env_id", nargs="?", help="a registered id (default: the config's env_id)")
-    ap.add_argument("--config", help="a YAML file with env_id and env_kwargs, at the top or under rollout: (a trainer "
-                                     "config works; other keys are ignored)")
-    ap.add_argument("--env-kwargs", default=None, help="env kwargs as YAML/JSON, inline or a file; override the config's")
+    ap.add_argument(
+        "--config",
+        help="a YAML file with env_id and env_kwargs, at the top or under rollout: (a trainer "
+        "config works; other keys are ignored)",
+    )
+    ap.add_argument(
+        "--env-kwargs", default=None, help="env kwargs as YAML/JSON, inline or a file; override the config's"
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--max-concurrent-envs", type=int, default=64,
-                    help="sessions (one env each) at once; a trainer needs rollout.tasks_per_iter * "
-                         "rollout.group_size of them (its client checks, GET /agent_gym/sessions)")
-    ap.add_argument("--session-timeout-s", type=float, default=None, help="close sessions idle this long (default: never)")
+    ap.add_argument(
+        "--max-concurrent-envs",
+        type=int,
+        default=64,
+        help="sessions (one env each) at once; a trainer needs rollout.tasks_per_iter * "
+        "rollout.group_size of them (its client checks, GET /agent_gym/sessions)",
+    )
+    ap.add_argument(
+        "--session-timeout-s", type=float, default=None, help="close sessions idle this long (default: never)"
+    )
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     if args.config and not Path(args.config).is_file():
-        raise SystemExit(f"error: --config {args.config} is not a file; pass a YAML file with env_id and env_kwargs "
-                         "(a trainer config works)")
+        raise SystemExit(
+            f"error: --config {args.config} is not a file; pass a YAML file with env_id and env_kwargs "
+            "(a trainer config works)"
+        )
     cfg = _load_mapping(args.config, "--config") if args.config else {}
     if isinstance(cfg.get("rollout"), dict):  # a sectioned trainer config: the env is the rollout section's
         cfg = {**cfg["rollout"], **{k: v for k, v in cfg.items() if k in ("env_id", "env_kwargs")}}
@@ -90,8 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
     settle_heap()  # this process is the server: its start-up objects leave the cyclic GC
-    print(f"serving {env_id} on http://{args.host}:{args.port} (WebSocket /ws, "
-          f"{args.max_concurrent_envs} sessions at most)", file=sys.stderr, flush=True)
+    print(
+        f"serving {env_id} on http://{args.host}:{args.port} (WebSocket /ws, "
+        f"{args.max_concurrent_envs} sessions at most)",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

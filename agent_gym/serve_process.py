@@ -37,28 +37,56 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
-def server_command(port: int, env_kwargs: dict[str, Any] | None = None, *, env_id: str = ENV_ID,
-                   max_concurrent_envs: int | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+def server_command(
+    port: int,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    env_id: str = ENV_ID,
+    max_concurrent_envs: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """The server's command line (this interpreter, ``-m agent_gym.serve``) on 127.0.0.1:``port``."""
-    cmd = [sys.executable, "-m", "agent_gym.serve", env_id, "--host", HOST, "--port", str(port),
-           "--env-kwargs", json.dumps(env_kwargs or {})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_gym.serve",
+        env_id,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--env-kwargs",
+        json.dumps(env_kwargs or {}),
+    ]
     if max_concurrent_envs is not None:
         cmd += ["--max-concurrent-envs", str(max_concurrent_envs)]
     return cmd + list(extra_args)
 
 
-def start_server(port: int, env_kwargs: dict[str, Any] | None, log_path: Path, deadline_s: float = 180.0, *,
-                 env_id: str = ENV_ID, tree: Path = ROOT, max_concurrent_envs: int | None = None,
-                 extra_args: Sequence[str] = ()) -> subprocess.Popen:
+def start_server(
+    port: int,
+    env_kwargs: dict[str, Any] | None,
+    log_path: Path,
+    deadline_s: float = 180.0,
+    *,
+    env_id: str = ENV_ID,
+    tree: Path = ROOT,
+    max_concurrent_envs: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen:
     """``python -m agent_gym.serve env_id`` on 127.0.0.1:``port`` with ``env_kwargs``, its output
     appended to ``log_path``; returns once ``/health`` answers. ``tree``: the checkout whose
     ``agent_gym`` and ``envs`` serve (put first on ``PYTHONPATH``, ahead of the editable install, and
     the working directory; another commit's, for a before/after benchmark). Raises ``RuntimeError``
     with the log's tail if the process exits first or ``deadline_s`` passes (the process is stopped)."""
     tree = Path(tree)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    cmd = server_command(port, env_kwargs, env_id=env_id, max_concurrent_envs=max_concurrent_envs,
-                         extra_args=extra_args)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    cmd = server_command(
+        port, env_kwargs, env_id=env_id, max_concurrent_envs=max_concurrent_envs, extra_args=extra_args
+    )
     with open(log_path, "ab") as log:  # the child holds its own descriptor
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -69,10 +97,12 @@ def start_server(port: int, env_kwargs: dict[str, Any] | None, log_path: Path, d
     return proc
 
 
-def wait_for_health(url: str, deadline_s: float = 180.0, *, proc: subprocess.Popen | None = None,
-                    log_path: Path | None = None) -> None:
+def wait_for_health(
+    url: str, deadline_s: float = 180.0, *, proc: subprocess.Popen | None = None, log_path: Path | None = None
+) -> None:
     """Poll ``url/health`` every 0.2 s until it answers; ``RuntimeError`` (with the log's tail when
     ``log_path`` is given) if ``proc`` exits first or ``deadline_s`` passes."""
+
     def tail() -> str:
         return Path(log_path).read_text(errors="replace")[-2000:] if log_path is not None else ""
 
@@ -113,5 +143,14 @@ def session_table(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
         return json.load(r)
 
 
-__all__ = ["ENV_ID", "ROOT", "free_port", "kill_server", "server_command", "session_table", "start_server",
-           "stop_server", "wait_for_health"]
+__all__ = [
+    "ENV_ID",
+    "ROOT",
+    "free_port",
+    "kill_server",
+    "server_command",
+    "session_table",
+    "start_server",
+    "stop_server",
+    "wait_for_health",
+]

@@ -20,8 +20,9 @@ from typing import Sequence
 import numpy as np
 
 
-def bootstrap_ci(values: Sequence[float], n_boot: int = 10_000, level: float = 0.95,
-                 seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values: Sequence[float], n_boot: int = 10_000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """``(mean, low, high)``: the mean of ``values`` and its percentile bootstrap interval at
     ``level``. ``(nan, nan, nan)`` for no values."""
     x = np.asarray(values, dtype=np.float64)
@@ -33,8 +34,9 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 10_000, level: float = 0
     return float(x.mean()), float(lo), float(hi)
 
 
-def paired_bootstrap_diff(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, level: float = 0.95,
-                          seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap_diff(
+    a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """``(mean(a - b), low, high)`` over paired rows, rows resampled together."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape:
@@ -50,7 +52,7 @@ def sign_test(up: int, down: int) -> float:
     n = up + down
     if n == 0:
         return 1.0
-    tail = sum(comb(n, i) for i in range(max(up, down), n + 1)) / 2 ** n
+    tail = sum(comb(n, i) for i in range(max(up, down), n + 1)) / 2**n
     return float(min(1.0, 2 * tail))
 
 
@@ -63,5 +65,11 @@ def paired_test(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, se
         raise ValueError(f"paired scores need the same rows: got {x.shape} and {y.shape}")
     up, down = int((x > y).sum()), int((x < y).sum())
     d, lo, hi = paired_bootstrap_diff(x, y, n_boot, seed=seed)
-    return {"a_better": up, "b_better": down, "sign_test_p": sign_test(up, down), "diff": d, "diff_low": lo,
-            "diff_high": hi}
+    return {
+        "a_better": up,
+        "b_better": down,
+        "sign_test_p": sign_test(up, down),
+        "diff": d,
+        "diff_low": lo,
+        "diff_high": hi,
+    }

@@ -27,7 +27,7 @@ CHATML_TEMPLATE = (
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
     "{{ '\\n\\n# Tools\\n\\nYou may call one or more functions. Function signatures:\\n<tools>' }}"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
-    "{{ '\\n</tools>\\n\\nReturn each call as <tool_call>{\"name\": <name>, \"arguments\": <args>}</tool_call><|im_end|>\\n' }}"
+    '{{ \'\\n</tools>\\n\\nReturn each call as <tool_call>{"name": <name>, "arguments": <args>}</tool_call><|im_end|>\\n\' }}'
     "{% elif messages[0]['role'] == 'system' %}"
     "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>{{ '\\n' }}"
     "{% endif %}"
@@ -48,9 +48,18 @@ CHATML_TEMPLATE = (
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 TAG_TOKENS = [
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-    "<answer>", "</answer>", "<search>", "</search>",
-    "<information>", "</information>", "<think>", "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
 ]
 """Tags that are single (non-special) tokens in the default tokenizer, as in Qwen2.5."""
 
@@ -103,7 +112,9 @@ def _training_corpus() -> list[str]:
     lines: list[str] = []
     for i in range(n):
         lines.append(" ".join(words[(i + k * 7) % n] for k in range(12)))
-        lines.append(words[(i * 5) % n].capitalize() + " " + " ".join(words[(i + k * 11) % n] for k in range(1, 8)) + ".")
+        lines.append(
+            words[(i * 5) % n].capitalize() + " " + " ".join(words[(i + k * 11) % n] for k in range(1, 8)) + "."
+        )
         a, b, c = words[i], words[(i * 3 + 1) % n], words[(i * 13 + 2) % n]
         lines.append(f'{{"name": "{a}", "arguments": {{"{b}": "{c}"}}}}')
     for i, a in enumerate(pairs):
@@ -230,8 +241,10 @@ def pad_token_id(tokenizer: Any, default: int | None = None) -> int:
             return int(value)
     if default is not None:
         return int(default)
-    raise ValueError(f"{type(tokenizer).__name__} has neither pad_token_id nor eos_token_id, so there is no id to "
-                     "pad rows with: set tokenizer.pad_token (e.g. tokenizer.pad_token = tokenizer.unk_token) first")
+    raise ValueError(
+        f"{type(tokenizer).__name__} has neither pad_token_id nor eos_token_id, so there is no id to "
+        "pad rows with: set tokenizer.pad_token (e.g. tokenizer.pad_token = tokenizer.unk_token) first"
+    )
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -52,11 +52,36 @@ class ToolRecorder:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(self, *, task_id: str, seed: int | None, call: int, turn: int, name: str, arguments: Any,
-              status: str, result: ToolResult) -> None:
-        line = json.dumps({"task_id": str(task_id), "seed": seed, "call": int(call), "turn": int(turn), "name": name,
-                           "arguments": arguments, "status": status, "content": result.content, "ok": bool(result.ok),
-                           "metadata": result.metadata}, ensure_ascii=False) + "\n"
+    def write(
+        self,
+        *,
+        task_id: str,
+        seed: int | None,
+        call: int,
+        turn: int,
+        name: str,
+        arguments: Any,
+        status: str,
+        result: ToolResult,
+    ) -> None:
+        line = (
+            json.dumps(
+                {
+                    "task_id": str(task_id),
+                    "seed": seed,
+                    "call": int(call),
+                    "turn": int(turn),
+                    "name": name,
+                    "arguments": arguments,
+                    "status": status,
+                    "content": result.content,
+                    "ok": bool(result.ok),
+                    "metadata": result.metadata,
+                },
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode("utf-8"))
@@ -70,8 +95,10 @@ class ToolReplay:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"tool_replay: no recording at {str(self.path)!r}; record one first with the env "
-                                    "kwarg tool_record: FILE (same policy, seeds and env settings)")
+            raise FileNotFoundError(
+                f"tool_replay: no recording at {str(self.path)!r}; record one first with the env "
+                "kwarg tool_record: FILE (same policy, seeds and env settings)"
+            )
         self.calls = _load(self.path)
 
     def serve(self, *, task_id: str, seed: int | None, call: int, name: str, arguments: Any) -> tuple[str, ToolResult]:
@@ -80,14 +107,18 @@ class ToolReplay:
         now = f"{name}({json.dumps(arguments, sort_keys=True, ensure_ascii=False)})"
         where = f"call {call} of task {task_id!r} (reset seed {seed})"
         if found is None:
-            raise ToolReplayMismatch(f"tool_replay: {where} is not in {self.path} (this run made {now}); replay serves "
-                                     "exact re-runs only: the same policy, seeds and env settings as the recording")
+            raise ToolReplayMismatch(
+                f"tool_replay: {where} is not in {self.path} (this run made {now}); replay serves "
+                "exact re-runs only: the same policy, seeds and env settings as the recording"
+            )
         line, rec = found
         if rec["name"] != name or rec["arguments"] != arguments:
             was = f"{rec['name']}({json.dumps(rec['arguments'], sort_keys=True, ensure_ascii=False)})"
-            raise ToolReplayMismatch(f"tool_replay: {where} differs from {self.path} line {line}: recorded {was}, "
-                                     f"this run made {now}; replay serves exact re-runs only (the same policy, seeds "
-                                     "and env settings)")
+            raise ToolReplayMismatch(
+                f"tool_replay: {where} differs from {self.path} line {line}: recorded {was}, "
+                f"this run made {now}; replay serves exact re-runs only (the same policy, seeds "
+                "and env settings)"
+            )
         return rec["status"], ToolResult(rec["content"], ok=bool(rec["ok"]), metadata=dict(rec.get("metadata") or {}))
 
 
@@ -109,8 +140,10 @@ def _load(path: Path) -> dict[tuple[str, Any, int], tuple[int, dict[str, Any]]]:
                 key = call_key(rec["task_id"], rec["seed"], rec["call"])
                 rec["name"], rec["arguments"], rec["status"], rec["content"], rec["ok"]
             except (ValueError, KeyError, TypeError) as e:
-                raise ToolReplayMismatch(f"tool_replay: {path} line {i} is not a recorded call ({type(e).__name__}: "
-                                         f"{e}); record the file with the env kwarg tool_record: FILE") from None
+                raise ToolReplayMismatch(
+                    f"tool_replay: {path} line {i} is not a recorded call ({type(e).__name__}: "
+                    f"{e}); record the file with the env kwarg tool_record: FILE"
+                ) from None
             calls[key] = (i, rec)
     with _LOCK:
         _LOADED[cache_key] = calls

@@ -21,10 +21,19 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-CallStatus = Literal["ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget",
-                     "too_many_calls"]
-CALL_STATUSES: tuple[str, ...] = ("ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget",
-                                  "too_many_calls")
+CallStatus = Literal[
+    "ok", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout", "budget", "too_many_calls"
+]
+CALL_STATUSES: tuple[str, ...] = (
+    "ok",
+    "parse_error",
+    "unknown_tool",
+    "bad_arguments",
+    "tool_error",
+    "timeout",
+    "budget",
+    "too_many_calls",
+)
 
 
 @dataclass
@@ -61,14 +70,18 @@ class Tool:
         """Raise ``ValueError`` naming the tool if ``parameters`` is not a valid JSON schema
         (``ToolEnv`` calls it at construction, so a bad schema never reaches a step)."""
         if not isinstance(self.parameters, dict):
-            raise ValueError(f"tool {self.name!r}: parameters must be a JSON-schema dict, got {type(self.parameters).__name__}")
+            raise ValueError(
+                f"tool {self.name!r}: parameters must be a JSON-schema dict, got {type(self.parameters).__name__}"
+            )
         for where, regex in _schema_regexes(self.parameters, ()):
             try:
                 re.compile(regex)
             except re.error as e:  # jsonschema's check_schema accepts it, then every call would raise
-                raise ValueError(f"tool {self.name!r} has an invalid regular expression {regex!r} at "
-                                 f"{'/'.join(where)}: {e}; fix the pattern (JSON-schema patterns are run "
-                                 f"with Python's re) or remove it") from None
+                raise ValueError(
+                    f"tool {self.name!r} has an invalid regular expression {regex!r} at "
+                    f"{'/'.join(where)}: {e}; fix the pattern (JSON-schema patterns are run "
+                    f"with Python's re) or remove it"
+                ) from None
         try:
             import jsonschema
         except ImportError:  # pragma: no cover - jsonschema is a core dependency
@@ -77,8 +90,9 @@ class Tool:
             jsonschema.validators.validator_for(self.parameters).check_schema(self.parameters)
         except jsonschema.SchemaError as e:
             where = "/".join(str(p) for p in e.absolute_path)
-            raise ValueError(f"tool {self.name!r} has an invalid parameters schema"
-                             f"{' at ' + where if where else ''}: {e.message}") from None
+            raise ValueError(
+                f"tool {self.name!r} has an invalid parameters schema{' at ' + where if where else ''}: {e.message}"
+            ) from None
 
     def validate(self, arguments: Any) -> str | None:
         """Return an error message if ``arguments`` do not satisfy the schema, else None."""
@@ -93,8 +107,14 @@ class Tool:
 class FunctionTool(Tool):
     """A tool backed by a plain function; see :func:`tool`."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, description: str, parameters: dict[str, Any],
-                 timeout: float | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        timeout: float | None = None,
+    ):
         self.fn = fn
         self.name = name
         self.description = description
@@ -193,7 +213,9 @@ def _basic_check(schema: dict[str, Any], args: dict) -> str | None:
                 return f"unexpected argument '{k}'"
             continue
         t = props[k].get("type")
-        if t in _JSON_TYPES and (not isinstance(v, _JSON_TYPES[t]) or (t in ("integer", "number") and isinstance(v, bool))):
+        if t in _JSON_TYPES and (
+            not isinstance(v, _JSON_TYPES[t]) or (t in ("integer", "number") and isinstance(v, bool))
+        ):
             return f"{k}: {v!r} is not of type '{t}'"
     return None
 
@@ -249,11 +271,15 @@ def _execute_with_timeout(t: Tool, arguments: dict[str, Any], scope: object | No
     with _ABANDONED_LOCK:
         mine, total = _ABANDONED.get(key, 0), sum(_ABANDONED.values())
     if mine >= MAX_ABANDONED_PER_TOOL:
-        raise _Saturated(f"{mine} earlier calls still running past their {t.timeout:g} s timeout (at most "
-                         f"tools.MAX_ABANDONED_PER_TOOL={MAX_ABANDONED_PER_TOOL} per env and tool)")
+        raise _Saturated(
+            f"{mine} earlier calls still running past their {t.timeout:g} s timeout (at most "
+            f"tools.MAX_ABANDONED_PER_TOOL={MAX_ABANDONED_PER_TOOL} per env and tool)"
+        )
     if total >= MAX_ABANDONED_TOTAL:
-        raise _Saturated(f"{total} timed-out tool calls in this process still running "
-                         f"(tools.MAX_ABANDONED_TOTAL={MAX_ABANDONED_TOTAL})")
+        raise _Saturated(
+            f"{total} timed-out tool calls in this process still running "
+            f"(tools.MAX_ABANDONED_TOTAL={MAX_ABANDONED_TOTAL})"
+        )
     box: dict[str, Any] = {}
     state = {"abandoned": False}
     done = threading.Event()
@@ -299,14 +325,16 @@ def check_arguments(t: Tool, arguments: Any) -> tuple[CallStatus, ToolResult] | 
         err = t.validate(arguments)
     except Exception as e:
         return "tool_error", ToolResult(
-            f"Error: the arguments of {t.name} could not be checked: {type(e).__name__}: {_safe_str(e)}", ok=False)
+            f"Error: the arguments of {t.name} could not be checked: {type(e).__name__}: {_safe_str(e)}", ok=False
+        )
     if err is not None:
         return "bad_arguments", ToolResult(f"Error: bad arguments for {t.name}: {err}", ok=False)
     return None
 
 
-def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True,
-             scope: object | None = None) -> tuple[CallStatus, ToolResult]:
+def run_tool(
+    t: Tool, arguments: dict[str, Any], validate: bool = True, scope: object | None = None
+) -> tuple[CallStatus, ToolResult]:
     """Validate (:func:`check_arguments`) and run one call. Every failure of the tool becomes a
     status and a message:
 
@@ -346,7 +374,8 @@ def run_tool(t: Tool, arguments: dict[str, Any], validate: bool = True,
         what = "ToolResult.content" if isinstance(out, ToolResult) else "its result"
         return "tool_error", ToolResult(
             f"Error: {t.name} failed: {what} is a {got}; a tool must return a str or a ToolResult with str content.",
-            ok=False)
+            ok=False,
+        )
     return ("ok" if out.ok else "tool_error"), out
 
 
@@ -358,8 +387,10 @@ def cap_result(result: ToolResult, max_chars: int) -> tuple[ToolResult, int | No
     n = len(result.content)
     if n <= max_chars:
         return result, None
-    note = (f"\n[output truncated: {n - max_chars:,} of {n:,} characters not shown; "
-            f"tool output is limited to {max_chars:,} characters]")
+    note = (
+        f"\n[output truncated: {n - max_chars:,} of {n:,} characters not shown; "
+        f"tool output is limited to {max_chars:,} characters]"
+    )
     return ToolResult(result.content[:max_chars] + note, ok=result.ok, metadata=result.metadata), n
 
 

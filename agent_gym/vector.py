@@ -60,19 +60,30 @@ class VectorStepError(RuntimeError):
     back, so such a slot is still active and may be stepped again); ``not_stepped``: slots never
     started (after an interrupt). The first error is also the ``__cause__``."""
 
-    def __init__(self, results: dict[int, tuple[Any, float, bool, bool, dict[str, Any]]],
-                 errors: dict[int, BaseException], not_stepped: list[int]):
+    def __init__(
+        self,
+        results: dict[int, tuple[Any, float, bool, bool, dict[str, Any]]],
+        errors: dict[int, BaseException],
+        not_stepped: list[int],
+    ):
         self.results, self.errors, self.not_stepped = results, errors, sorted(not_stepped)
         what = "; ".join(f"sub-env {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items()))
         super().__init__(
             f"{what or 'interrupted'} (the results of sub-env(s) {sorted(results)} are kept in this error's "
-            f".results and recorded by the vector env" + (f"; sub-env(s) {self.not_stepped} were not stepped"
-                                                          if self.not_stepped else "") + ")")
+            f".results and recorded by the vector env"
+            + (f"; sub-env(s) {self.not_stepped} were not stepped" if self.not_stepped else "")
+            + ")"
+        )
 
 
 class ToolVectorEnv(gym.vector.VectorEnv):
-    def __init__(self, env_fns: Sequence[Callable[[], ToolEnv]], num_threads: int | None = None,
-                 autoreset: bool = False, info_format: str = "gymnasium"):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], ToolEnv]],
+        num_threads: int | None = None,
+        autoreset: bool = False,
+        info_format: str = "gymnasium",
+    ):
         if not env_fns:
             raise ValueError("ToolVectorEnv needs at least one env")
         if info_format not in ("gymnasium", "list"):
@@ -86,8 +97,10 @@ class ToolVectorEnv(gym.vector.VectorEnv):
                 raise TypeError(f"sub-env {i} cannot be used in a ToolVectorEnv: {e}") from e
         self.autoreset = autoreset
         self.info_format = info_format
-        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP if autoreset else AutoresetMode.DISABLED,
-                         "render_modes": ["ansi"]}
+        self.metadata = {
+            "autoreset_mode": AutoresetMode.NEXT_STEP if autoreset else AutoresetMode.DISABLED,
+            "render_modes": ["ansi"],
+        }
         first = self.envs[0].unwrapped
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
@@ -102,14 +115,25 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         self.partial_step: VectorStepError | None = None
 
     @classmethod
-    def from_entry_point(cls, entry_point: str, num_envs: int = 1, num_threads: int | None = None,
-                         autoreset: bool = False, info_format: str = "gymnasium", **env_kwargs: Any):
+    def from_entry_point(
+        cls,
+        entry_point: str,
+        num_envs: int = 1,
+        num_threads: int | None = None,
+        autoreset: bool = False,
+        info_format: str = "gymnasium",
+        **env_kwargs: Any,
+    ):
         if not isinstance(num_envs, int) or num_envs <= 0:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         env_kwargs.pop("max_episode_steps", None)
         creator = load_env_creator(entry_point)
-        return cls([lambda: creator(**env_kwargs) for _ in range(num_envs)], num_threads=num_threads,
-                   autoreset=autoreset, info_format=info_format)
+        return cls(
+            [lambda: creator(**env_kwargs) for _ in range(num_envs)],
+            num_threads=num_threads,
+            autoreset=autoreset,
+            info_format=info_format,
+        )
 
     # -- API -----------------------------------------------------------------------------------
 
@@ -134,8 +158,9 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         # and throw their results away.
         for i in idx:
             if not self.active[i]:
-                raise RuntimeError(f"sub-env {i} is not active (its episode ended); pass None as its action "
-                                   "or reset it.")
+                raise RuntimeError(
+                    f"sub-env {i} is not active (its episode ended); pass None as its action or reset it."
+                )
             try:
                 action_checker(self.envs[i])(actions[i])
             except (ValueError, RuntimeError) as e:
@@ -164,8 +189,10 @@ class ToolVectorEnv(gym.vector.VectorEnv):
             err = VectorStepError(results, errors, not_stepped)
             self.partial_step = err
             if interrupt is not None:  # KeyboardInterrupt, SystemExit: propagate as they are
-                interrupt.add_note(f"ToolVectorEnv.step was interrupted: {err}; the slots that stepped are "
-                                   "recorded, their results are in the vector env's partial_step")
+                interrupt.add_note(
+                    f"ToolVectorEnv.step was interrupted: {err}; the slots that stepped are "
+                    "recorded, their results are in the vector env's partial_step"
+                )
                 raise interrupt
             raise err from next(iter(errors.values()))
         return self._batch_obs(self._last_obs), rewards, terminated, truncated, self._infos(infos, idx)
@@ -238,8 +265,10 @@ class ToolVectorEnv(gym.vector.VectorEnv):
         ``group_size``) and ``scaffold_drop_prob``, passed to every sub-env (agent_gym/scaffold.py)."""
         unknown = set(options) - {"tasks", "task_indices", "group_size", "scaffold_drop_prob"}
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size', "
-                             "'scaffold_drop_prob'")
+            raise ValueError(
+                f"unknown reset option(s) {sorted(unknown)}; valid: 'tasks', 'task_indices', 'group_size', "
+                "'scaffold_drop_prob'"
+            )
         shared = {"scaffold_drop_prob": options["scaffold_drop_prob"]} if "scaffold_drop_prob" in options else {}
         # called as ToolVectorEnv._task_options so that RemoteVectorEnv (agent_gym/env_client.py), which borrows
         # this method, gets it too

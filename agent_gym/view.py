@@ -108,8 +108,10 @@ def find_iteration_files(path: str | Path) -> list[tuple[int, Path]]:
         m = _ITER_FILE.search(f.name)
         out.append((int(m.group(1)) if m else 0, f))
     if not out:
-        raise ViewerError(f"no iter_XXXXX.jsonl files in {p}; the trainer writes them to <run>/trajectories/ "
-                          "(config log_trajectories > 0)")
+        raise ViewerError(
+            f"no iter_XXXXX.jsonl files in {p}; the trainer writes them to <run>/trajectories/ "
+            "(config log_trajectories > 0)"
+        )
     return sorted(out)
 
 
@@ -121,17 +123,23 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except ValueError as e:
-            raise ViewerError(f"{path}:{lineno}: not valid JSON ({e}); was the file cut by a kill? "
-                              "Delete the line or the file and run the viewer again.") from e
+            raise ViewerError(
+                f"{path}:{lineno}: not valid JSON ({e}); was the file cut by a kill? "
+                "Delete the line or the file and run the viewer again."
+            ) from e
         if not isinstance(rec, dict):
             raise ViewerError(f"{path}:{lineno}: expected a JSON object per line, got {type(rec).__name__}")
         for key in ("token_ids", "loss_mask"):
             if not isinstance(rec.get(key), list):
-                raise ViewerError(f"{path}:{lineno}: key {key!r} is missing or not a list; the viewer needs "
-                                  "token_ids and loss_mask in every trajectory record")
+                raise ViewerError(
+                    f"{path}:{lineno}: key {key!r} is missing or not a list; the viewer needs "
+                    "token_ids and loss_mask in every trajectory record"
+                )
         if len(rec["token_ids"]) != len(rec["loss_mask"]):
-            raise ViewerError(f"{path}:{lineno}: token_ids has {len(rec['token_ids'])} entries but loss_mask "
-                              f"has {len(rec['loss_mask'])}; they must be the same length")
+            raise ViewerError(
+                f"{path}:{lineno}: token_ids has {len(rec['token_ids'])} entries but loss_mask "
+                f"has {len(rec['loss_mask'])}; they must be the same length"
+            )
         recs.append(rec)
     return recs
 
@@ -185,8 +193,10 @@ def normalize(rec: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
     step_status = _lookup(rec, "step_call_statuses") or []
     steps = []
     for k in range(max(len(spans), len(step_rewards))):
-        step: dict[str, Any] = {"span": spans[k] if k < len(spans) else None,
-                                "reward": step_rewards[k] if k < len(step_rewards) else None}
+        step: dict[str, Any] = {
+            "span": spans[k] if k < len(spans) else None,
+            "reward": step_rewards[k] if k < len(step_rewards) else None,
+        }
         if k < len(step_comps):
             step["components"] = step_comps[k]
         if k < len(step_status):
@@ -206,15 +216,23 @@ def normalize(rec: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
             counts[str(s)] = counts.get(str(s), 0) + 1
         statuses = counts
     return {
-        "task_index": _lookup(rec, "task_index"), "group": _lookup(rec, "group"),
-        "reward": reward, "success": None if success is None else bool(success),
-        "turns": _lookup(rec, "turns"), "truncation_reason": _lookup(rec, "truncation_reason"),
-        "answer": _lookup(rec, "answer"), "answer_scores": _lookup(rec, "answer_scores") or {},
-        "reward_components": _lookup(rec, "reward_components") or {}, "call_statuses": statuses or {},
+        "task_index": _lookup(rec, "task_index"),
+        "group": _lookup(rec, "group"),
+        "reward": reward,
+        "success": None if success is None else bool(success),
+        "turns": _lookup(rec, "turns"),
+        "truncation_reason": _lookup(rec, "truncation_reason"),
+        "answer": _lookup(rec, "answer"),
+        "answer_scores": _lookup(rec, "answer_scores") or {},
+        "reward_components": _lookup(rec, "reward_components") or {},
+        "call_statuses": statuses or {},
         "advantage": _finite(_lookup(rec, "advantage")),
         "advantages": [round(float(a), 4) for a in advantages] if advantages is not None else None,
         "ratios": [round(float(r), 4) for r in ratios] if ratios is not None else None,
-        "steps": steps, "roles": roles, "tokens": tokens, "ids": [int(t) for t in ids],
+        "steps": steps,
+        "roles": roles,
+        "tokens": tokens,
+        "ids": [int(t) for t in ids],
         "mask_sum": int(sum(1 for m in mask if m)),
     }
 
@@ -238,8 +256,14 @@ def blend(t: float, end: tuple[int, int, int]) -> str:
     return "rgb({},{},{})".format(*(math.floor(255 + t * (c - 255) + 0.5) for c in end))
 
 
-def token_colours(values: list[float] | None, roles: str, scale: float, signed: Any,
-                  up: tuple[int, int, int], down: tuple[int, int, int]) -> list[str | None] | None:
+def token_colours(
+    values: list[float] | None,
+    roles: str,
+    scale: float,
+    signed: Any,
+    up: tuple[int, int, int],
+    down: tuple[int, int, int],
+) -> list[str | None] | None:
     """One CSS colour per trained token (role ``A``), None elsewhere (and for a value that is not
     finite); None without ``values``. ``signed(v)`` is the signed distance from neutral (A, or
     r - 1), coloured ``up`` above 0 and ``down`` below, at intensity ``|signed(v)| / scale``
@@ -256,12 +280,21 @@ def token_colours(values: list[float] | None, roles: str, scale: float, signed: 
 def add_colours(trajs: list[dict[str, Any]]) -> float:
     """Set ``adv_colours`` and ``ratio_colours`` of one iteration's normalized trajectories;
     returns the advantage scale, the largest ``|A|`` on their trained tokens (0 without any)."""
-    scale = max((abs(a) for t in trajs if t["advantages"] for a, r in zip(t["advantages"], t["roles"])
-                 if r == "A" and _finite(a) is not None), default=0.0)
+    scale = max(
+        (
+            abs(a)
+            for t in trajs
+            if t["advantages"]
+            for a, r in zip(t["advantages"], t["roles"])
+            if r == "A" and _finite(a) is not None
+        ),
+        default=0.0,
+    )
     for t in trajs:
         t["adv_colours"] = token_colours(t["advantages"], t["roles"], scale, float, ADV_UP, ADV_DOWN)
-        t["ratio_colours"] = token_colours(t["ratios"], t["roles"], RATIO_FULL, lambda r: float(r) - 1.0,
-                                           RATIO_UP, RATIO_DOWN)
+        t["ratio_colours"] = token_colours(
+            t["ratios"], t["roles"], RATIO_FULL, lambda r: float(r) - 1.0, RATIO_UP, RATIO_DOWN
+        )
     return scale
 
 
@@ -282,10 +315,15 @@ def build_page_data(path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
                     tok = tokenizer if tokenizer is not None else run_tokenizer(run_dir)
                     decode = lambda ids, tok=tok: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
                     check = tok
-                if isinstance(rec.get("text"), str) and check.decode(rec["token_ids"], skip_special_tokens=False) != rec["text"]:
-                    raise ViewerError(f"{f}:{lineno}: the tokenizer does not decode token_ids back to the record's "
-                                      "text, so it is not the run's tokenizer; pass the right one with --tokenizer "
-                                      "(a directory with tokenizer.json or a hub name)")
+                if (
+                    isinstance(rec.get("text"), str)
+                    and check.decode(rec["token_ids"], skip_special_tokens=False) != rec["text"]
+                ):
+                    raise ViewerError(
+                        f"{f}:{lineno}: the tokenizer does not decode token_ids back to the record's "
+                        "text, so it is not the run's tokenizer; pass the right one with --tokenizer "
+                        "(a directory with tokenizer.json or a hub name)"
+                    )
                 tokens = token_strings(rec["token_ids"], decode, cache)
             trajs.append(normalize(rec, [str(s) for s in tokens]))
         adv_scale = add_colours(trajs)
@@ -299,7 +337,9 @@ def build_page_data(path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
             except ValueError:
                 continue
             if isinstance(m, dict) and "iteration" in m:
-                metrics[int(m["iteration"])] = {k: v for k, v in m.items() if k.startswith(("rollout/", "eval/", "adv/"))}
+                metrics[int(m["iteration"])] = {
+                    k: v for k, v in m.items() if k.startswith(("rollout/", "eval/", "adv/"))
+                }
     for entry in iterations:
         entry["metrics"] = metrics.get(entry["iteration"], {})
     return {"run": str(run_dir), "iterations": iterations}
@@ -494,8 +534,9 @@ def write_viewer(path: str | Path, out: str | Path | None = None, tokenizer: Any
 
 @command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog=prog_name("python -m agent_gym.view", argv, module="agent_gym.view"),
-                        description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(
+        prog=prog_name("python -m agent_gym.view", argv, module="agent_gym.view"), description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("path", help="a run's trajectories/ directory (or the run directory, or one iter_XXXXX.jsonl)")
     ap.add_argument("-o", "--out", help="where to write the page (default: <run>/trajectories.html)")
     ap.add_argument("--tokenizer", help="tokenizer directory or hub name (default: the run's, from config.yaml)")

@@ -56,14 +56,17 @@ def action_checker(env: gym.Env) -> Callable[[Any], Any]:
         if callable(getattr(type(e), "check_action", None)):
             return e.check_action
         if not isinstance(e, gym.Wrapper):
-            raise TypeError(f"{type(e).__name__} has no check_action(action) and wraps no env; "
-                            "actions can be checked only on a ToolEnv or through wrappers that have one")
+            raise TypeError(
+                f"{type(e).__name__} has no check_action(action) and wraps no env; "
+                "actions can be checked only on a ToolEnv or through wrappers that have one"
+            )
         if isinstance(e, gym.ActionWrapper) or e.action_space != e.env.action_space:
             raise TypeError(
                 f"wrapper {type(e).__name__} changes or transforms actions and has no check_action(action), "
                 "so its actions cannot be checked without stepping. Give it a check_action that raises "
                 "ValueError for a bad action without stepping (see agent_gym.wrappers.PaddedTokens), or "
-                "apply it outside the vector env.")
+                "apply it outside the vector env."
+            )
         e = e.env
 
 
@@ -137,27 +140,30 @@ class PaddedTokens(gym.Wrapper):
     observation the env can produce) and ``max_action_len`` action ids. An observation longer than
     ``max_len`` (an env that breaks its own bound) raises rather than being cut."""
 
-    def __init__(self, env: gym.Env, max_len: int | None = None, max_action_len: int = 128,
-                 pad_id: int | None = None):
+    def __init__(self, env: gym.Env, max_len: int | None = None, max_action_len: int = 128, pad_id: int | None = None):
         super().__init__(env)
         self.tool_env = te = tool_env_of(env)
         longest = max_observation_len(env)
         self.max_len = int(max_len or longest)
         if self.max_len < longest:
-            raise ValueError(f"max_len {self.max_len} is below the longest observation the env can produce, "
-                             f"{longest} ids (max_context_tokens {te.max_context_tokens} + the end-of-turn token "
-                             "that closes an action cut at the budget); pass max_len >= "
-                             f"{longest} or leave it None")
+            raise ValueError(
+                f"max_len {self.max_len} is below the longest observation the env can produce, "
+                f"{longest} ids (max_context_tokens {te.max_context_tokens} + the end-of-turn token "
+                "that closes an action cut at the budget); pass max_len >= "
+                f"{longest} or leave it None"
+            )
         if max_action_len <= 0:
             raise ValueError(f"max_action_len must be positive, got {max_action_len}")
         self.max_action_len = int(max_action_len)
         tok = te.tokenizer
         self.pad_id = int(pad_id) if pad_id is not None else pad_token_id(tok, default=0)
         v = te.vocab_size
-        self.observation_space = spaces.Dict({
-            "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),
-            "length": spaces.Box(0, self.max_len, shape=(), dtype=np.int64),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),
+                "length": spaces.Box(0, self.max_len, shape=(), dtype=np.int64),
+            }
+        )
         self.no_token = v
         self.action_space = spaces.MultiDiscrete(np.full(self.max_action_len, v + 1, dtype=np.int64))
 
@@ -165,9 +171,11 @@ class PaddedTokens(gym.Wrapper):
         ids = obs["input_ids"]
         n = len(ids)
         if n > self.max_len:
-            raise RuntimeError(f"the env's observation has {n} ids, over PaddedTokens' max_len={self.max_len}; "
-                               "it is not cut (a cut would drop tokens the policy acted on). The env broke its "
-                               f"bound of max_context_tokens + 1 = {max_observation_len(self.env)}")
+            raise RuntimeError(
+                f"the env's observation has {n} ids, over PaddedTokens' max_len={self.max_len}; "
+                "it is not cut (a cut would drop tokens the policy acted on). The env broke its "
+                f"bound of max_context_tokens + 1 = {max_observation_len(self.env)}"
+            )
         out = np.full(self.max_len, self.pad_id, dtype=np.int64)
         out[:n] = ids
         return {"input_ids": out, "length": np.asarray(n, dtype=np.int64)}
@@ -183,11 +191,15 @@ class PaddedTokens(gym.Wrapper):
         accept the ids."""
         a = np.asarray(action)
         if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-            raise ValueError(f"action must be a 1-D array of integer token ids (the value {self.no_token} = no token), "
-                             f"got shape {a.shape} dtype {a.dtype}; float actions are not truncated to ids")
+            raise ValueError(
+                f"action must be a 1-D array of integer token ids (the value {self.no_token} = no token), "
+                f"got shape {a.shape} dtype {a.dtype}; float actions are not truncated to ids"
+            )
         if a.size > self.max_action_len:
-            raise ValueError(f"action has {a.size} values, over max_action_len={self.max_action_len}; "
-                             "raise max_action_len or cut the turn")
+            raise ValueError(
+                f"action has {a.size} values, over max_action_len={self.max_action_len}; "
+                "raise max_action_len or cut the turn"
+            )
         if a.size and (a.min() < 0 or a.max() > self.no_token):
             raise ValueError(f"action holds values outside [0, {self.no_token}]: min {a.min()}, max {a.max()}")
         ids = a[a != self.no_token].astype(np.int64)
@@ -203,8 +215,9 @@ class PaddedTokens(gym.Wrapper):
 def _check_text_action(view: TextView | ChatView, action: Any) -> np.ndarray:
     """A text view's action: a string, encoded as one assistant turn and checked by the env below."""
     if not isinstance(action, str):
-        raise ValueError(f"{type(view).__name__} actions are strings (the assistant's reply text), "
-                         f"got {type(action).__name__}")
+        raise ValueError(
+            f"{type(view).__name__} actions are strings (the assistant's reply text), got {type(action).__name__}"
+        )
     ids = view.tool_env.encode_turn(action)
     view.tool_env.check_action(ids)  # e.g. the episode is over
     return ids

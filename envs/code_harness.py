@@ -39,9 +39,11 @@ class Ref:
         object.__setattr__(self, "k", k)
 
     def _refuse(self, *args, **kwargs):
-        raise TypeError(f"the answer's result of call #{self.k} is not data (a plain value: None, bool, int, "
-                        f"float, complex, str, bytes, list, tuple, set, frozenset, dict); it can only be "
-                        f"passed back to the answer's functions")
+        raise TypeError(
+            f"the answer's result of call #{self.k} is not data (a plain value: None, bool, int, "
+            f"float, complex, str, bytes, list, tuple, set, frozenset, dict); it can only be "
+            f"passed back to the answer's functions"
+        )
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __len__ = __iter__ = _refuse
     __hash__ = __contains__ = __getitem__ = __call__ = __int__ = __float__ = __index__ = _refuse
@@ -133,7 +135,7 @@ def _reply(obj, literal=False):
 
         data = json.dumps(obj).encode()
     while data:
-        data = data[posix.write(_OUT, data):]
+        data = data[posix.write(_OUT, data) :]
 
 
 def _exc_name(e):
@@ -183,11 +185,13 @@ class Proxy:
 
         st, k = self.state, len(self.state["calls"])
         try:
-            call = json.dumps([self.name, encode(list(args), st["objs"]),
-                               [[key, encode(v, st["objs"])] for key, v in kwargs.items()]])
+            call = json.dumps(
+                [self.name, encode(list(args), st["objs"]), [[key, encode(v, st["objs"])] for key, v in kwargs.items()]]
+            )
         except NotData as e:
             st["harness_error"] = st["harness_error"] or (
-                f"the tests pass {e} to {self.name}(), which cannot be sent to the answer's sandbox as data")
+                f"the tests pass {e} to {self.name}(), which cannot be sent to the answer's sandbox as data"
+            )
             raise
         st["calls"].append(call)
         known = st["known"]
@@ -201,8 +205,10 @@ class Proxy:
         saved = random.getstate()  # the reference's draws must not move the tests' random stream
         try:
             if fn is None:
-                raise NameError(f"the reference solution defines no {self.name!r}"
-                                + (f" (it did not run: {st['ref_error']})" if st["ref_error"] else ""))
+                raise NameError(
+                    f"the reference solution defines no {self.name!r}"
+                    + (f" (it did not run: {st['ref_error']})" if st["ref_error"] else "")
+                )
             r = fn(*args, **kwargs)
         except BaseException as e:
             st["outs"].append(["e", _exc_name(e)])
@@ -225,8 +231,11 @@ def _known_result(res, k):
         return Ref(k)
     cls = getattr(builtins, res[1], None)
     # Not StopIteration: raised in a test's map() or next() it would end an iteration quietly.
-    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, (StopIteration,
-                                                                                    StopAsyncIteration)):
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, Exception)
+        and not issubclass(cls, (StopIteration, StopAsyncIteration))
+    ):
         raise cls(f"raised by the answer on call #{k}")
     raise RuntimeError(f"the answer raised {res[1]} on call #{k}")
 
@@ -237,8 +246,17 @@ def run_tests(spec):
     (the answer's functions), ``entry`` (HumanEval's), ``seed`` and ``known`` ([call, result]
     pairs from the answer sandbox). Replies with the calls made, the reference's results where it
     stood in, whether every call was the answer's, and each test's outcome."""
-    st = {"calls": [], "outs": [], "matched": True, "known": spec["known"], "objs": {}, "keep": [],
-          "harness_error": None, "ref_error": None, "ref_ns": {"__name__": "__reference__"}}
+    st = {
+        "calls": [],
+        "outs": [],
+        "matched": True,
+        "known": spec["known"],
+        "objs": {},
+        "keep": [],
+        "harness_error": None,
+        "ref_error": None,
+        "ref_ns": {"__name__": "__reference__"},
+    }
     try:
         exec(compile(spec["reference"], "<reference>", "exec"), st["ref_ns"])
     except BaseException as e:
@@ -262,8 +280,17 @@ def run_tests(spec):
         except BaseException as e:
             passed.append(False)
             why = why or f"test {i} ({test.strip()[:120]}) failed: {_exc_name(e)}: {str(e)[:200]}"
-    _reply({"calls": st["calls"], "outs": st["outs"], "matched": st["matched"], "passed": passed, "why": why,
-            "harness_error": st["harness_error"], "reference_error": st["ref_error"]})
+    _reply(
+        {
+            "calls": st["calls"],
+            "outs": st["outs"],
+            "matched": st["matched"],
+            "passed": passed,
+            "why": why,
+            "harness_error": st["harness_error"],
+            "reference_error": st["ref_error"],
+        }
+    )
 
 
 if __name__ == "__main__":  # only ever run as the sandbox's program (fed on stdin): see envs/code.py

@@ -70,8 +70,10 @@ from agent_gym.scoring import exact_match
 from agent_gym.tools import Tool, ToolResult
 
 RELATIONS = ("mentor", "rival", "employer", "sibling", "founder", "spouse")
-_SYLLABLES = ("ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ves nu kor "
-              "bel tis gor ven ash lin ro mal dun sha vel tor").split()
+_SYLLABLES = (
+    "ka ri to mel van dor sil bra quen lo zar fin ta mur eth ol pra ves nu kor "
+    "bel tis gor ven ash lin ro mal dun sha vel tor"
+).split()
 _SPLITS = {"train": 0, "test": 1}
 _QUESTION_STYLES = ("nested", "possessive")
 _NAMES = tuple((a + b).capitalize() for a in _SYLLABLES for b in _SYLLABLES if a != b)
@@ -153,8 +155,12 @@ class FactChainEnv(ToolEnv):
     ):
         if not 1 <= num_relations <= len(RELATIONS):
             raise ValueError(f"num_relations must be in 1..{len(RELATIONS)}, got {num_relations}")
-        for name, v in (("num_entities", num_entities), ("num_hops", num_hops), ("num_tasks", num_tasks),
-                        ("num_kbs", num_kbs)):
+        for name, v in (
+            ("num_entities", num_entities),
+            ("num_hops", num_hops),
+            ("num_tasks", num_tasks),
+            ("num_kbs", num_kbs),
+        ):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if num_entities < 2:
@@ -166,8 +172,10 @@ class FactChainEnv(ToolEnv):
         if not isinstance(exclude_train_tasks, int) or exclude_train_tasks < 0:
             raise ValueError(f"exclude_train_tasks must be a non-negative integer, got {exclude_train_tasks!r}")
         if exclude_train_tasks and split != "test":
-            raise ValueError("exclude_train_tasks applies to split='test' only (it removes the questions of the "
-                             f"first {exclude_train_tasks} train tasks from the test split); got split={split!r}")
+            raise ValueError(
+                "exclude_train_tasks applies to split='test' only (it removes the questions of the "
+                f"first {exclude_train_tasks} train tasks from the test split); got split={split!r}"
+            )
         self.num_hops = num_hops
         self.relations = RELATIONS[:num_relations]
         self.kb_seed = kb_seed
@@ -179,12 +187,16 @@ class FactChainEnv(ToolEnv):
         self.num_kbs = num_kbs
         self.entities, self.kb = self.kb_at(0)
         self._excluded = {self._draw("train", k, 0) for k in range(exclude_train_tasks)}
-        if len(self._excluded) >= num_kbs * num_entities * num_relations ** num_hops:
-            raise ValueError(f"exclude_train_tasks={exclude_train_tasks} covers every one of the "
-                             f"{num_entities * num_relations ** num_hops} questions of this KB: nothing is held out")
-        system = system_prompt or ("Answer the question by following the chain of facts. Use the lookup tool "
-                                   "once per hop, innermost relation first. Give only the final entity name in "
-                                   "<answer></answer>.")
+        if len(self._excluded) >= num_kbs * num_entities * num_relations**num_hops:
+            raise ValueError(
+                f"exclude_train_tasks={exclude_train_tasks} covers every one of the "
+                f"{num_entities * num_relations**num_hops} questions of this KB: nothing is held out"
+            )
+        system = system_prompt or (
+            "Answer the question by following the chain of facts. Use the lookup tool "
+            "once per hop, innermost relation first. Give only the final entity name in "
+            "<answer></answer>."
+        )
         super().__init__(
             tools=[LookupTool(self.kb, self.relations)],
             system_prompt=system,
@@ -230,8 +242,15 @@ class FactChainEnv(ToolEnv):
             question = "Who is " + " of ".join(f"the {r}" for r in reversed(chain)) + f' of "{start}"?'
         else:
             question = f'Who is "{start}"' + "".join(f"'s {r}" for r in chain) + "?"
-        task = {"id": f"factchain-{self.split}-{index}", "question": question, "answer": path[-1],
-                "aliases": [], "chain": chain, "path": path, "kb": kb}
+        task = {
+            "id": f"factchain-{self.split}-{index}",
+            "question": question,
+            "answer": path[-1],
+            "aliases": [],
+            "chain": chain,
+            "path": path,
+            "kb": kb,
+        }
         return self.validate_task(task, f"task {index}")
 
     def check_task(self, task: Any) -> dict[str, Any]:
@@ -246,6 +265,7 @@ class FactChainEnv(ToolEnv):
         in that KB, ``len(chain) + 1`` of them from a known start entity; ``answer`` the last of
         them (EM is scored against ``answer``, the hop reward against ``path`` and ``chain``, so
         they must agree)."""
+
         def bad(key: str, problem: str) -> ValueError:
             return ValueError(f"FactChain {where}: {key!r} {problem}")
 
@@ -257,19 +277,30 @@ class FactChainEnv(ToolEnv):
         chain, path, answer = task["chain"], task["path"], task["answer"]
         if not isinstance(chain, (list, tuple)) or not chain or any(r not in self.relations for r in chain):
             raise bad("chain", f"must be a non-empty list of relations from {list(self.relations)}, got {chain!r:.120}")
-        if (not isinstance(path, (list, tuple)) or len(path) != len(chain) + 1
-                or not all(isinstance(e, str) for e in path)):
-            raise bad("path", f"must be a list of {len(chain) + 1} entity names (the start entity and one per "
-                              f"hop of the chain), got {path!r:.120}")
+        if (
+            not isinstance(path, (list, tuple))
+            or len(path) != len(chain) + 1
+            or not all(isinstance(e, str) for e in path)
+        ):
+            raise bad(
+                "path",
+                f"must be a list of {len(chain) + 1} entity names (the start entity and one per "
+                f"hop of the chain), got {path!r:.120}",
+            )
         facts = self.kb_at(int(kb))[1]
         for h, (entity, relation) in enumerate(zip(path, chain)):
             reached = facts.get((entity, relation))
             if reached is None:
-                raise bad("path", f"starts from {entity!r}, which is no entity of KB {int(kb)}" if h == 0 else
-                          f"holds {entity!r} at hop {h}, which is no entity of KB {int(kb)}")
+                raise bad(
+                    "path",
+                    f"starts from {entity!r}, which is no entity of KB {int(kb)}"
+                    if h == 0
+                    else f"holds {entity!r} at hop {h}, which is no entity of KB {int(kb)}",
+                )
             if path[h + 1] != reached:
-                raise bad("path", f"says the {relation} of {entity!r} is {path[h + 1]!r}; in KB {int(kb)} it is "
-                                  f"{reached!r}")
+                raise bad(
+                    "path", f"says the {relation} of {entity!r} is {path[h + 1]!r}; in KB {int(kb)} it is {reached!r}"
+                )
         if not isinstance(answer, str) or answer != path[-1]:
             raise bad("answer", f"must be the entity at the end of the path, {path[-1]!r}; got {answer!r:.80}")
         return task
@@ -321,8 +352,11 @@ class FactChainEnv(ToolEnv):
 
     def demonstrations(self) -> dict[str, Any]:
         """``oracle``, ``protocol`` and ``reversed`` (``ToolEnv.demonstrations``)."""
-        return {**super().demonstrations(), "protocol": self.protocol_demonstration,
-                "reversed": self.reversed_demonstration}
+        return {
+            **super().demonstrations(),
+            "protocol": self.protocol_demonstration,
+            "reversed": self.reversed_demonstration,
+        }
 
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         """``hop``: paid once per hop, for the first lookup of that hop's (entity, relation)."""
@@ -345,8 +379,9 @@ def oracle_turns(task: dict[str, Any], fmt: ToolCallFormat | None = None) -> lis
     """The assistant turns of a correct episode in the tool format ``fmt`` (hermes when none is
     given): one lookup per hop, then the answer. Used for SFT demonstrations and for
     scripted-policy tests."""
-    return ([lookup_turn(e, r, fmt) for e, r in zip(task["path"], task["chain"])]
-            + [f"<answer>{task['answer']}</answer>"])
+    return [lookup_turn(e, r, fmt) for e, r in zip(task["path"], task["chain"])] + [
+        f"<answer>{task['answer']}</answer>"
+    ]
 
 
 def _demonstration(self: FactChainEnv, task: dict[str, Any]) -> list[str]:

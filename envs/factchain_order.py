@@ -25,7 +25,7 @@ def classify(text: str) -> tuple[str, str]:
         raise ValueError("no nested FactChain question ('Who is the R of the R of \"X\"?') in the episode's text")
     q = matches[-1]
     chain = q.group(1).split(" of the ")  # as written: outermost first
-    calls = RELATION.findall(text[q.end():])
+    calls = RELATION.findall(text[q.end() :])
     if chain[0] == chain[-1]:
         return "same", q.group(2)
     if calls and calls[0] == chain[-1]:
@@ -49,12 +49,16 @@ def load(path: str) -> dict[int, tuple[bool, str, str]]:
 
 def compare(before: dict, after: dict) -> dict:
     if before.keys() != after.keys():
-        raise ValueError(f"the two files hold different tasks: {sorted(before.keys() ^ after.keys())[:5]} ... "
-                         "evaluate both with the same env arguments and --tasks")
+        raise ValueError(
+            f"the two files hold different tasks: {sorted(before.keys() ^ after.keys())[:5]} ... "
+            "evaluate both with the same env arguments and --tasks"
+        )
     differ = [k for k in before if before[k][2] != after[k][2]]
     if differ:
-        raise ValueError(f"task {differ[0]} asks about {before[differ[0]][2]!r} in one file and {after[differ[0]][2]!r} "
-                         "in the other: evaluate both with the same env arguments")
+        raise ValueError(
+            f"task {differ[0]} asks about {before[differ[0]][2]!r} in one file and {after[differ[0]][2]!r} "
+            "in the other: evaluate both with the same env arguments"
+        )
 
     def table(d: dict) -> dict[str, dict[str, int]]:
         c = Counter((cls, ok) for ok, cls, _ in d.values())
@@ -62,9 +66,16 @@ def compare(before: dict, after: dict) -> dict:
 
     up = sum(1 for k in before if not before[k][0] and after[k][0])
     down = sum(1 for k in before if before[k][0] and not after[k][0])
-    return {"questions": len(before), "right_before": sum(v[0] for v in before.values()),
-            "right_after": sum(v[0] for v in after.values()), "fail_to_success": up, "success_to_fail": down,
-            "sign_test_p": sign_test(up, down), "before": table(before), "after": table(after)}
+    return {
+        "questions": len(before),
+        "right_before": sum(v[0] for v in before.values()),
+        "right_after": sum(v[0] for v in after.values()),
+        "fail_to_success": up,
+        "success_to_fail": down,
+        "sign_test_p": sign_test(up, down),
+        "before": table(before),
+        "after": table(after),
+    }
 
 
 __all__ = ["CLASSES", "classify", "compare", "load"]

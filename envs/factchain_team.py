@@ -99,31 +99,63 @@ class FactChainTeamEnv(MultiAgentToolEnv):
     metadata = {**MultiAgentToolEnv.metadata, "name": "factchain_team_v0"}
     required_task_keys = ("question", "answer", "path", "chain")
 
-    def __init__(self, num_agents: int = 2, num_entities: int = 32, num_relations: int = 4, num_hops: int = 2,
-                 num_tasks: int = 10000, kb_seed: int = 0, split: str = "train", question_style: str = "nested",
-                 max_cycles: int | None = None, system_prompt: str | dict[str, str] | None = None,
-                 tokenizer: Any = None, max_context_tokens: int = 2048, **kwargs: Any):
+    def __init__(
+        self,
+        num_agents: int = 2,
+        num_entities: int = 32,
+        num_relations: int = 4,
+        num_hops: int = 2,
+        num_tasks: int = 10000,
+        kb_seed: int = 0,
+        split: str = "train",
+        question_style: str = "nested",
+        max_cycles: int | None = None,
+        system_prompt: str | dict[str, str] | None = None,
+        tokenizer: Any = None,
+        max_context_tokens: int = 2048,
+        **kwargs: Any,
+    ):
         if not isinstance(num_agents, int) or isinstance(num_agents, bool) or num_agents < 2:
             raise ValueError(f"num_agents must be an integer >= 2 (a team), got {num_agents!r}")
         tok = load_tokenizer(tokenizer)
         # The task source: FactChain's own KB and question generation.
-        self.source = FactChainEnv(num_entities=num_entities, num_relations=num_relations, num_hops=num_hops,
-                                   num_tasks=num_tasks, kb_seed=kb_seed, split=split, question_style=question_style,
-                                   tokenizer=tok)
+        self.source = FactChainEnv(
+            num_entities=num_entities,
+            num_relations=num_relations,
+            num_hops=num_hops,
+            num_tasks=num_tasks,
+            kb_seed=kb_seed,
+            split=split,
+            question_style=question_style,
+            tokenizer=tok,
+        )
         self.num_hops = num_hops
         agents = [f"agent_{i}" for i in range(num_agents)]
         self.lookups = {a: PartLookupTool(self.source.kb, self.source.relations) for a in agents}
         # A given string is shared by the seats and followed by each seat's identity (MultiAgentToolEnv);
         # a dict is used as given. The default names the seat in its first sentence.
-        prompts = system_prompt if system_prompt is not None else {a: (
-            f"You are {a}, one of a team of {num_agents} agents answering the same question by following a chain "
-            "of facts. Your lookup tool only knows the facts about the entities in your part of the knowledge "
-            "base; your teammates hold the rest. Send a teammate what they need with send, read messages with "
-            "receive. Look up one hop at a time, innermost relation first. Give only the final entity name in "
-            "<answer></answer>.") for a in agents}
-        super().__init__({a: [self.lookups[a]] for a in agents}, system_prompts=prompts, tokenizer=tok,
-                         max_cycles=max_cycles if max_cycles is not None else 3 * num_hops + 2,
-                         max_context_tokens=max_context_tokens, **kwargs)
+        prompts = (
+            system_prompt
+            if system_prompt is not None
+            else {
+                a: (
+                    f"You are {a}, one of a team of {num_agents} agents answering the same question by following a chain "
+                    "of facts. Your lookup tool only knows the facts about the entities in your part of the knowledge "
+                    "base; your teammates hold the rest. Send a teammate what they need with send, read messages with "
+                    "receive. Look up one hop at a time, innermost relation first. Give only the final entity name in "
+                    "<answer></answer>."
+                )
+                for a in agents
+            }
+        )
+        super().__init__(
+            {a: [self.lookups[a]] for a in agents},
+            system_prompts=prompts,
+            tokenizer=tok,
+            max_cycles=max_cycles if max_cycles is not None else 3 * num_hops + 2,
+            max_context_tokens=max_context_tokens,
+            **kwargs,
+        )
 
     def num_tasks(self) -> int:
         return self.source.num_tasks()
@@ -184,8 +216,9 @@ class TeamOracle:
     def text(self, agent: str) -> str:
         env, task = self.env, self.env.task
         n, chain = len(env.possible_agents), task["chain"]
-        st = self.state.setdefault(agent, {"todo": (0, task["path"][0]) if agent == env.possible_agents[0] else None,
-                                           "looked_up": None})
+        st = self.state.setdefault(
+            agent, {"todo": (0, task["path"][0]) if agent == env.possible_agents[0] else None, "looked_up": None}
+        )
         if st["looked_up"] is not None:  # the last turn was a lookup: its result is in the last tool response
             h = st["looked_up"]
             st["looked_up"] = None
@@ -217,7 +250,6 @@ class TeamOracle:
         return self.env.seats[agent].encode_turn(self.text(agent))
 
 
-
 def play_parallel(env: FactChainTeamEnv, policy: Any, task_index: int) -> dict[str, Any]:
     """One episode of ``env`` (a ParallelEnv) with ``policy(agent, obs) -> action``; returns the
     team's outcome (``success``, ``cycles``, ``messages``) and every agent's final ``Episode``."""
@@ -229,8 +261,12 @@ def play_parallel(env: FactChainTeamEnv, policy: Any, task_index: int) -> dict[s
         for a in term:
             if term[a] or trunc[a]:
                 episodes[a] = infos[a]["trajectory"]
-    return {"success": any(ep.success for ep in episodes.values()), "cycles": env.cycle,
-            "messages": len(env.mailbox.log), "episodes": episodes}
+    return {
+        "success": any(ep.success for ep in episodes.values()),
+        "cycles": env.cycle,
+        "messages": len(env.mailbox.log),
+        "episodes": episodes,
+    }
 
 
 def parallel_env(**kwargs: Any) -> FactChainTeamEnv:

@@ -76,9 +76,11 @@ from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, extract_answe
 from agent_gym.math_answer import check_available as check_math_verify_available
 from agent_gym.sandbox import PythonTool, check_available
 
-SYSTEM_PROMPT = ("Solve the math problem. You may run Python programs with the python tool (print what you "
-                 "need to see). Give the final answer as <answer>\\boxed{...}</answer>, simplified, with "
-                 "fractions in lowest terms.")
+SYSTEM_PROMPT = (
+    "Solve the math problem. You may run Python programs with the python tool (print what you "
+    "need to see). Give the final answer as <answer>\\boxed{...}</answer>, simplified, with "
+    "fractions in lowest terms."
+)
 
 
 # -- synthetic problems --------------------------------------------------------------------------
@@ -105,57 +107,90 @@ def _linear(r: np.random.Generator) -> tuple[str, str, str]:
     b, c = (int(x) for x in r.integers(-50, 50, size=2))
     x = Fraction(c - b, a)
     sb = f"+ {b}" if b >= 0 else f"- {-b}"
-    return (f"Solve for $x$: ${a}x {sb} = {c}$. Express your answer as a fraction in lowest terms.", frac_latex(x),
-            _PRINT_FRAC + f"print(Fraction({c} - ({b}), {a}))")
+    return (
+        f"Solve for $x$: ${a}x {sb} = {c}$. Express your answer as a fraction in lowest terms.",
+        frac_latex(x),
+        _PRINT_FRAC + f"print(Fraction({c} - ({b}), {a}))",
+    )
 
 
 def _quadratic(r: np.random.Generator) -> tuple[str, str, str]:
     p, q = (int(x) for x in r.choice(np.arange(-15, 16), size=2, replace=False))
     s, t = -(p + q), p * q
-    poly = "x^2" + (f" + {s}x" if s > 0 else f" - {-s}x" if s < 0 else "") + (f" + {t}" if t > 0 else f" - {-t}" if t < 0 else "")
-    prog = (f"import math\nb, c = {s}, {t}\nr = math.isqrt(b * b - 4 * c)\nprint(max((-b + r) // 2, (-b - r) // 2))")
+    poly = (
+        "x^2"
+        + (f" + {s}x" if s > 0 else f" - {-s}x" if s < 0 else "")
+        + (f" + {t}" if t > 0 else f" - {-t}" if t < 0 else "")
+    )
+    prog = f"import math\nb, c = {s}, {t}\nr = math.isqrt(b * b - 4 * c)\nprint(max((-b + r) // 2, (-b - r) // 2))"
     return f"What is the larger root of ${poly} = 0$?", str(max(p, q)), prog
 
 
 def _lcm(r: np.random.Generator) -> tuple[str, str, str]:
     a, b = (int(x) for x in r.integers(6, 400, size=2))
     if r.random() < 0.5:
-        return (f"What is the least common multiple of {a} and {b}?", str(math.lcm(a, b)),
-                f"import math\nprint(math.lcm({a}, {b}))")
-    return (f"What is the greatest common divisor of {a * 6} and {b * 6}?", str(math.gcd(a * 6, b * 6)),
-            f"import math\nprint(math.gcd({a * 6}, {b * 6}))")
+        return (
+            f"What is the least common multiple of {a} and {b}?",
+            str(math.lcm(a, b)),
+            f"import math\nprint(math.lcm({a}, {b}))",
+        )
+    return (
+        f"What is the greatest common divisor of {a * 6} and {b * 6}?",
+        str(math.gcd(a * 6, b * 6)),
+        f"import math\nprint(math.gcd({a * 6}, {b * 6}))",
+    )
 
 
 def _modpow(r: np.random.Generator) -> tuple[str, str, str]:
     a, n, m = int(r.integers(2, 30)), int(r.integers(20, 500)), int(r.integers(3, 50))
-    return (f"What is the remainder when ${a}^{{{n}}}$ is divided by {m}?", str(pow(a, n, m)),
-            f"print(pow({a}, {n}, {m}))")
+    return (
+        f"What is the remainder when ${a}^{{{n}}}$ is divided by {m}?",
+        str(pow(a, n, m)),
+        f"print(pow({a}, {n}, {m}))",
+    )
 
 
 def _fracsum(r: np.random.Generator) -> tuple[str, str, str]:
     a, c = (int(x) for x in r.integers(1, 20, size=2))
     b, d = (int(x) for x in r.integers(2, 25, size=2))
     total = Fraction(a, b) + Fraction(c, d)
-    return (f"Compute $\\frac{{{a}}}{{{b}}} + \\frac{{{c}}}{{{d}}}$. Express your answer as a fraction in "
-            "lowest terms.", frac_latex(total), _PRINT_FRAC + f"print(Fraction({a}, {b}) + Fraction({c}, {d}))")
+    return (
+        f"Compute $\\frac{{{a}}}{{{b}}} + \\frac{{{c}}}{{{d}}}$. Express your answer as a fraction in lowest terms.",
+        frac_latex(total),
+        _PRINT_FRAC + f"print(Fraction({a}, {b}) + Fraction({c}, {d}))",
+    )
 
 
 def _binom(r: np.random.Generator) -> tuple[str, str, str]:
     n = int(r.integers(5, 30))
     k = int(r.integers(1, n))
-    return (f"In how many ways can {k} books be chosen from {n} different books?", str(math.comb(n, k)),
-            f"import math\nprint(math.comb({n}, {k}))")
+    return (
+        f"In how many ways can {k} books be chosen from {n} different books?",
+        str(math.comb(n, k)),
+        f"import math\nprint(math.comb({n}, {k}))",
+    )
 
 
 def _range_sum(r: np.random.Generator) -> tuple[str, str, str]:
     a = int(r.integers(-100, 100))
     b = a + int(r.integers(5, 500))
-    return (f"What is the sum of all integers from {a} to {b}, inclusive?", str(sum(range(a, b + 1))),
-            f"print(sum(range({a}, {b} + 1)))")
+    return (
+        f"What is the sum of all integers from {a} to {b}, inclusive?",
+        str(sum(range(a, b + 1))),
+        f"print(sum(range({a}, {b} + 1)))",
+    )
 
 
-FAMILIES = {"arithmetic": _arith, "linear": _linear, "quadratic": _quadratic, "lcm_gcd": _lcm,
-            "modpow": _modpow, "fraction_sum": _fracsum, "binomial": _binom, "range_sum": _range_sum}
+FAMILIES = {
+    "arithmetic": _arith,
+    "linear": _linear,
+    "quadratic": _quadratic,
+    "lcm_gcd": _lcm,
+    "modpow": _modpow,
+    "fraction_sum": _fracsum,
+    "binomial": _binom,
+    "range_sum": _range_sum,
+}
 
 
 def synthetic_task(seed: int, index: int) -> dict[str, Any]:
@@ -163,8 +198,14 @@ def synthetic_task(seed: int, index: int) -> dict[str, Any]:
     names = list(FAMILIES)
     family = names[index % len(names)]
     question, answer, program = FAMILIES[family](np.random.default_rng([int(seed), 4099, int(index)]))
-    return {"id": f"math-synth-{seed}-{index}", "question": question, "answer": answer, "type": family,
-            "level": "synthetic", "program": program}
+    return {
+        "id": f"math-synth-{seed}-{index}",
+        "question": question,
+        "answer": answer,
+        "type": family,
+        "level": "synthetic",
+        "program": program,
+    }
 
 
 # -- MATH data -----------------------------------------------------------------------------------
@@ -187,8 +228,9 @@ def validate_task(row: Any, where: str, default_id: str) -> dict[str, Any]:
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
         if not isinstance(answer, str) or not _blank_free(answer):
-            raise MathDataError(f"{where}: key 'answer' must be a number or a non-empty string (the gold answer), "
-                                f"got {row['answer']!r}")
+            raise MathDataError(
+                f"{where}: key 'answer' must be a number or a non-empty string (the gold answer), got {row['answer']!r}"
+            )
     elif "solution" in row:
         answer = last_boxed(row["solution"]) if isinstance(row["solution"], str) else None
         if answer is None:
@@ -196,10 +238,16 @@ def validate_task(row: Any, where: str, default_id: str) -> dict[str, Any]:
         if not _blank_free(answer):
             raise MathDataError(f"{where}: key 'solution' has an empty \\boxed{{}} answer")
     else:
-        raise MathDataError(f"{where}: missing key 'answer' (or 'solution' with a \\boxed{{}} answer); "
-                            f"keys are {sorted(row)}")
-    return {"id": str(row.get("id", row.get("unique_id", default_id))), "question": question, "answer": answer.strip(),
-            "type": str(row.get("type", row.get("subject", ""))), "level": str(row.get("level", ""))}
+        raise MathDataError(
+            f"{where}: missing key 'answer' (or 'solution' with a \\boxed{{}} answer); keys are {sorted(row)}"
+        )
+    return {
+        "id": str(row.get("id", row.get("unique_id", default_id))),
+        "question": question,
+        "answer": answer.strip(),
+        "type": str(row.get("type", row.get("subject", ""))),
+        "level": str(row.get("level", "")),
+    }
 
 
 def _blank_free(answer: str) -> bool:
@@ -222,8 +270,10 @@ def _load_math_cached(path: str, split: str, mtime: float) -> tuple[dict[str, An
         root = p / split if (p / split).is_dir() else p
         files = sorted(root.rglob("*.json"))
         if not files:
-            raise MathDataError(f"{p}: no .json problem files under {root} (expected the MATH layout "
-                                f"<split>/<subject>/<n>.json, or pass a JSONL file)")
+            raise MathDataError(
+                f"{p}: no .json problem files under {root} (expected the MATH layout "
+                f"<split>/<subject>/<n>.json, or pass a JSONL file)"
+            )
         return tuple(validate_task(_read_json(f), str(f), f"{f.parent.name}/{f.stem}") for f in files)
     rows = []
     with open(p, encoding="utf-8") as fh:
@@ -244,8 +294,10 @@ def load_math(data_path: str | os.PathLike, split: str = "test", limit: int | No
     """MATH problems from the official directory or a JSONL file (see the card); cached per process."""
     p = Path(data_path)
     if not p.exists():
-        raise FileNotFoundError(f"MATH data not found at {p}: pass data_path= the MATH directory or a JSONL file "
-                                "(or leave data_path unset for the built-in synthetic problems)")
+        raise FileNotFoundError(
+            f"MATH data not found at {p}: pass data_path= the MATH directory or a JSONL file "
+            "(or leave data_path unset for the built-in synthetic problems)"
+        )
     tasks = list(_load_math_cached(str(p.resolve()), split, p.stat().st_mtime))
     return tasks[:limit] if limit is not None else tasks
 
@@ -257,10 +309,22 @@ class MathEnv(ToolEnv):
     uses_sandbox = True
     """Runs agent code in :mod:`agent_gym.sandbox` (the conformance suite fuzzes it on a reduced budget)."""
 
-    def __init__(self, data_path: str | None = None, split: str = "test", limit: int | None = None,
-                 num_tasks: int = 500, seed: int = 0, sandbox: dict | None = None, python_tool: bool = True,
-                 system_prompt: str | None = None, answer_timeout: float = DEFAULT_TIMEOUT_S, max_turns: int = 6,
-                 max_context_tokens: int = 4096, rewards: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        data_path: str | None = None,
+        split: str = "test",
+        limit: int | None = None,
+        num_tasks: int = 500,
+        seed: int = 0,
+        sandbox: dict | None = None,
+        python_tool: bool = True,
+        system_prompt: str | None = None,
+        answer_timeout: float = DEFAULT_TIMEOUT_S,
+        max_turns: int = 6,
+        max_context_tokens: int = 4096,
+        rewards: Any = None,
+        **kwargs: Any,
+    ):
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         if not isinstance(num_tasks, int) or isinstance(num_tasks, bool) or num_tasks <= 0:
@@ -277,9 +341,14 @@ class MathEnv(ToolEnv):
             tool = PythonTool(sandbox)
             check_available(tool.python)  # fail here, naming the fix, rather than at the first call
             tools.append(tool)
-        super().__init__(tools=tools, system_prompt=system_prompt or SYSTEM_PROMPT, max_turns=max_turns,
-                         max_context_tokens=max_context_tokens,
-                         rewards=rewards if rewards is not None else {"answer_weights": {"correct": 1.0}}, **kwargs)
+        super().__init__(
+            tools=tools,
+            system_prompt=system_prompt or SYSTEM_PROMPT,
+            max_turns=max_turns,
+            max_context_tokens=max_context_tokens,
+            rewards=rewards if rewards is not None else {"answer_weights": {"correct": 1.0}},
+            **kwargs,
+        )
 
     def num_tasks(self) -> int:
         return self._num_tasks
@@ -300,8 +369,11 @@ class MathEnv(ToolEnv):
         """``correct``, ``em`` and ``timeout`` (see the card)."""
         gold = str(task["answer"])
         ok, how = check_answer(answer, gold, self.answer_timeout)
-        return {"correct": float(ok), "em": float(normalize(extract_answer(answer)) == normalize(gold)),
-                "timeout": float(how == "timeout")}
+        return {
+            "correct": float(ok),
+            "em": float(normalize(extract_answer(answer)) == normalize(gold)),
+            "timeout": float(how == "timeout"),
+        }
 
     def is_success(self, answer_scores: dict[str, float], task: dict[str, Any]) -> bool:
         """Success is a correct answer (symbolic equivalence), not string equality."""

@@ -224,8 +224,10 @@ class MultiHopQAEnv(ToolEnv):
         if retriever_kwargs is not None and not isinstance(retriever_kwargs, dict):
             raise ValueError(f"retriever_kwargs must be a dict, got {type(retriever_kwargs).__name__}")
         if not (isinstance(retriever, str) or callable(getattr(retriever, "search", None))):
-            raise ValueError("retriever must be a kind name, an http(s):// URL, or an object with "
-                             f"search(queries, k); got {type(retriever).__name__}")
+            raise ValueError(
+                "retriever must be a kind name, an http(s):// URL, or an object with "
+                f"search(queries, k); got {type(retriever).__name__}"
+            )
         if corpus_path is not None and not Path(corpus_path).expanduser().is_file():
             raise DataPathError(f"{self.env_id}: corpus_path {str(corpus_path)!r} does not exist", "corpus_path")
         judge_cfg = None if judge is None else JudgeConfig.from_any(judge)  # one error naming the bad key
@@ -248,9 +250,16 @@ class MultiHopQAEnv(ToolEnv):
         tools = self._make_tools()
         if system_prompt is None:
             system_prompt = self.default_system_prompt()
-        super().__init__(tools=tools, tokenizer=tok, tool_format=tool_format, system_prompt=system_prompt,
-                         max_turns=max_turns, max_context_tokens=max_context_tokens, rewards=reward_cfg,
-                         **kwargs)
+        super().__init__(
+            tools=tools,
+            tokenizer=tok,
+            tool_format=tool_format,
+            system_prompt=system_prompt,
+            max_turns=max_turns,
+            max_context_tokens=max_context_tokens,
+            rewards=reward_cfg,
+            **kwargs,
+        )
         self._found: set[str] = set()
 
     # -- construction helpers ----------------------------------------------------------------
@@ -264,9 +273,11 @@ class MultiHopQAEnv(ToolEnv):
             rewards = {**(rewards or {}), "answer_weights": {answer_metric: 1.0}}
         cfg = RewardConfig.from_any(rewards)
         if JUDGE_SCORE in cfg.answer_weights and not judged:
-            raise ValueError(f"rewards.answer_weights names {JUDGE_SCORE!r} but no judge is configured: pass the env "
-                             "kwarg judge={base_url: http://HOST:PORT/v1, model: NAME} (docs/envs/hotpotqa.md, "
-                             "\"LLM-as-judge\")")
+            raise ValueError(
+                f"rewards.answer_weights names {JUDGE_SCORE!r} but no judge is configured: pass the env "
+                "kwarg judge={base_url: http://HOST:PORT/v1, model: NAME} (docs/envs/hotpotqa.md, "
+                '"LLM-as-judge")'
+            )
         valid = sorted(set(ANSWER_SCORERS) | ({JUDGE_SCORE} if judged else set()))
         unknown = sorted(set(cfg.answer_weights) - set(valid))
         if unknown:
@@ -296,8 +307,9 @@ class MultiHopQAEnv(ToolEnv):
         if spec.startswith(("http://", "https://")):
             kind, kwargs = "http", {**kwargs, "url": spec}
         if kind not in RETRIEVERS:
-            raise ValueError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(sorted(RETRIEVERS))}, "
-                             "or an http(s):// URL")
+            raise ValueError(
+                f"unknown retriever kind {kind!r}; valid kinds: {', '.join(sorted(RETRIEVERS))}, or an http(s):// URL"
+            )
         src: tuple = ()
         wraps_corpus = kind == "ray" and kwargs.get("inner", "bm25") in CORPUS_KINDS  # a shared actor's index
         if (kind in CORPUS_KINDS or wraps_corpus) and not ({"corpus", "index", "prebuilt"} & set(kwargs)):
@@ -337,8 +349,9 @@ class MultiHopQAEnv(ToolEnv):
         """
         if self.corpus_path is not None:
             docs = self._path_docs  # not None when a bm25/dense retriever already read the file
-            return _shared(("lookup", _file_key(self.corpus_path)),
-                           lambda: LookupTool.index(docs or self._corpus_docs()))
+            return _shared(
+                ("lookup", _file_key(self.corpus_path)), lambda: LookupTool.index(docs or self._corpus_docs())
+            )
         docs = getattr(self.retriever, "docs", None)
         if not isinstance(docs, list) or not docs:
             raise ValueError(
@@ -346,7 +359,8 @@ class MultiHopQAEnv(ToolEnv):
                 f"{type(self.retriever).__name__} does not expose one (an HTTP server or a prebuilt "
                 "index). Pass corpus_path= (the same corpus the retriever serves), or "
                 "lookup_tool=False. (Looking titles up in the split's own paragraphs would leak "
-                "the gold paragraphs in a fullwiki setting.)")
+                "the gold paragraphs in a fullwiki setting.)"
+            )
         try:
             cached = _LOOKUP_INDEXES.get(self.retriever)
         except TypeError:  # not weak-referenceable: build a private index
@@ -363,8 +377,14 @@ class MultiHopQAEnv(ToolEnv):
 
     def get_task(self, index: int) -> dict[str, Any]:
         t = self.tasks[index]
-        return {"id": t.id, "question": t.question, "answer": t.answer, "aliases": list(t.aliases),
-                "supporting_titles": list(t.supporting_titles), "type": t.type}
+        return {
+            "id": t.id,
+            "question": t.question,
+            "answer": t.answer,
+            "aliases": list(t.aliases),
+            "supporting_titles": list(t.supporting_titles),
+            "type": t.type,
+        }
 
     def check_task(self, task: Any) -> dict[str, Any]:
         """A task given as ``reset(options={"task": ...})``, checked as the loaders check a data
@@ -407,8 +427,11 @@ class MultiHopQAEnv(ToolEnv):
 
     def process_components(self, outcome: CallOutcome, task: dict[str, Any]) -> dict[str, float]:
         supporting = task.get("supporting_titles") or ()
-        new = [t for t in dict.fromkeys(outcome.result.metadata.get("titles", ()))
-               if t in supporting and t not in self._found]
+        new = [
+            t
+            for t in dict.fromkeys(outcome.result.metadata.get("titles", ()))
+            if t in supporting and t not in self._found
+        ]
         if not new:
             return {}
         self._found.update(new)

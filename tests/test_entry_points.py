@@ -24,8 +24,14 @@ def _project_scripts() -> list[str]:
 
 
 SCRIPTS = _project_scripts()
-BY_PATH = ("trainers/train_ppo.py", "trainers/train_grpo.py", "trainers/train_sft.py", "trainers/evaluate.py",
-           "scripts/merge_qa.py", "benchmarks/perf/env_step.py")
+BY_PATH = (
+    "trainers/train_ppo.py",
+    "trainers/train_grpo.py",
+    "trainers/train_sft.py",
+    "trainers/evaluate.py",
+    "scripts/merge_qa.py",
+    "benchmarks/perf/env_step.py",
+)
 
 
 def _help(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

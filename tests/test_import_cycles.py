@@ -60,7 +60,8 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, bool]]:
@@ -175,17 +176,23 @@ def test_the_checker_finds_each_kind_of_circle(tmp_path):
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "agent_gym" / "a.py").write_text("from agent_gym import b\n")
     (tmp_path / "agent_gym" / "b.py").write_text("def f():\n    from agent_gym.a import x\n")
-    (tmp_path / "agent_gym" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                                 "    from agent_gym import d\n")
-    (tmp_path / "agent_gym" / "d.py").write_text("import importlib\nfrom agent_gym import c\n"
-                                                 "importlib.import_module('agent_gym.d')\n")
+    (tmp_path / "agent_gym" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from agent_gym import d\n"
+    )
+    (tmp_path / "agent_gym" / "d.py").write_text(
+        "import importlib\nfrom agent_gym import c\nimportlib.import_module('agent_gym.d')\n"
+    )
     (tmp_path / "benchmarks" / "p.py").write_text("from .q import y\n")
     (tmp_path / "benchmarks" / "q.py").write_text("import benchmarks.p\n")
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "s.py").write_text("if __name__ == '__main__':\n    import t\n")
     (tmp_path / "scripts" / "t.py").write_text("from s import main\n")
     edges, func_level = graph(tmp_path)
-    assert cycles(edges) == [["agent_gym.a", "agent_gym.b"], ["benchmarks.p", "benchmarks.q"], ["scripts.s", "scripts.t"]]
+    assert cycles(edges) == [
+        ["agent_gym.a", "agent_gym.b"],
+        ["benchmarks.p", "benchmarks.q"],
+        ["scripts.s", "scripts.t"],
+    ]
     assert cycles(edges, "agent_gym") == [["agent_gym.a", "agent_gym.b"]]
     assert func_level == {"agent_gym.b": 1}
     assert edges["agent_gym.c"] == set() and edges["agent_gym.d"] == {"agent_gym.c"}
@@ -197,8 +204,10 @@ def test_no_import_circle_anywhere_in_the_project():
         assert any(m == pkg or m.startswith(pkg + ".") for m in edges), pkg
     assert "agent_gym.env_wire" in edges["agent_gym.env_server"]  # and its arrows
     found = cycles(edges)
-    assert found == [], "import circles (each a group of modules that import each other, at module level " \
-                        f"or inside a function): {found}"
+    assert found == [], (
+        "import circles (each a group of modules that import each other, at module level "
+        f"or inside a function): {found}"
+    )
 
 
 def main() -> int:

@@ -26,8 +26,14 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     if not exe.is_file():
         pytest.fail(f"{exe} is missing: install the dev extra (pip install -e '.[dev]'), which brings import-linter")
     # PYTHONPATH first: the copy under cwd is analysed, not the editable install's packages.
-    return subprocess.run([str(exe), "--no-cache", "--config", str(cwd / ".importlinter")], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [str(exe), "--no-cache", "--config", str(cwd / ".importlinter")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.mark.timeout(150)
@@ -55,15 +61,21 @@ def test_the_checker_fails_on_each_forbidden_import(tmp_path):
     res = lint_imports(tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Contracts: 0 kept, 4 broken." in res.stdout, res.stdout
-    for line in ("agent_gym.planted_user -> trainers.config (l.2)", "envs.planted_trainer -> trainers.rollout (l.1)",
-                 "agent_gym.planted_torch -> torch (l.1)", f"trainers.trainer -> trainers.ray_rollout (l.{planted_line})"):
+    for line in (
+        "agent_gym.planted_user -> trainers.config (l.2)",
+        "envs.planted_trainer -> trainers.rollout (l.1)",
+        "agent_gym.planted_torch -> torch (l.1)",
+        f"trainers.trainer -> trainers.ray_rollout (l.{planted_line})",
+    ):
         assert line in res.stdout, res.stdout
 
 
 @pytest.mark.timeout(120)
 def test_import_agent_gym_loads_no_torch_no_env_no_trainer():
-    code = ("import sys, agent_gym\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'trainers')))\n")
+    code = (
+        "import sys, agent_gym\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'trainers')))\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout

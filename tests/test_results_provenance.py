@@ -103,10 +103,15 @@ def _scripts() -> list[Path]:
 
 
 def _calls_write_raw(tree: ast.Module) -> bool:
-    imported = any(isinstance(n, ast.ImportFrom) and n.module == "agent_gym.provenance"
-                   and any(a.name == "write_raw" for a in n.names) for n in ast.walk(tree))
-    called = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "write_raw"
-                 for n in ast.walk(tree))
+    imported = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "agent_gym.provenance"
+        and any(a.name == "write_raw" for a in n.names)
+        for n in ast.walk(tree)
+    )
+    called = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "write_raw" for n in ast.walk(tree)
+    )
     return imported and called
 
 
@@ -118,8 +123,10 @@ def test_every_benchmark_script_writes_its_raw_output_through_the_helper():
     stems = [p.stem for p in scripts]  # results/<stem>/ is the script's folder: one script per stem
     assert len(set(stems)) == len(stems), sorted({s for s in stems if stems.count(s) > 1})
     missing = [p.name for p in scripts if not _calls_write_raw(ast.parse(p.read_text(), str(p)))]
-    assert not missing, (f"{missing}: end the script with write_raw(__file__, result) from agent_gym/provenance.py "
-                         "(results/README.md), or list it in LIBRARIES here if it is a module the scripts import")
+    assert not missing, (
+        f"{missing}: end the script with write_raw(__file__, result) from agent_gym/provenance.py "
+        "(results/README.md), or list it in LIBRARIES here if it is a module the scripts import"
+    )
     for name in LIBRARIES:  # a library is not a script: were it to become one, it would need the helper
         text = (BENCHMARKS / name).read_text()
         assert "__main__" not in text, f"{name} has become a script: remove it from LIBRARIES"
@@ -128,15 +135,27 @@ def test_every_benchmark_script_writes_its_raw_output_through_the_helper():
 @pytest.mark.timeout(120)
 def test_a_cheap_benchmark_end_to_end_leaves_its_raw_file(tmp_path):
     traj, rows = tmp_path / "traj.jsonl", tmp_path / "rows.jsonl"
-    traj.write_text("".join(json.dumps(e) + "\n" for e in (
-        {"task_index": 0, "text": "<tool_response>Paris is the capital</tool_response>", "answer": "Paris"},
-        {"task_index": 1, "text": "I cannot tell.", "answer": None})))
+    traj.write_text(
+        "".join(
+            json.dumps(e) + "\n"
+            for e in (
+                {"task_index": 0, "text": "<tool_response>Paris is the capital</tool_response>", "answer": "Paris"},
+                {"task_index": 1, "text": "I cannot tell.", "answer": None},
+            )
+        )
+    )
     rows.write_text(json.dumps({"answer": "Paris"}) + "\n" + json.dumps({"answer": "yes"}) + "\n")
     out = tmp_path / "results"
     env = {**os.environ, provenance.ENV_DIR: str(out)}
     env.pop("PYTHONPATH", None)  # by path, as users run it: the helper comes from the installed agent_gym
-    res = subprocess.run([sys.executable, str(QA_ANSWERS), str(traj), str(rows)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=90)
+    res = subprocess.run(
+        [sys.executable, str(QA_ANSWERS), str(traj), str(rows)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     (path,) = (out / "qa_answers").glob("*.json")
     assert path.name.endswith(".json") and str(path.relative_to(out)) in res.stderr

@@ -96,7 +96,10 @@ def test_linked_package_imports_in_real_venvs(tmp_path):
     for venv, _ in venvs:
         out = subprocess.run(
             [str(venv / "bin" / "python"), "-c", "import pytest_timeout, sys; print(pytest_timeout.__file__)"],
-            capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": os.environ.get("PATH", "")},
         )
         # pytest_timeout imports pytest, which these bare venvs lack: the import must get that far
         # (the linked file was found and run), so the error names pytest, not pytest_timeout.
@@ -129,8 +132,7 @@ def test_check_disk_warns_only_when_short(tmp_path, monkeypatch, capsys):
 
 def test_check_disk_knows_every_stamp_the_setup_writes():
     # The stamps it looks for are the ones the Makefile and the set-up scripts write.
-    text = (ROOT / "Makefile").read_text() + "".join(
-        p.read_text() for p in (ROOT / "scripts").glob("setup_*.sh"))
+    text = (ROOT / "Makefile").read_text() + "".join(p.read_text() for p in (ROOT / "scripts").glob("setup_*.sh"))
     for venv, (stamp, _) in check_disk.VENVS.items():
         assert stamp in text, (venv, stamp)
     assert set(check_disk.VENVS) == {".venv", ".venv-vllm", ".venv-rllib", ".venv-verifiers"}

@@ -111,8 +111,9 @@ def save_checkpoint(run_dir: str | Path, iteration: int, state: dict[str, Any], 
         _fsync_dir(root)
     except Exception as e:
         pointer.unlink(missing_ok=True)
-        raise _write_error(e, root, root / "latest", 0,
-                           done=f"{final} itself is complete; --resume will use it. ") from e
+        raise _write_error(
+            e, root, root / "latest", 0, done=f"{final} itself is complete; --resume will use it. "
+        ) from e
     for old in _iter_dirs(root):
         if _iteration_of(old) > iteration:  # a later iteration of a timeline this run left
             shutil.rmtree(old, ignore_errors=True)
@@ -205,23 +206,38 @@ def tensor_bytes(obj: Any) -> int:
     return total
 
 
-def _write_error(e: Exception, root: Path, target: Path, needed: int, exact: bool = False,
-                 done: str = "") -> CheckpointError:
+def _write_error(
+    e: Exception, root: Path, target: Path, needed: int, exact: bool = False, done: str = ""
+) -> CheckpointError:
     if isinstance(e, CheckpointError):
         return e
     free = _free(root)
     no_space = isinstance(e, OSError) and e.errno in _NO_SPACE
-    cause = ("no space left on device" if no_space
-             else f"{e.strerror or e}" if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
-    space = (f" It needs {format_bytes(needed)}; {format_bytes(free)} is free there." if needed and exact
-             else f" It needs at least {format_bytes(needed)} (its tensors); {format_bytes(free)} is free there." if needed
-             else f" {format_bytes(free)} is free there.")
+    cause = (
+        "no space left on device"
+        if no_space
+        else f"{e.strerror or e}"
+        if isinstance(e, OSError)
+        else f"{type(e).__name__}: {e}"
+    )
+    space = (
+        f" It needs {format_bytes(needed)}; {format_bytes(free)} is free there."
+        if needed and exact
+        else f" It needs at least {format_bytes(needed)} (its tensors); {format_bytes(free)} is free there."
+        if needed
+        else f" {format_bytes(free)} is free there."
+    )
     kept = [p.name for p in _iter_dirs(root)]
-    previous = (f"The earlier checkpoints ({', '.join(kept)}) are intact" if kept else "No earlier checkpoint exists")
-    hint = ("Free space on that file system (or lower keep_checkpoints, or move run_dir), then continue with "
-            f"--resume {root.parent}." if no_space else f"Fix the cause, then continue with --resume {root.parent}.")
-    return CheckpointError(f"could not write checkpoint {target}: {cause}.{space} {done}{previous} and no partial "
-                           f"files were left. {hint}")
+    previous = f"The earlier checkpoints ({', '.join(kept)}) are intact" if kept else "No earlier checkpoint exists"
+    hint = (
+        "Free space on that file system (or lower keep_checkpoints, or move run_dir), then continue with "
+        f"--resume {root.parent}."
+        if no_space
+        else f"Fix the cause, then continue with --resume {root.parent}."
+    )
+    return CheckpointError(
+        f"could not write checkpoint {target}: {cause}.{space} {done}{previous} and no partial files were left. {hint}"
+    )
 
 
 def _free(path: Path) -> int:
@@ -302,8 +318,10 @@ def verify_checkpoint(path: str | Path) -> str | None:
             return f"{name} is missing (manifest.json lists it)"
         size = f.stat().st_size
         if size != meta.get("bytes"):
-            return (f"{name} is {size} bytes but manifest.json says {meta.get('bytes')} "
-                    f"({'truncated: a partial write' if size < (meta.get('bytes') or 0) else 'it changed'})")
+            return (
+                f"{name} is {size} bytes but manifest.json says {meta.get('bytes')} "
+                f"({'truncated: a partial write' if size < (meta.get('bytes') or 0) else 'it changed'})"
+            )
         digest = _sha256(f)
         if digest != meta.get("sha256"):
             return f"{name}'s SHA-256 {digest[:12]}... does not match manifest.json's {str(meta.get('sha256'))[:12]}... (corrupt)"
@@ -328,8 +346,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path}: torch.load could not read state.pt ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from e
+        raise CheckpointError(
+            f"checkpoint {path}: torch.load could not read state.pt ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
     if not isinstance(state, dict) or "iteration" not in state:
         raise CheckpointError(f"checkpoint {path}: state.pt is not a trainer checkpoint (no 'iteration')")
     return state
@@ -373,5 +393,15 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["CheckpointError", "format_bytes", "latest_checkpoint", "load_checkpoint", "load_latest_checkpoint", "rng_state",
-           "save_checkpoint", "set_rng_state", "tensor_bytes", "verify_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "format_bytes",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_latest_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "tensor_bytes",
+    "verify_checkpoint",
+]

@@ -57,8 +57,9 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
     ap = ArgumentParser(prog=prog, description=f"Train an agent with {algo.upper()}.")
     ap.add_argument("--config", help="a YAML file from configs/ (its sections mirror trainers.config.TrainConfig)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
-    ap.add_argument("overrides", nargs="*", help="section.key=value overrides (e.g. algorithm.lr=1e-5), values "
-                                                 "parsed as YAML")
+    ap.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides (e.g. algorithm.lr=1e-5), values parsed as YAML"
+    )
     plugins.add_argument(ap)
     args = ap.parse_args(argv)
     warnings.simplefilter("default", ConfigDeprecationWarning)  # say which flat keys moved, once each
@@ -68,9 +69,11 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
         plugins.load(args.plugin, "--plugin")
         if args.resume:
             if not (Path(args.resume) / "config.yaml").is_file():
-                raise ConfigError(f"--resume {args.resume}: not a run directory (no config.yaml there); pass the "
-                                  "run_dir of an earlier run (it holds config.yaml and checkpoints/), or start a new "
-                                  "run with --config FILE")
+                raise ConfigError(
+                    f"--resume {args.resume}: not a run directory (no config.yaml there); pass the "
+                    "run_dir of an earlier run (it holds config.yaml and checkpoints/), or start a new "
+                    "run with --config FILE"
+                )
             over = parse_overrides(args.overrides)
             if args.plugin:  # added to the run's own (its config.yaml's plugins)
                 saved = Path(args.resume) / "config.yaml"
@@ -123,18 +126,22 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
         from urllib.parse import urlsplit
 
         port = urlsplit(gone.url).port
-        return 2, (f"the env server at {gone.url} is gone mid-run ({gone.reason}): the rollout's sessions and the "
-                   "episodes in them are lost. Restart the server (python -m agent_gym.serve with this run's env and "
-                   f"env kwargs{f', on port {port}' if port else ''}), then {resume}")
+        return 2, (
+            f"the env server at {gone.url} is gone mid-run ({gone.reason}): the rollout's sessions and the "
+            "episodes in them are lost. Restart the server (python -m agent_gym.serve with this run's env and "
+            f"env kwargs{f', on port {port}' if port else ''}), then {resume}"
+        )
     full = next((x for x in chain if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT)), None)
     if full is not None:
         try:
             free = format_bytes(shutil.disk_usage(run_dir).free)
         except OSError:
             free = "an unknown amount"
-        return 4, (f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}) in {_where(full)}; "
-                   f"{free} is free under {run_dir}. The checkpoints already written are intact: free space (or move "
-                   f"run_dir), then continue with --resume {run_dir}.")
+        return 4, (
+            f"the disk is full: could not write {full.filename or 'a file'} ({full.strerror}) in {_where(full)}; "
+            f"{free} is free under {run_dir}. The checkpoints already written are intact: free space (or move "
+            f"run_dir), then continue with --resume {run_dir}."
+        )
     message = describe(e, TRAIN_ENV_KWARGS)  # ConfigError, ModelLoadError, a missing file, ...
     return None if message is None else (2, message)
 

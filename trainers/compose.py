@@ -89,7 +89,10 @@ def _fsdp(why: Callable[[Setting], str]) -> Callable[[Setting], str]:
 
 def _uneven(s: Setting) -> str | None:
     """The first of ``tasks_per_iter``, ``minibatch_size`` that the processes cannot share evenly."""
-    for key, value in (("tasks_per_iter", s.cfg.rollout.tasks_per_iter), ("minibatch_size", s.cfg.algorithm.minibatch_size)):
+    for key, value in (
+        ("tasks_per_iter", s.cfg.rollout.tasks_per_iter),
+        ("minibatch_size", s.cfg.algorithm.minibatch_size),
+    ):
         if value % s.world:
             return f"{key}={value}"
     return None
@@ -98,137 +101,300 @@ def _uneven(s: Setting) -> str | None:
 def _script_message(s: Setting) -> str:
     other = "ppo" if s.cfg.algorithm.algo == "ppo" else "grpo"
     use = f"agent-gym-train-{other} (or agent-gym-train)" if s.prog.startswith("agent-gym") else f"train_{other}.py"
-    return (f"config key 'algorithm.algo' is {s.cfg.algorithm.algo!r}, which {s.prog} does not run; use "
-            f"{use} or set algorithm.algo to one of {FAMILIES[s.script]}")
+    return (
+        f"config key 'algorithm.algo' is {s.cfg.algorithm.algo!r}, which {s.prog} does not run; use "
+        f"{use} or set algorithm.algo to one of {FAMILIES[s.script]}"
+    )
 
 
 REFUSALS: tuple[Refusal, ...] = (
     # the rollout section's keys among themselves
-    Refusal("recompute_needs_top_p_1", ("rollout.recompute_logprobs", "rollout.top_p"),
-            lambda s: not s.cfg.rollout.recompute_logprobs and s.cfg.rollout.top_p != 1.0,
-            lambda s: f"rollout.recompute_logprobs=false needs top_p: 1.0 (got top_p={s.cfg.rollout.top_p}): the "
-                      "sampler's log-probs under top-p are not the policy's"),
-    Refusal("workers_divide_tasks", ("rollout.workers", "rollout.tasks_per_iter"),
-            lambda s: s.cfg.rollout.workers > 0 and s.cfg.rollout.tasks_per_iter % s.cfg.rollout.workers != 0,
-            lambda s: f"rollout.workers={s.cfg.rollout.workers} must divide tasks_per_iter={s.cfg.rollout.tasks_per_iter} "
-                      "(each worker collects an equal slice of the tasks)"),
-    Refusal("scaffold_drop_in_process_single_agent", ("rollout.scaffold_drop", "rollout.env_server", "rollout.env_id"),
-            lambda s: s.cfg.rollout.scaffold_drop is not None and (s.cfg.rollout.env_server is not None or s.team),
-            lambda s: "rollout.scaffold_drop reaches in-process and Ray envs only: unset rollout.env_server "
-                      "(a served env takes its drop_prob in env_kwargs.scaffold) and use a single-agent id"),
-    Refusal("async_needs_vllm", ("rollout.mode", "rollout.backend"),
-            lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.backend != "vllm",
-            _async(lambda s: f"backend: {s.cfg.rollout.backend!r}: the transformers backend has no engine to keep full "
-                             "and stays lockstep; set rollout.backend: vllm")),
-    Refusal("async_without_workers", ("rollout.mode", "rollout.workers"),
-            lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.workers > 0,
-            _async(lambda s: f"workers: {s.cfg.rollout.workers}: Ray rollout workers run the lockstep rollout; "
-                             "set rollout.workers: 0")),
-    Refusal("async_without_env_server", ("rollout.mode", "rollout.env_server"),
-            lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.env_server is not None,
-            _async(lambda s: "env_server: the asynchronous rollout steps in-process envs; unset rollout.env_server")),
-    Refusal("async_single_agent", ("rollout.mode", "rollout.env_id"),
-            lambda s: s.cfg.rollout.mode == "async" and s.team,
-            _async(lambda s: f"the multi-agent env_id {s.cfg.rollout.env_id!r}: its team rollout is lockstep")),
-    Refusal("env_server_single_agent", ("rollout.env_server", "rollout.env_id"),
-            lambda s: s.cfg.rollout.env_server is not None and s.team,
-            lambda s: f"rollout.env_server serves single-agent envs; {s.cfg.rollout.env_id!r} is a multi-agent id: "
-                      "unset env_server"),
+    Refusal(
+        "recompute_needs_top_p_1",
+        ("rollout.recompute_logprobs", "rollout.top_p"),
+        lambda s: not s.cfg.rollout.recompute_logprobs and s.cfg.rollout.top_p != 1.0,
+        lambda s: (
+            f"rollout.recompute_logprobs=false needs top_p: 1.0 (got top_p={s.cfg.rollout.top_p}): the "
+            "sampler's log-probs under top-p are not the policy's"
+        ),
+    ),
+    Refusal(
+        "workers_divide_tasks",
+        ("rollout.workers", "rollout.tasks_per_iter"),
+        lambda s: s.cfg.rollout.workers > 0 and s.cfg.rollout.tasks_per_iter % s.cfg.rollout.workers != 0,
+        lambda s: (
+            f"rollout.workers={s.cfg.rollout.workers} must divide tasks_per_iter={s.cfg.rollout.tasks_per_iter} "
+            "(each worker collects an equal slice of the tasks)"
+        ),
+    ),
+    Refusal(
+        "scaffold_drop_in_process_single_agent",
+        ("rollout.scaffold_drop", "rollout.env_server", "rollout.env_id"),
+        lambda s: s.cfg.rollout.scaffold_drop is not None and (s.cfg.rollout.env_server is not None or s.team),
+        lambda s: (
+            "rollout.scaffold_drop reaches in-process and Ray envs only: unset rollout.env_server "
+            "(a served env takes its drop_prob in env_kwargs.scaffold) and use a single-agent id"
+        ),
+    ),
+    Refusal(
+        "async_needs_vllm",
+        ("rollout.mode", "rollout.backend"),
+        lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.backend != "vllm",
+        _async(
+            lambda s: (
+                f"backend: {s.cfg.rollout.backend!r}: the transformers backend has no engine to keep full "
+                "and stays lockstep; set rollout.backend: vllm"
+            )
+        ),
+    ),
+    Refusal(
+        "async_without_workers",
+        ("rollout.mode", "rollout.workers"),
+        lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.workers > 0,
+        _async(
+            lambda s: (
+                f"workers: {s.cfg.rollout.workers}: Ray rollout workers run the lockstep rollout; "
+                "set rollout.workers: 0"
+            )
+        ),
+    ),
+    Refusal(
+        "async_without_env_server",
+        ("rollout.mode", "rollout.env_server"),
+        lambda s: s.cfg.rollout.mode == "async" and s.cfg.rollout.env_server is not None,
+        _async(lambda s: "env_server: the asynchronous rollout steps in-process envs; unset rollout.env_server"),
+    ),
+    Refusal(
+        "async_single_agent",
+        ("rollout.mode", "rollout.env_id"),
+        lambda s: s.cfg.rollout.mode == "async" and s.team,
+        _async(lambda s: f"the multi-agent env_id {s.cfg.rollout.env_id!r}: its team rollout is lockstep"),
+    ),
+    Refusal(
+        "env_server_single_agent",
+        ("rollout.env_server", "rollout.env_id"),
+        lambda s: s.cfg.rollout.env_server is not None and s.team,
+        lambda s: (
+            f"rollout.env_server serves single-agent envs; {s.cfg.rollout.env_id!r} is a multi-agent id: "
+            "unset env_server"
+        ),
+    ),
     # the algorithm and scale sections' keys among themselves
-    Refusal("soft_overlong_needs_lengths", ("algorithm.overlong", "algorithm.overlong_max_tokens", "algorithm.overlong_buffer"),
-            lambda s: s.cfg.algorithm.overlong == "soft" and not (
-                s.cfg.algorithm.overlong_max_tokens is not None and s.cfg.algorithm.overlong_buffer is not None
-                and 0 < s.cfg.algorithm.overlong_buffer <= s.cfg.algorithm.overlong_max_tokens),
-            lambda s: f"algorithm.overlong: soft needs overlong_max_tokens (L_max) and overlong_buffer (L_cache) with "
-                      f"0 < overlong_buffer <= overlong_max_tokens, got {s.cfg.algorithm.overlong_max_tokens} and "
-                      f"{s.cfg.algorithm.overlong_buffer} (DAPO used L_max 20480 and L_cache 4096 tokens)"),
-    Refusal("overlong_lengths_need_soft", ("algorithm.overlong_max_tokens", "algorithm.overlong_buffer", "algorithm.overlong"),
-            lambda s: s.cfg.algorithm.overlong != "soft" and (s.cfg.algorithm.overlong_max_tokens is not None
-                                                             or s.cfg.algorithm.overlong_buffer is not None),
-            lambda s: f"algorithm.overlong_max_tokens and overlong_buffer apply to overlong: soft only (overlong is "
-                      f"{s.cfg.algorithm.overlong!r}): set overlong: soft or remove them"),
-    Refusal("lora_needs_alpha", ("scale.lora_r", "scale.lora_alpha"),
-            lambda s: s.cfg.scale.lora_r > 0 and s.cfg.scale.lora_alpha <= 0,
-            lambda s: f"lora_alpha must be positive, got {s.cfg.scale.lora_alpha}"),
+    Refusal(
+        "soft_overlong_needs_lengths",
+        ("algorithm.overlong", "algorithm.overlong_max_tokens", "algorithm.overlong_buffer"),
+        lambda s: (
+            s.cfg.algorithm.overlong == "soft"
+            and not (
+                s.cfg.algorithm.overlong_max_tokens is not None
+                and s.cfg.algorithm.overlong_buffer is not None
+                and 0 < s.cfg.algorithm.overlong_buffer <= s.cfg.algorithm.overlong_max_tokens
+            )
+        ),
+        lambda s: (
+            f"algorithm.overlong: soft needs overlong_max_tokens (L_max) and overlong_buffer (L_cache) with "
+            f"0 < overlong_buffer <= overlong_max_tokens, got {s.cfg.algorithm.overlong_max_tokens} and "
+            f"{s.cfg.algorithm.overlong_buffer} (DAPO used L_max 20480 and L_cache 4096 tokens)"
+        ),
+    ),
+    Refusal(
+        "overlong_lengths_need_soft",
+        ("algorithm.overlong_max_tokens", "algorithm.overlong_buffer", "algorithm.overlong"),
+        lambda s: (
+            s.cfg.algorithm.overlong != "soft"
+            and (s.cfg.algorithm.overlong_max_tokens is not None or s.cfg.algorithm.overlong_buffer is not None)
+        ),
+        lambda s: (
+            f"algorithm.overlong_max_tokens and overlong_buffer apply to overlong: soft only (overlong is "
+            f"{s.cfg.algorithm.overlong!r}): set overlong: soft or remove them"
+        ),
+    ),
+    Refusal(
+        "lora_needs_alpha",
+        ("scale.lora_r", "scale.lora_alpha"),
+        lambda s: s.cfg.scale.lora_r > 0 and s.cfg.scale.lora_alpha <= 0,
+        lambda s: f"lora_alpha must be positive, got {s.cfg.scale.lora_alpha}",
+    ),
     # across sections
-    Refusal("minibatch_divides_batch", ("algorithm.minibatch_size", "rollout.tasks_per_iter", "rollout.group_size"),
-            lambda s: s.cfg.rollout.batch_size % s.cfg.algorithm.minibatch_size != 0,
-            lambda s: f"algorithm.minibatch_size={s.cfg.algorithm.minibatch_size} must divide the batch of "
-                      f"rollout.tasks_per_iter * rollout.group_size = {s.cfg.rollout.tasks_per_iter} * "
-                      f"{s.cfg.rollout.group_size} = {s.cfg.rollout.batch_size}"),
-    Refusal("groups_need_two", ("rollout.group_size", "algorithm.adv_estimator"),
-            lambda s: s.cfg.algorithm.needs_groups and s.cfg.rollout.group_size < 2,
-            lambda s: f"rollout.group_size must be at least 2 for adv_estimator={s.cfg.algorithm.adv_estimator!r}, got "
-                      f"{s.cfg.rollout.group_size} (it compares each trajectory with the others of its group: "
-                      "registered with needs_groups=True)"),
-    Refusal("dynamic_sampling_needs_groups", ("algorithm.dynamic_sampling", "algorithm.adv_estimator"),
-            lambda s: s.cfg.algorithm.dynamic_sampling and not s.cfg.algorithm.needs_groups,
-            _dynamic(lambda s: f"adv_estimator: {s.cfg.algorithm.adv_estimator!r}, which has no groups to compare "
-                               "(use grpo or rloo)")),
-    Refusal("dynamic_sampling_without_staleness", ("algorithm.dynamic_sampling", "rollout.max_staleness"),
-            lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.rollout.max_staleness > 0,
-            _dynamic(lambda s: "rollout.max_staleness: 1 (the next rollout runs during the update; a refill would "
-                               "race it): set rollout.max_staleness: 0")),
-    Refusal("dynamic_sampling_without_workers", ("algorithm.dynamic_sampling", "rollout.workers"),
-            lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.rollout.workers > 0,
-            _dynamic(lambda s: f"rollout.workers: {s.cfg.rollout.workers} (Ray workers take whole shares of a fixed "
-                               "batch): set rollout.workers: 0")),
-    Refusal("dynamic_sampling_without_fsdp", ("algorithm.dynamic_sampling", "scale.fsdp"),
-            lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.scale.fsdp,
-            _dynamic(lambda s: "scale.fsdp: true (each rank collects its own share): set scale.fsdp: false")),
-    Refusal("microbatches_need_agg_units", ("scale.max_tokens_per_microbatch", "algorithm.loss_agg"),
-            lambda s: s.cfg.scale.max_tokens_per_microbatch is not None and agg_units_problem(s.cfg.algorithm.loss_agg) is not None,
-            lambda s: agg_units_problem(s.cfg.algorithm.loss_agg)),
-    Refusal("fsdp_needs_hf", ("scale.fsdp", "rollout.backend"),
-            lambda s: s.cfg.scale.fsdp and s.cfg.rollout.backend != "hf",
-            _fsdp(lambda s: f"backend: {s.cfg.rollout.backend!r}; the sharded trainer generates with backend: hf (each "
-                            "rank gathers the full policy for its share of the rollout)")),
-    Refusal("fsdp_without_workers", ("scale.fsdp", "rollout.workers"),
-            lambda s: s.cfg.scale.fsdp and s.cfg.rollout.workers > 0,
-            _fsdp(lambda s: f"rollout.workers: {s.cfg.rollout.workers}; set it to 0 (each torchrun rank collects its "
-                            "own share of the rollout)")),
-    Refusal("fsdp_without_lora", ("scale.fsdp", "scale.lora_r"),
-            lambda s: s.cfg.scale.fsdp and s.cfg.scale.lora_r > 0,
-            _fsdp(lambda s: f"lora_r: {s.cfg.scale.lora_r}; LoRA under FSDP is not implemented, set lora_r: 0 (or "
-                            "fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)")),
-    Refusal("fsdp_needs_agg_units", ("scale.fsdp", "algorithm.loss_agg"),
-            lambda s: s.cfg.scale.fsdp and agg_units_problem(s.cfg.algorithm.loss_agg) is not None,
-            lambda s: "fsdp: true: " + agg_units_problem(s.cfg.algorithm.loss_agg)),
-    Refusal("staleness_without_fsdp", ("rollout.max_staleness", "scale.fsdp"),
-            lambda s: s.cfg.rollout.max_staleness > 0 and s.cfg.scale.fsdp,
-            lambda s: "rollout.max_staleness: 1 does not combine with scale.fsdp: true (the overlapped rollout runs "
-                      "beside a single learner process); set rollout.max_staleness: 0"),
-    Refusal("bf16_needs_float32_weights", ("scale.mixed_precision", "model.dtype", "scale.lora_r"),
-            lambda s: s.cfg.scale.mixed_precision == "bf16" and s.cfg.model.dtype == "bfloat16" and s.cfg.scale.lora_r == 0,
-            lambda s: "mixed_precision: bf16 keeps float32 master weights and optimizer state: set model.dtype: float32 "
-                      "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters "
-                      "are float32)"),
+    Refusal(
+        "minibatch_divides_batch",
+        ("algorithm.minibatch_size", "rollout.tasks_per_iter", "rollout.group_size"),
+        lambda s: s.cfg.rollout.batch_size % s.cfg.algorithm.minibatch_size != 0,
+        lambda s: (
+            f"algorithm.minibatch_size={s.cfg.algorithm.minibatch_size} must divide the batch of "
+            f"rollout.tasks_per_iter * rollout.group_size = {s.cfg.rollout.tasks_per_iter} * "
+            f"{s.cfg.rollout.group_size} = {s.cfg.rollout.batch_size}"
+        ),
+    ),
+    Refusal(
+        "groups_need_two",
+        ("rollout.group_size", "algorithm.adv_estimator"),
+        lambda s: s.cfg.algorithm.needs_groups and s.cfg.rollout.group_size < 2,
+        lambda s: (
+            f"rollout.group_size must be at least 2 for adv_estimator={s.cfg.algorithm.adv_estimator!r}, got "
+            f"{s.cfg.rollout.group_size} (it compares each trajectory with the others of its group: "
+            "registered with needs_groups=True)"
+        ),
+    ),
+    Refusal(
+        "dynamic_sampling_needs_groups",
+        ("algorithm.dynamic_sampling", "algorithm.adv_estimator"),
+        lambda s: s.cfg.algorithm.dynamic_sampling and not s.cfg.algorithm.needs_groups,
+        _dynamic(
+            lambda s: (
+                f"adv_estimator: {s.cfg.algorithm.adv_estimator!r}, which has no groups to compare (use grpo or rloo)"
+            )
+        ),
+    ),
+    Refusal(
+        "dynamic_sampling_without_staleness",
+        ("algorithm.dynamic_sampling", "rollout.max_staleness"),
+        lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.rollout.max_staleness > 0,
+        _dynamic(
+            lambda s: (
+                "rollout.max_staleness: 1 (the next rollout runs during the update; a refill would "
+                "race it): set rollout.max_staleness: 0"
+            )
+        ),
+    ),
+    Refusal(
+        "dynamic_sampling_without_workers",
+        ("algorithm.dynamic_sampling", "rollout.workers"),
+        lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.rollout.workers > 0,
+        _dynamic(
+            lambda s: (
+                f"rollout.workers: {s.cfg.rollout.workers} (Ray workers take whole shares of a fixed "
+                "batch): set rollout.workers: 0"
+            )
+        ),
+    ),
+    Refusal(
+        "dynamic_sampling_without_fsdp",
+        ("algorithm.dynamic_sampling", "scale.fsdp"),
+        lambda s: s.cfg.algorithm.dynamic_sampling and s.cfg.scale.fsdp,
+        _dynamic(lambda s: "scale.fsdp: true (each rank collects its own share): set scale.fsdp: false"),
+    ),
+    Refusal(
+        "microbatches_need_agg_units",
+        ("scale.max_tokens_per_microbatch", "algorithm.loss_agg"),
+        lambda s: (
+            s.cfg.scale.max_tokens_per_microbatch is not None
+            and agg_units_problem(s.cfg.algorithm.loss_agg) is not None
+        ),
+        lambda s: agg_units_problem(s.cfg.algorithm.loss_agg),
+    ),
+    Refusal(
+        "fsdp_needs_hf",
+        ("scale.fsdp", "rollout.backend"),
+        lambda s: s.cfg.scale.fsdp and s.cfg.rollout.backend != "hf",
+        _fsdp(
+            lambda s: (
+                f"backend: {s.cfg.rollout.backend!r}; the sharded trainer generates with backend: hf (each "
+                "rank gathers the full policy for its share of the rollout)"
+            )
+        ),
+    ),
+    Refusal(
+        "fsdp_without_workers",
+        ("scale.fsdp", "rollout.workers"),
+        lambda s: s.cfg.scale.fsdp and s.cfg.rollout.workers > 0,
+        _fsdp(
+            lambda s: (
+                f"rollout.workers: {s.cfg.rollout.workers}; set it to 0 (each torchrun rank collects its "
+                "own share of the rollout)"
+            )
+        ),
+    ),
+    Refusal(
+        "fsdp_without_lora",
+        ("scale.fsdp", "scale.lora_r"),
+        lambda s: s.cfg.scale.fsdp and s.cfg.scale.lora_r > 0,
+        _fsdp(
+            lambda s: (
+                f"lora_r: {s.cfg.scale.lora_r}; LoRA under FSDP is not implemented, set lora_r: 0 (or "
+                "fsdp: false: LoRA fits the 3B model on one GPU, docs/scaling.md)"
+            )
+        ),
+    ),
+    Refusal(
+        "fsdp_needs_agg_units",
+        ("scale.fsdp", "algorithm.loss_agg"),
+        lambda s: s.cfg.scale.fsdp and agg_units_problem(s.cfg.algorithm.loss_agg) is not None,
+        lambda s: "fsdp: true: " + agg_units_problem(s.cfg.algorithm.loss_agg),
+    ),
+    Refusal(
+        "staleness_without_fsdp",
+        ("rollout.max_staleness", "scale.fsdp"),
+        lambda s: s.cfg.rollout.max_staleness > 0 and s.cfg.scale.fsdp,
+        lambda s: (
+            "rollout.max_staleness: 1 does not combine with scale.fsdp: true (the overlapped rollout runs "
+            "beside a single learner process); set rollout.max_staleness: 0"
+        ),
+    ),
+    Refusal(
+        "bf16_needs_float32_weights",
+        ("scale.mixed_precision", "model.dtype", "scale.lora_r"),
+        lambda s: s.cfg.scale.mixed_precision == "bf16" and s.cfg.model.dtype == "bfloat16" and s.cfg.scale.lora_r == 0,
+        lambda s: (
+            "mixed_precision: bf16 keeps float32 master weights and optimizer state: set model.dtype: float32 "
+            "(dtype: bfloat16 is allowed with LoRA, lora_r > 0, where the bf16 base is frozen and the adapters "
+            "are float32)"
+        ),
+    ),
     # what the parts run
-    Refusal("team_without_fsdp", ("rollout.env_id", "scale.fsdp"),
-            lambda s: s.team and s.cfg.scale.fsdp,
-            lambda s: f"scale.fsdp: true with the multi-agent env_id {s.cfg.rollout.env_id!r}: the multi-agent trainer "
-                      "runs in one process; set scale.fsdp: false"),
-    Refusal("team_without_staleness", ("rollout.env_id", "rollout.max_staleness"),
-            lambda s: s.team and s.cfg.rollout.max_staleness > 0,
-            lambda s: f"rollout.max_staleness: 1 is not supported with the multi-agent env {s.cfg.rollout.env_id!r} "
-                      "(its agents share one team rollout); set rollout.max_staleness: 0"),
-    Refusal("team_without_workers", ("rollout.env_id", "rollout.workers"),
-            lambda s: s.team and s.cfg.rollout.workers > 0,
-            lambda s: f"rollout.workers: {s.cfg.rollout.workers} is not supported with the multi-agent env "
-                      f"{s.cfg.rollout.env_id!r}; set rollout.workers: 0"),
-    Refusal("fsdp_needs_sharding_strategy", ("scale.fsdp",),
-            lambda s: s.cfg.scale.fsdp and s.parallel is not None and not s.parallel.shards_models,
-            lambda s: f"scale.fsdp: true needs a parallelism strategy that shards the models (trainers.distributed.FSDP, "
-                      f"which choose_parts picks); {type(s.parallel).__name__} keeps them whole. Build the trainer with "
-                      "trainers.compose.build_trainer(cfg), or launch trainers/train_ppo.py or train_grpo.py under "
-                      "torchrun (docs/scaling.md)"),
-    Refusal("command_runs_the_algo", ("algorithm.algo",),
-            lambda s: s.script is not None and s.cfg.algorithm.algo not in FAMILIES[s.script],
-            _script_message),
-    Refusal("fsdp_shares_even", ("scale.fsdp", "rollout.tasks_per_iter", "algorithm.minibatch_size"),
-            lambda s: s.cfg.scale.fsdp and _uneven(s) is not None,
-            lambda s: f"fsdp: true with {s.world} processes: {_uneven(s)} must be a multiple of the number of processes "
-                      "(torchrun --nproc_per_node x --nnodes) so that every rank gets an equal share"),
+    Refusal(
+        "team_without_fsdp",
+        ("rollout.env_id", "scale.fsdp"),
+        lambda s: s.team and s.cfg.scale.fsdp,
+        lambda s: (
+            f"scale.fsdp: true with the multi-agent env_id {s.cfg.rollout.env_id!r}: the multi-agent trainer "
+            "runs in one process; set scale.fsdp: false"
+        ),
+    ),
+    Refusal(
+        "team_without_staleness",
+        ("rollout.env_id", "rollout.max_staleness"),
+        lambda s: s.team and s.cfg.rollout.max_staleness > 0,
+        lambda s: (
+            f"rollout.max_staleness: 1 is not supported with the multi-agent env {s.cfg.rollout.env_id!r} "
+            "(its agents share one team rollout); set rollout.max_staleness: 0"
+        ),
+    ),
+    Refusal(
+        "team_without_workers",
+        ("rollout.env_id", "rollout.workers"),
+        lambda s: s.team and s.cfg.rollout.workers > 0,
+        lambda s: (
+            f"rollout.workers: {s.cfg.rollout.workers} is not supported with the multi-agent env "
+            f"{s.cfg.rollout.env_id!r}; set rollout.workers: 0"
+        ),
+    ),
+    Refusal(
+        "fsdp_needs_sharding_strategy",
+        ("scale.fsdp",),
+        lambda s: s.cfg.scale.fsdp and s.parallel is not None and not s.parallel.shards_models,
+        lambda s: (
+            f"scale.fsdp: true needs a parallelism strategy that shards the models (trainers.distributed.FSDP, "
+            f"which choose_parts picks); {type(s.parallel).__name__} keeps them whole. Build the trainer with "
+            "trainers.compose.build_trainer(cfg), or launch trainers/train_ppo.py or train_grpo.py under "
+            "torchrun (docs/scaling.md)"
+        ),
+    ),
+    Refusal(
+        "command_runs_the_algo",
+        ("algorithm.algo",),
+        lambda s: s.script is not None and s.cfg.algorithm.algo not in FAMILIES[s.script],
+        _script_message,
+    ),
+    Refusal(
+        "fsdp_shares_even",
+        ("scale.fsdp", "rollout.tasks_per_iter", "algorithm.minibatch_size"),
+        lambda s: s.cfg.scale.fsdp and _uneven(s) is not None,
+        lambda s: (
+            f"fsdp: true with {s.world} processes: {_uneven(s)} must be a multiple of the number of processes "
+            "(torchrun --nproc_per_node x --nnodes) so that every rank gets an equal share"
+        ),
+    ),
 )
 
 
@@ -258,21 +424,42 @@ def choose_parts(cfg: TrainConfig) -> Parts:
     1``: ``Prefetching`` around the source."""
     check(cfg)
     r = cfg.rollout
-    rollout = (TeamRollout if r.env_id in agent_gym.MULTIAGENT_IDS else RayRollout if r.workers
-               else AsyncRollout if r.mode == "async" else LocalRollout)
-    return Parts(rollout=rollout, parallel=FSDP if cfg.scale.fsdp else SingleProcess,
-                 overlap=Prefetching if r.max_staleness else None)
+    rollout = (
+        TeamRollout
+        if r.env_id in agent_gym.MULTIAGENT_IDS
+        else RayRollout
+        if r.workers
+        else AsyncRollout
+        if r.mode == "async"
+        else LocalRollout
+    )
+    return Parts(
+        rollout=rollout,
+        parallel=FSDP if cfg.scale.fsdp else SingleProcess,
+        overlap=Prefetching if r.max_staleness else None,
+    )
 
 
-def build_trainer(cfg: TrainConfig, resume: bool = False, *, rollout: type | None = None,
-                  parallel: Parallelism | None = None, trainer_cls: type[Trainer] = Trainer) -> Trainer:
+def build_trainer(
+    cfg: TrainConfig,
+    resume: bool = False,
+    *,
+    rollout: type | None = None,
+    parallel: Parallelism | None = None,
+    trainer_cls: type[Trainer] = Trainer,
+) -> Trainer:
     """A trainer given the parts ``choose_parts(cfg)`` picks; ``rollout`` (a source class) and
     ``parallel`` (a strategy instance) replace the picked ones (the overlap part still wraps a given
     source), ``trainer_cls`` a subclass."""
     check(cfg, parallel=parallel)
     parts = choose_parts(cfg)
-    return trainer_cls(cfg, resume, rollout=rollout or parts.rollout,
-                       parallel=parallel if parallel is not None else parts.parallel(cfg), overlap=parts.overlap)
+    return trainer_cls(
+        cfg,
+        resume,
+        rollout=rollout or parts.rollout,
+        parallel=parallel if parallel is not None else parts.parallel(cfg),
+        overlap=parts.overlap,
+    )
 
 
 def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
@@ -296,5 +483,15 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     return from_dict(data, str(path))
 
 
-__all__ = ["FAMILIES", "REFUSALS", "Parts", "Refusal", "Setting", "build_trainer", "check", "choose_parts",
-           "resume_config", "run"]
+__all__ = [
+    "FAMILIES",
+    "REFUSALS",
+    "Parts",
+    "Refusal",
+    "Setting",
+    "build_trainer",
+    "check",
+    "choose_parts",
+    "resume_config",
+    "run",
+]

@@ -157,8 +157,10 @@ class RolloutConfig(Section):
 
     def check(self) -> None:
         if not self.env_id:
-            raise ConfigError("rollout.env_id is required (no env is assumed): a Gymnasium id such as "
-                              "AgentR1/FactChain-v0 or AgentR1/HotpotQA-v0, or one a plugin registers")
+            raise ConfigError(
+                "rollout.env_id is required (no env is assumed): a Gymnasium id such as "
+                "AgentR1/FactChain-v0 or AgentR1/HotpotQA-v0, or one a plugin registers"
+            )
         self._positive("tasks_per_iter", "group_size", "max_turn_tokens")
         if self.temperature < 0:
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
@@ -171,18 +173,24 @@ class RolloutConfig(Section):
         if self.retries < 0:
             raise ConfigError(f"rollout.retries must be >= 0, got {self.retries}")
         if self.max_staleness not in (0, 1):
-            raise ConfigError(f"rollout.max_staleness must be 0 (rollout waits for each update) or 1 (the next "
-                              f"rollout overlaps the update), got {self.max_staleness!r}")
+            raise ConfigError(
+                f"rollout.max_staleness must be 0 (rollout waits for each update) or 1 (the next "
+                f"rollout overlaps the update), got {self.max_staleness!r}"
+            )
         self._positive("timeout_s")
         d = self.scaffold_drop
         if d is not None and (len(d) != 2 or not all(0.0 <= x <= 1.0 for x in d)):
             raise ConfigError(f"rollout.scaffold_drop must be [start, end], two probabilities in [0, 1], got {d!r}")
         if self.env_server is not None and not self.env_server.startswith(("http://", "https://")):
-            raise ConfigError(f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
-                              f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}")
+            raise ConfigError(
+                f"rollout.env_server must be the http(s):// URL of a `python -m agent_gym.serve` "
+                f"process (e.g. http://127.0.0.1:8000), got {self.env_server!r}"
+            )
         if self.env_server_reconnect_s < 0:
-            raise ConfigError(f"rollout.env_server_reconnect_s must be >= 0 seconds (0: stop at once when the env "
-                              f"server goes away), got {self.env_server_reconnect_s!r}")
+            raise ConfigError(
+                f"rollout.env_server_reconnect_s must be >= 0 seconds (0: stop at once when the env "
+                f"server goes away), got {self.env_server_reconnect_s!r}"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -285,17 +293,26 @@ class AlgorithmConfig(Section):
     def check(self) -> None:
         if self.adv_estimator is None:
             self.adv_estimator = "gae" if self.algo == "ppo" else self.algo
-        for key, table, how in (("adv_estimator", registry.ADV_ESTIMATORS, "register_adv_est"),
-                                ("loss_agg", registry.AGGREGATIONS, "register_agg"),
-                                ("kl_kind", registry.KL_KINDS, "register_kl")):
+        for key, table, how in (
+            ("adv_estimator", registry.ADV_ESTIMATORS, "register_adv_est"),
+            ("loss_agg", registry.AGGREGATIONS, "register_agg"),
+            ("kl_kind", registry.KL_KINDS, "register_kl"),
+        ):
             if getattr(self, key) not in table:
-                raise ConfigError(f"config key 'algorithm.{key}': {getattr(self, key)!r} is not registered; registered: "
-                                  f"{', '.join(sorted(table))} (add one with trainers.algos.{how}, in a module named "
-                                  "by plugins: [MODULE] or --plugin MODULE)")
+                raise ConfigError(
+                    f"config key 'algorithm.{key}': {getattr(self, key)!r} is not registered; registered: "
+                    f"{', '.join(sorted(table))} (add one with trainers.algos.{how}, in a module named "
+                    "by plugins: [MODULE] or --plugin MODULE)"
+                )
         for key, what, params, fixed in (
-                ("adv_kwargs", "advantage estimator", registry.ADV_PARAMS.get(self.adv_estimator),
-                 registry.ADV_TRAINER_ARGS),
-                ("loss_kwargs", "loss aggregation", registry.AGG_PARAMS.get(self.loss_agg), registry.AGG_TRAINER_ARGS)):
+            (
+                "adv_kwargs",
+                "advantage estimator",
+                registry.ADV_PARAMS.get(self.adv_estimator),
+                registry.ADV_TRAINER_ARGS,
+            ),
+            ("loss_kwargs", "loss aggregation", registry.AGG_PARAMS.get(self.loss_agg), registry.AGG_TRAINER_ARGS),
+        ):
             name = self.adv_estimator if key == "adv_kwargs" else self.loss_agg
             why = registry.check_kwargs(what, name, getattr(self, key), params, fixed)
             if why:
@@ -313,11 +330,15 @@ class AlgorithmConfig(Section):
         if self.lr <= 0 or self.critic_lr <= 0:
             raise ConfigError("algorithm.lr and algorithm.critic_lr must be positive")
         if self.dynamic_sampling_max_extra is not None and self.dynamic_sampling_max_extra < 0:
-            raise ConfigError(f"algorithm.dynamic_sampling_max_extra must be >= 0 (0: drop groups without refilling) "
-                              f"or null, got {self.dynamic_sampling_max_extra}")
+            raise ConfigError(
+                f"algorithm.dynamic_sampling_max_extra must be >= 0 (0: drop groups without refilling) "
+                f"or null, got {self.dynamic_sampling_max_extra}"
+            )
         if not self.tis_cap >= 1:
-            raise ConfigError(f"algorithm.tis_cap must be >= 1 (a weight cap below 1 would shrink on-policy tokens), "
-                              f"got {self.tis_cap}")
+            raise ConfigError(
+                f"algorithm.tis_cap must be >= 1 (a weight cap below 1 would shrink on-policy tokens), "
+                f"got {self.tis_cap}"
+            )
 
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -346,14 +367,18 @@ class ScaleConfig(Section):
 
     def check(self) -> None:
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch <= 0:
-            raise ConfigError(f"max_tokens_per_microbatch must be positive or null, got {self.max_tokens_per_microbatch}")
+            raise ConfigError(
+                f"max_tokens_per_microbatch must be positive or null, got {self.max_tokens_per_microbatch}"
+            )
         if self.lora_r < 0:
             raise ConfigError(f"lora_r must be >= 0 (0: no LoRA), got {self.lora_r}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
-            raise ConfigError("lora_target_modules must be a non-empty list of module names, e.g. "
-                              f"{DEFAULT_LORA_TARGETS}; got {self.lora_target_modules!r}")
+            raise ConfigError(
+                "lora_target_modules must be a non-empty list of module names, e.g. "
+                f"{DEFAULT_LORA_TARGETS}; got {self.lora_target_modules!r}"
+            )
 
 
 @dataclass
@@ -423,8 +448,10 @@ def check_eval_sets(eval_sets: dict[str, Any]) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ConfigError(f"eval.sets: a set's name must be a non-empty string without '/', got {name!r}")
         if not isinstance(kw, dict):
-            raise ConfigError(f"eval.sets: {name!r} must map to a mapping of env_kwargs overrides "
-                              f"(e.g. {{kb_seed: 1000}}), got {kw!r}")
+            raise ConfigError(
+                f"eval.sets: {name!r} must map to a mapping of env_kwargs overrides "
+                f"(e.g. {{kb_seed: 1000}}), got {kw!r}"
+            )
 
 
 # ----------------------------------------------------------------------------- sectioned configs
@@ -465,8 +492,11 @@ class Sectioned:
 
 def section_types(cls: type) -> dict[str, type]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)
+    }
 
 
 def flat_keys(cls: type) -> dict[str, tuple[str, str]]:
@@ -512,8 +542,10 @@ def normalise(cls: type, d: dict[str, Any], source: str, warn: bool = True) -> d
             if not bad:
                 out[key] = dict(value)
         elif key in sections and key not in flat:
-            raise ConfigError(f"{source}: config key {key!r} is a section: expected a mapping of its keys "
-                              f"({', '.join(f.name for f in dataclasses.fields(sections[key]))}), got {value!r}")
+            raise ConfigError(
+                f"{source}: config key {key!r} is a section: expected a mapping of its keys "
+                f"({', '.join(f.name for f in dataclasses.fields(sections[key]))}), got {value!r}"
+            )
         elif isinstance(key, str) and "." in key and key.split(".", 1)[0] in sections:
             sec, name = key.split(".", 1)
             if name in {f.name for f in dataclasses.fields(sections[sec])}:
@@ -536,21 +568,29 @@ def normalise(cls: type, d: dict[str, Any], source: str, warn: bool = True) -> d
             if tail in flat:  # a key of another section, or the flat name of one: its new place
                 return [".".join(flat[tail])]
             moved_to = [d for d in sorted(dotted) if d.endswith("." + tail)]
-            close = moved_to[:1] or difflib.get_close_matches(k, valid, n=1) or difflib.get_close_matches(tail, valid, n=1)
+            close = (
+                moved_to[:1] or difflib.get_close_matches(k, valid, n=1) or difflib.get_close_matches(tail, valid, n=1)
+            )
             return [".".join(flat[c]) if c in flat else c for c in close]
 
         hints = {k: hint(k) for k in unknown}
         msg = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-        raise ConfigError(f"{source}: unknown config key(s) {msg}. Valid keys are the fields of the sections of "
-                          f"{cls.__module__}.{cls.__name__} (see docs/configs.md).")
+        raise ConfigError(
+            f"{source}: unknown config key(s) {msg}. Valid keys are the fields of the sections of "
+            f"{cls.__module__}.{cls.__name__} (see docs/configs.md)."
+        )
     for sec, name, value in later:
         current = out.get(sec, {})
         if isinstance(current, Section):
             current = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
         out[sec] = {**current, name: value}
     if moved and warn:
-        warnings.warn(f"{source}: flat config keys are deprecated; read as {', '.join(moved)}. Write them under "
-                      "their section (docs/configs.md, \"Sections\").", ConfigDeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{source}: flat config keys are deprecated; read as {', '.join(moved)}. Write them under "
+            'their section (docs/configs.md, "Sections").',
+            ConfigDeprecationWarning,
+            stacklevel=3,
+        )
     return out
 
 
@@ -571,11 +611,17 @@ class TrainConfig(Sectioned):
     torchrun ranks too): where custom estimators, aggregations, KL kinds and envs register."""
 
     RENAMED: ClassVar[dict[str, tuple[str, str]]] = {
-        "model": ("model", "name"), "rollout_workers": ("rollout", "workers"),
-        "rollout_worker_cpus": ("rollout", "worker_cpus"), "rollout_worker_gpus": ("rollout", "worker_gpus"),
-        "rollout_retries": ("rollout", "retries"), "rollout_timeout_s": ("rollout", "timeout_s"),
-        "eval_env_kwargs": ("eval", "env_kwargs"), "eval_sets": ("eval", "sets"), "eval_every": ("eval", "every"),
-        "eval_tasks": ("eval", "tasks")}
+        "model": ("model", "name"),
+        "rollout_workers": ("rollout", "workers"),
+        "rollout_worker_cpus": ("rollout", "worker_cpus"),
+        "rollout_worker_gpus": ("rollout", "worker_gpus"),
+        "rollout_retries": ("rollout", "retries"),
+        "rollout_timeout_s": ("rollout", "timeout_s"),
+        "eval_env_kwargs": ("eval", "env_kwargs"),
+        "eval_sets": ("eval", "sets"),
+        "eval_every": ("eval", "every"),
+        "eval_tasks": ("eval", "tasks"),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -588,11 +634,13 @@ def agg_units_problem(agg: str) -> str | None:
     if agg in registry.AGG_UNITS:
         return None
     what = "was registered without units=" if agg in registry.AGGREGATIONS else "is not a registered aggregation"
-    return (f"loss_agg={agg!r} {what}, so its micro-batch or rank losses cannot be re-weighted to the minibatch's "
-            f"(aggregations with units: {', '.join(sorted(registry.AGG_UNITS))}). Register it with "
-            f"trainers.algos.register_agg({agg!r}, units=fn), fn(mask (B, T)) -> the count its loss divides by "
-            "(loss tokens for a token mean, rows with a loss token for a row mean), or set max_tokens_per_microbatch: "
-            "null and fsdp: false.")
+    return (
+        f"loss_agg={agg!r} {what}, so its micro-batch or rank losses cannot be re-weighted to the minibatch's "
+        f"(aggregations with units: {', '.join(sorted(registry.AGG_UNITS))}). Register it with "
+        f"trainers.algos.register_agg({agg!r}, units=fn), fn(mask (B, T)) -> the count its loss divides by "
+        "(loss tokens for a token mean, rows with a loss token for a row mean), or set max_tokens_per_microbatch: "
+        "null and fsdp: false."
+    )
 
 
 FLAT_KEYS = flat_keys(TrainConfig)
@@ -617,8 +665,9 @@ def check_types(cfg: Any, prefix: str = "") -> None:
             except ValueError:
                 pass
         if not _matches(value, hints[f.name]):
-            raise ConfigError(f"config key {key!r}: expected {_describe(hints[f.name])}, got {value!r} "
-                              f"({type(value).__name__})")
+            raise ConfigError(
+                f"config key {key!r}: expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__})"
+            )
         # YAML writes 1 for 1.0: accept ints for floats, stored as float.
         if _base(hints[f.name]) is float and isinstance(value, int) and not isinstance(value, bool):
             setattr(cfg, f.name, float(value))
@@ -665,8 +714,11 @@ def _describe(tp: Any) -> str:
 def config_fields(cls: type = TrainConfig) -> list[str]:
     """Every key of ``cls`` as written in YAML: ``section.key`` and its plain keys."""
     sections = section_types(cls)
-    return [f"{f.name}.{g.name}" if f.name in sections else f.name
-            for f in dataclasses.fields(cls) for g in (dataclasses.fields(sections[f.name]) if f.name in sections else [f])]
+    return [
+        f"{f.name}.{g.name}" if f.name in sections else f.name
+        for f in dataclasses.fields(cls)
+        for g in (dataclasses.fields(sections[f.name]) if f.name in sections else [f])
+    ]
 
 
 def from_dict(d: dict[str, Any], source: str = "config", cls: type = TrainConfig) -> Any:
@@ -684,15 +736,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (a section's key: section.key=value, "
-                              "e.g. algorithm.lr=1e-5)")
+            raise ConfigError(
+                f"override {item!r} must look like key=value (a section's key: section.key=value, "
+                "e.g. algorithm.lr=1e-5)"
+            )
         k, v = item.split("=", 1)
         out[k.strip()] = yaml.safe_load(v) if v.strip() else None
     return out
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, defaults: dict[str, Any] | None = None,
-                cls: type = TrainConfig, plugins: list[str] | None = None) -> Any:
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    cls: type = TrainConfig,
+    plugins: list[str] | None = None,
+) -> Any:
     """The config in ``path`` (YAML), over ``defaults``, under ``overrides`` (``key=value``);
     ``plugins`` (``--plugin``) are added to the file's own."""
     data: dict[str, Any] = dict(defaults or {})

@@ -41,9 +41,11 @@ def train() -> None:
     from trainers.cli import script_main
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        print("usage: agent-gym-train (--config CONFIG | --resume RUN_DIR) [--plugin MODULE] [key=value ...]\n\n"
-              "Train with PPO or GRPO as the config's algorithm.algo says (ppo -> agent-gym-train-ppo, "
-              "grpo/rloo/reinforce_pp -> agent-gym-train-grpo); every other flag is theirs:\n")
+        print(
+            "usage: agent-gym-train (--config CONFIG | --resume RUN_DIR) [--plugin MODULE] [key=value ...]\n\n"
+            "Train with PPO or GRPO as the config's algorithm.algo says (ppo -> agent-gym-train-ppo, "
+            "grpo/rloo/reinforce_pp -> agent-gym-train-grpo); every other flag is theirs:\n"
+        )
         script_main("grpo")  # prints train_grpo's own help and exits 0
     script_main(config_algo)  # a config that names no algo, or is missing or bad YAML: one line, exit 2
 
@@ -68,8 +70,10 @@ def config_algo(argv: list[str]) -> str:
             algo = yaml.safe_load(value)
     if algo is None and path is not None:
         if not path.is_file():
-            raise UsageError(f"config file {str(path)!r} not found (--config takes a YAML file, e.g. "
-                             "configs/factchain_grpo.yaml; --resume a run directory that holds config.yaml)")
+            raise UsageError(
+                f"config file {str(path)!r} not found (--config takes a YAML file, e.g. "
+                "configs/factchain_grpo.yaml; --resume a run directory that holds config.yaml)"
+            )
         try:
             data: Any = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
@@ -79,9 +83,11 @@ def config_algo(argv: list[str]) -> str:
         if algo is None and isinstance(data, dict):
             algo = data.get("algo", "ppo")  # TrainConfig's default algo
     if algo is None:
-        raise UsageError("agent-gym-train needs the algorithm: pass --config FILE (with algorithm: {algo: ...}), "
-                         "--resume RUN_DIR, or an override algorithm.algo=ppo|grpo|rloo|reinforce_pp; or run "
-                         "agent-gym-train-ppo / agent-gym-train-grpo")
+        raise UsageError(
+            "agent-gym-train needs the algorithm: pass --config FILE (with algorithm: {algo: ...}), "
+            "--resume RUN_DIR, or an override algorithm.algo=ppo|grpo|rloo|reinforce_pp; or run "
+            "agent-gym-train-ppo / agent-gym-train-grpo"
+        )
     return str(algo)
 
 

@@ -70,8 +70,15 @@ class BestOfK:
     critic_batch: candidates per critic forward.
     """
 
-    def __init__(self, backend: Any, k: int, mode: str, critic: torch.nn.Module | None = None,
-                 pad_token_id: int = 0, critic_batch: int = 64):
+    def __init__(
+        self,
+        backend: Any,
+        k: int,
+        mode: str,
+        critic: torch.nn.Module | None = None,
+        pad_token_id: int = 0,
+        critic_batch: int = 64,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not isinstance(k, int) or k < 1:
@@ -85,9 +92,13 @@ class BestOfK:
         self.last_values: list[list[float]] = []
         """The critic values of each prompt's candidates at the last call (value-guided)."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
-                 seeds: Sequence[int] | None = None,
-                 stop_strings: Sequence[Sequence[str]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+        stop_strings: Sequence[Sequence[str]] | None = None,
+    ) -> list[Generation]:
         n, k = len(prompts), self.k
         extra = {} if stop_strings is None else {"stop_strings": [s for s in stop_strings for _ in range(k)]}
         if seeds is None:
@@ -98,15 +109,19 @@ class BestOfK:
             raise ValueError("best-of-K with temperature 0 samples K identical candidates; set a temperature > 0")
         t0 = time.perf_counter()
         # Row i * k + j is candidate j of prompt i.
-        gens = self.backend.generate([p for p in prompts for _ in range(k)], sampling,
-                                     seeds=[candidate_seed(s, j) for s in seeds for j in range(k)], **extra)
+        gens = self.backend.generate(
+            [p for p in prompts for _ in range(k)],
+            sampling,
+            seeds=[candidate_seed(s, j) for s in seeds for j in range(k)],
+            **extra,
+        )
         self.cost.generate_s += time.perf_counter() - t0
         self.cost.generated_tokens += sum(len(g.token_ids) for g in gens)
         if self.mode == "random-of-k":
             picks = [int(np.random.default_rng([int(s), k, 1]).integers(k)) for s in seeds]
         else:
             values = self.score([p for p in prompts for _ in range(k)], [g.token_ids for g in gens])
-            self.last_values = [values[i * k:(i + 1) * k] for i in range(n)]
+            self.last_values = [values[i * k : (i + 1) * k] for i in range(n)]
             picks = [int(np.argmax(v)) for v in self.last_values]
         return [gens[i * k + j] for i, j in enumerate(picks)]
 
@@ -119,7 +134,7 @@ class BestOfK:
         device = next(self.critic.parameters()).device
         out: list[float] = []
         for s in range(0, len(rows), self.critic_batch):
-            chunk = rows[s:s + self.critic_batch]
+            chunk = rows[s : s + self.critic_batch]
             ids = pad_rows(chunk, self.pad_token_id, torch.long)  # (b, T) right-padded
             mask = pad_rows([[1] * len(r) for r in chunk], 0, torch.long)  # (b, T)
             values = self.critic(ids.to(device), mask.to(device))  # (b, T): values[:, t] = V(ids[:, :t])

@@ -62,7 +62,8 @@ def torchrun_env() -> tuple[int, int, int]:
         raise ConfigError(
             f"fsdp: true needs torchrun's process environment ({', '.join(missing)} not set). Launch one process per "
             "GPU (or CPU share) with: torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG fsdp=true "
-            "(train_ppo.py likewise; docs/scaling.md has the multi-machine command), or set fsdp: false.")
+            "(train_ppo.py likewise; docs/scaling.md has the multi-machine command), or set fsdp: false."
+        )
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 
 
@@ -187,13 +188,16 @@ class FSDP:
 
     def share(self, tasks: Sequence[int], group_size: int) -> tuple[list[int], int]:
         per = len(tasks) // self.world
-        return list(tasks[self.rank * per: (self.rank + 1) * per]), self.rank * per * group_size
+        return list(tasks[self.rank * per : (self.rank + 1) * per]), self.rank * per * group_size
 
     def gather_rollout(self, trajs: list[Trajectory], times: RolloutTimes) -> tuple[list[Trajectory], RolloutTimes]:
         parts: list[Any] = [None] * self.world
         dist.all_gather_object(parts, (trajs, times))
-        merged = RolloutTimes(generate_s=max(p[1].generate_s for p in parts), env_s=max(p[1].env_s for p in parts),
-                              generated_tokens=sum(p[1].generated_tokens for p in parts))
+        merged = RolloutTimes(
+            generate_s=max(p[1].generate_s for p in parts),
+            env_s=max(p[1].env_s for p in parts),
+            generated_tokens=sum(p[1].generated_tokens for p in parts),
+        )
         return [t for p in parts for t in p[0]], merged
 
     def full_params(self, *modules: Any) -> ContextManager[None]:
@@ -210,11 +214,12 @@ class FSDP:
         dist.all_gather(parts, out.contiguous().to(dev))
         return torch.cat(parts).to(out.device)
 
-    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None,
-                     agg: str) -> list[tuple[RolloutBatch, float]]:
+    def microbatches(
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+    ) -> list[tuple[RolloutBatch, float]]:
         units = scale.agg_units(agg)
         total = float(units(batch.loss_mask[idx]))
-        mine = idx[self.rank:: self.world]
+        mine = idx[self.rank :: self.world]
         share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world
         micro = [(mb, w * share * self.world) for mb, w in scale.microbatches(batch.select(mine), max_tokens, agg)]
         n = all_reduce([len(micro)], dist.ReduceOp.MAX)[0]
@@ -233,8 +238,9 @@ class FSDP:
         """Full (gathered) state dicts, complete on rank 0 only (a collective)."""
         return full_state(model, opt)
 
-    def load_full_state(self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any],
-                        osd: dict[str, Any]) -> None:
+    def load_full_state(
+        self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any], osd: dict[str, Any]
+    ) -> None:
         """Every rank reads the checkpoint (a shared run_dir across machines) and keeps its shards."""
         load_full_state(model, opt, msd, osd)
 
@@ -276,9 +282,9 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str,
     set_model_state_dict(model, msd, options=options)
     names = _param_names(model, opt)
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
-    set_optimizer_state_dict(model, opt, {"state": {names[i]: s for i, s in osd["state"].items()},
-                                          "param_groups": groups}, options=options)
+    set_optimizer_state_dict(
+        model, opt, {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}, options=options
+    )
 
 
-__all__ = ["FSDP", "full_params", "full_state", "load_full_state", "reduce_metrics", "shard_critic",
-           "torchrun_env"]
+__all__ = ["FSDP", "full_params", "full_state", "load_full_state", "reduce_metrics", "shard_critic", "torchrun_env"]

@@ -16,8 +16,11 @@ def clamp_tasks(tasks: list[int], env: Any) -> list[int]:
     except NotImplementedError:
         return tasks
     if len(tasks) > n:
-        print(f"note: --tasks {len(tasks)} but {getattr(env, 'env_id', type(env).__name__)} has {n} tasks "
-              f"(its data); evaluating all {n}", file=sys.stderr)
+        print(
+            f"note: --tasks {len(tasks)} but {getattr(env, 'env_id', type(env).__name__)} has {n} tasks "
+            f"(its data); evaluating all {n}",
+            file=sys.stderr,
+        )
         return tasks[:n]
     return tasks
 

@@ -48,8 +48,10 @@ from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
 from trainers.eval_tasks import clamp_tasks
 
-MODEL_CHOICES = ("a local model directory (e.g. runs/RUN/model, written by agent-gym-sft), --checkpoint RUN_DIR for an "
-                 "RL run's policy, tiny, smollm2-135m-instruct, or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)")
+MODEL_CHOICES = (
+    "a local model directory (e.g. runs/RUN/model, written by agent-gym-sft), --checkpoint RUN_DIR for an "
+    "RL run's policy, tiny, smollm2-135m-instruct, or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)"
+)
 
 
 def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:
@@ -72,8 +74,10 @@ def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int],
     tasks = clamp_tasks(tasks, env)
     oracle = env.demonstrations().get("oracle") if policy == "oracle" else None
     if policy == "oracle" and oracle is None:
-        raise SystemExit(f"error: {type(env).__name__} has no demonstration(task) (its demonstrations() offers no "
-                         "'oracle'); use --policy model or wrong")
+        raise SystemExit(
+            f"error: {type(env).__name__} has no demonstration(task) (its demonstrations() offers no "
+            "'oracle'); use --policy model or wrong"
+        )
     rng = np.random.default_rng(0)
     script = (lambda task: oracle(task, rng)) if oracle is not None else (lambda task: ["<answer>none</answer>"])
     return [play(env, k, script) for k in tasks], env.tokenizer
@@ -92,13 +96,17 @@ def load_checkpoint_models(path: str | Path):
     p = Path(path)
     ckpt = p.parent if p.name == "state.pt" else p if (p / "state.pt").is_file() else latest_checkpoint(p)
     if ckpt is None or not (ckpt / "state.pt").is_file():
-        raise SystemExit(f"error: --checkpoint {path}: no checkpoint there; pass an RL run directory (with "
-                         "checkpoints/), a checkpoints/iter_* directory or its state.pt")
+        raise SystemExit(
+            f"error: --checkpoint {path}: no checkpoint there; pass an RL run directory (with "
+            "checkpoints/), a checkpoints/iter_* directory or its state.pt"
+        )
     try:
         state = load_checkpoint(ckpt)
     except CheckpointError as e:  # corrupt, partial or unreadable: say which and what to do
-        raise SystemExit(f"error: --checkpoint {path}: {e}. Pass the run directory to use its newest good "
-                         "checkpoint, or another checkpoints/iter_* directory") from None
+        raise SystemExit(
+            f"error: --checkpoint {path}: {e}. Pass the run directory to use its newest good "
+            "checkpoint, or another checkpoints/iter_* directory"
+        ) from None
     cfg = from_dict({**state["config"], "model.device": "cpu"}, str(ckpt / "state.pt"))  # flat (old) or sectioned
     tok = load_tokenizer_for(cfg.model)
     policy = load_policy(cfg.model, tok, seed=cfg.run.seed)
@@ -118,9 +126,21 @@ def load_checkpoint_models(path: str | Path):
     return cfg, ckpt, tok, policy.eval(), critic
 
 
-def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: Any, tok: Any,
-                   backend: str, max_turn_tokens: int, decode: str = "greedy", k: int = 1,
-                   temperature: float = 1.0, critic: Any = None, seed: int = 0, device: str = "cpu"):
+def model_episodes(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    tasks: list[int],
+    policy: Any,
+    tok: Any,
+    backend: str,
+    max_turn_tokens: int,
+    decode: str = "greedy",
+    k: int = 1,
+    temperature: float = 1.0,
+    critic: Any = None,
+    seed: int = 0,
+    device: str = "cpu",
+):
     """Episodes of ``policy`` (on ``device``) on ``tasks``, decoded by ``decode`` (greedy, sample,
     value-guided, random-of-k: see ``trainers.decoding``). Returns the episodes, the tokenizer and
     the cost (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
@@ -137,7 +157,9 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
     factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
     envs = factory.make_vector(len(tasks))
     be = make_backend(rollout, policy, tok, Path(".cache/evaluate"), device=device, seed=seed)
-    wrapped = BestOfK(be, k, decode, critic, pad_token_id=factory.pad_id) if decode in ("value-guided", "random-of-k") else be
+    wrapped = (
+        BestOfK(be, k, decode, critic, pad_token_id=factory.pad_id) if decode in ("value-guided", "random-of-k") else be
+    )
     sampling = SamplingConfig(max_new_tokens=max_turn_tokens, temperature=0.0 if decode == "greedy" else temperature)
     try:
         t0 = time.perf_counter()
@@ -153,27 +175,42 @@ def model_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], po
         "decode/generated_tokens_per_episode": gen_tokens / n,
         "decode/action_tokens_per_episode": rt.generated_tokens / n,
         "decode/critic_tokens_per_episode": (cost.critic_tokens if cost is not None else 0) / n,
-        "decode/wall_s": wall, "decode/generate_s": cost.generate_s if cost is not None else rt.generate_s,
-        "decode/critic_s": cost.critic_s if cost is not None else 0.0, "decode/env_s": rt.env_s,
+        "decode/wall_s": wall,
+        "decode/generate_s": cost.generate_s if cost is not None else rt.generate_s,
+        "decode/critic_s": cost.critic_s if cost is not None else 0.0,
+        "decode/env_s": rt.env_s,
     }
     return [t.episode for t in trajs], tok, cost_keys
 
 
 @command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog=prog_name("evaluate.py", argv),
-                        description="Evaluate a model or a scripted policy on an env.")
+    ap = ArgumentParser(
+        prog=prog_name("evaluate.py", argv), description="Evaluate a model or a scripted policy on an env."
+    )
     ap.add_argument("--env", help="env id (required, unless --checkpoint: then the run's env_id)")
     ap.add_argument("--env-kwargs", default="{}", help="YAML mapping of env arguments (over the checkpoint's)")
     ap.add_argument("--policy", choices=["model", "oracle", "wrong"], default="model")
-    ap.add_argument("--model", help="HF directory, hub name, 'tiny' or a named model such as smollm2-135m-instruct "
-                                    "(with --policy model; docs/models/smollm2.md)")
-    ap.add_argument("--checkpoint", help="an RL run directory, checkpoints/iter_* directory or state.pt: its policy "
-                                         "(and critic), env_id and env_kwargs")
-    ap.add_argument("--eval-set", help="with --checkpoint: apply the run's eval_sets[NAME] env overrides (e.g. heldout)")
-    ap.add_argument("--decode", choices=["greedy", "sample", "value-guided", "random-of-k"], default="greedy",
-                    help="greedy; sample (one sample per turn); value-guided (best of --k samples by the critic's "
-                         "value, needs a PPO checkpoint); random-of-k (a uniformly random one of the same --k samples)")
+    ap.add_argument(
+        "--model",
+        help="HF directory, hub name, 'tiny' or a named model such as smollm2-135m-instruct "
+        "(with --policy model; docs/models/smollm2.md)",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        help="an RL run directory, checkpoints/iter_* directory or state.pt: its policy "
+        "(and critic), env_id and env_kwargs",
+    )
+    ap.add_argument(
+        "--eval-set", help="with --checkpoint: apply the run's eval_sets[NAME] env overrides (e.g. heldout)"
+    )
+    ap.add_argument(
+        "--decode",
+        choices=["greedy", "sample", "value-guided", "random-of-k"],
+        default="greedy",
+        help="greedy; sample (one sample per turn); value-guided (best of --k samples by the critic's "
+        "value, needs a PPO checkpoint); random-of-k (a uniformly random one of the same --k samples)",
+    )
     ap.add_argument("--k", type=int, default=4, help="candidates per turn for value-guided and random-of-k")
     ap.add_argument("--temperature", type=float, help="sampling temperature (default: the checkpoint's, else 1.0)")
     ap.add_argument("--seed", type=int, default=0)
@@ -183,13 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/eval")
     plugins.add_argument(ap)
     oa = ap.add_argument_group("OpenAI-compatible server as the policy (agent_gym/integrations/openai_policy.py)")
-    oa.add_argument("--openai-base-url", help="e.g. http://127.0.0.1:8000/v1: --model names the served model; "
-                                              "the API key is read from OPENAI_API_KEY (none needed locally)")
+    oa.add_argument(
+        "--openai-base-url",
+        help="e.g. http://127.0.0.1:8000/v1: --model names the served model; "
+        "the API key is read from OPENAI_API_KEY (none needed locally)",
+    )
     oa.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     oa.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
     oa.add_argument("--max-retries", type=int, default=4, help="retries of a request (429, 5xx, connection, timeout)")
-    oa.add_argument("--openai-same-tokenizer", action="store_true",
-                    help="the server's model uses the env's tokenizer (vLLM): send its stop_token_ids, keep special tokens")
+    oa.add_argument(
+        "--openai-same-tokenizer",
+        action="store_true",
+        help="the server's model uses the env's tokenizer (vLLM): send its stop_token_ids, keep special tokens",
+    )
     oa.add_argument("--openai-extra-body", help="YAML mapping of extra request fields for the server")
     args = ap.parse_args(argv)
     warnings.simplefilter("default", ConfigDeprecationWarning)  # an old checkpoint's flat keys: say so
@@ -198,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         ap.error(str(e))
     if args.env is None and not args.checkpoint:
-        ap.error("--env is required (no env is assumed), e.g. --env AgentR1/FactChain-v0; or pass --checkpoint "
-                 "to use the run's env")
+        ap.error(
+            "--env is required (no env is assumed), e.g. --env AgentR1/FactChain-v0; or pass --checkpoint "
+            "to use the run's env"
+        )
     if args.openai_base_url:
         from trainers.integrations.openai_eval import run_cli
 
@@ -232,8 +277,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg, ckpt, tok, policy, critic = load_checkpoint_models(args.checkpoint)
             if args.eval_set is not None and args.eval_set not in cfg.eval.sets:
                 ap.error(f"--eval-set {args.eval_set!r}: the run's eval.sets are {sorted(cfg.eval.sets)}")
-            env_kwargs = {**cfg.rollout.env_kwargs, **(cfg.eval.sets[args.eval_set] if args.eval_set else {}),
-                          **env_kwargs}
+            env_kwargs = {
+                **cfg.rollout.env_kwargs,
+                **(cfg.eval.sets[args.eval_set] if args.eval_set else {}),
+                **env_kwargs,
+            }
             env_id = env_id or cfg.rollout.env_id
             temperature = cfg.rollout.temperature if temperature is None else temperature
             max_turn = max_turn or cfg.rollout.max_turn_tokens
@@ -243,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"error: --decode value-guided needs a critic, and the checkpoint {ckpt} has none (its run's "
                     f"adv_estimator {cfg.algorithm.adv_estimator!r} trains no value head; GRPO, RLOO and REINFORCE++ runs "
                     "and SFT models have none). Pass the checkpoint of a PPO run (algo: ppo), or use --decode "
-                    "random-of-k or sample with this one.")
+                    "random-of-k or sample with this one."
+                )
         elif args.model:
             if args.decode == "value-guided":
                 raise SystemExit(
                     f"error: --decode value-guided needs a critic, and --model {args.model} is a policy only (an HF "
                     "model has no value head). Pass --checkpoint with a PPO run directory (its checkpoints/iter_*/"
-                    "state.pt holds the critic), or use --decode random-of-k or sample.")
+                    "state.pt holds the critic), or use --decode random-of-k or sample."
+                )
             from trainers.models import check_model_source, load_policy, load_tokenizer_for
 
             check_model_source(args.model, "--model", choices=MODEL_CHOICES)  # before transformers tries the hub
@@ -260,13 +310,34 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--policy model needs --model or --checkpoint")
         temperature = 1.0 if temperature is None else temperature
         if args.decode in ("value-guided", "random-of-k") and args.k > 1 and temperature <= 0:
-            ap.error(f"--decode {args.decode} with --k {args.k} needs --temperature > 0 (K greedy candidates are the same)")
+            ap.error(
+                f"--decode {args.decode} with --k {args.k} needs --temperature > 0 (K greedy candidates are the same)"
+            )
         k = args.k if args.decode in ("value-guided", "random-of-k") else 1
         tasks = env_task_count_probe(env_id, env_kwargs, tok, tasks)
-        episodes, tok, cost = model_episodes(env_id, env_kwargs, tasks, policy, tok, args.backend, max_turn or 256,
-                                             args.decode, k, temperature, critic, args.seed)
-        summary_extra.update({"decode": args.decode, "k": k, "temperature": 0.0 if args.decode == "greedy" else temperature,
-                              "seed": args.seed, **cost})
+        episodes, tok, cost = model_episodes(
+            env_id,
+            env_kwargs,
+            tasks,
+            policy,
+            tok,
+            args.backend,
+            max_turn or 256,
+            args.decode,
+            k,
+            temperature,
+            critic,
+            args.seed,
+        )
+        summary_extra.update(
+            {
+                "decode": args.decode,
+                "k": k,
+                "temperature": 0.0 if args.decode == "greedy" else temperature,
+                "seed": args.seed,
+                **cost,
+            }
+        )
     else:
         env_id = args.env
         episodes, tok = scripted_episodes(env_id, env_kwargs, tasks, args.policy)

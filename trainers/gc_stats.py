@@ -46,9 +46,13 @@ class GcStats:
 
     def take(self) -> dict[str, float]:
         """The pauses since the last ``take`` (or since construction), then reset."""
-        out = {"perf/gc_s": self._seconds, "perf/gc_full_s": self._full_seconds,
-               "perf/gc_collections": float(self._collections), "perf/gc_full_collections": float(self._full),
-               "perf/gc_frozen_objects": float(self.frozen)}
+        out = {
+            "perf/gc_s": self._seconds,
+            "perf/gc_full_s": self._full_seconds,
+            "perf/gc_collections": float(self._collections),
+            "perf/gc_full_collections": float(self._full),
+            "perf/gc_frozen_objects": float(self.frozen),
+        }
         self._seconds = self._full_seconds = 0.0
         self._collections = self._full = 0
         return out

@@ -46,8 +46,18 @@ class NullLogger:
         pass
 
 
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tb", "mlruns", "wandb", "curves.png", "model", "final.json",
-             "config.yaml")
+RUN_FILES = (
+    "metrics.jsonl",
+    "checkpoints",
+    "trajectories",
+    "tb",
+    "mlruns",
+    "wandb",
+    "curves.png",
+    "model",
+    "final.json",
+    "config.yaml",
+)
 """What a run (RL or SFT) writes in its run_dir; ``claim_run_dir`` removes these for ``overwrite``."""
 RUN_MARKERS = ("metrics.jsonl", "checkpoints", "model", "final.json")
 """Their presence means the folder holds a run (a lone config.yaml is a run that failed at set-up)."""
@@ -68,8 +78,10 @@ def claim_run_dir(run_dir: str | Path, *, overwrite: bool, key: str, resumable: 
         return
     if not overwrite:
         how = f"continue it with --resume {root}, " if resumable else ""
-        raise ConfigError(f"run_dir {str(root)!r} already holds a run ({', '.join(held)}); {how}choose another "
-                          f"run_dir, or set {key}=true to replace it")
+        raise ConfigError(
+            f"run_dir {str(root)!r} already holds a run ({', '.join(held)}); {how}choose another "
+            f"run_dir, or set {key}=true to replace it"
+        )
     for name in RUN_FILES:
         path = root / name
         if path.is_dir() and not path.is_symlink():
@@ -83,9 +95,17 @@ def _empty_dir(path: Path) -> bool:
 
 
 class RunLogger:
-    def __init__(self, run_dir: str | Path, total_iterations: int, tensorboard: bool = True, wandb: bool = False,
-                 progress_bar: bool = True, config: dict[str, Any] | None = None, fsync_every_s: float = 30.0,
-                 mlflow: bool = False):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_iterations: int,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        progress_bar: bool = True,
+        config: dict[str, Any] | None = None,
+        fsync_every_s: float = 30.0,
+        mlflow: bool = False,
+    ):
         """``fsync_every_s``: metrics.jsonl is flushed to the OS on every line (a killed process
         loses nothing) and fsynced at most this often and at ``close`` (an OS crash loses at most
         that many seconds of lines; 0: fsync every line, about 4 ms each here). ``wandb``,
@@ -104,15 +124,22 @@ class RunLogger:
 
                 self._tb = SummaryWriter(str(self.run_dir / "tb"))
             except ImportError:
-                print("tensorboard is not installed; skipping TensorBoard events (pip install tensorboard)", file=sys.stderr)
+                print(
+                    "tensorboard is not installed; skipping TensorBoard events (pip install tensorboard)",
+                    file=sys.stderr,
+                )
         # Both imports first: a missing tracker stops the run before the other one has started a run.
         wandb_mod = _require_tracker("wandb", "wandb") if wandb else None
         mlflow_mod = _require_tracker("mlflow", "mlflow", package="mlflow-skinny") if mlflow else None
         self._wandb = None
         if wandb_mod is not None:
-            self._wandb = wandb_mod.init(project=os.environ.get("WANDB_PROJECT") or TRACKER_PROJECT,
-                                         name=self.run_dir.resolve().name, dir=str(self.run_dir),
-                                         config=config or {}, mode=os.environ.get("WANDB_MODE") or "offline")
+            self._wandb = wandb_mod.init(
+                project=os.environ.get("WANDB_PROJECT") or TRACKER_PROJECT,
+                name=self.run_dir.resolve().name,
+                dir=str(self.run_dir),
+                config=config or {},
+                mode=os.environ.get("WANDB_MODE") or "offline",
+            )
         self._mlflow = MlflowRun(self.run_dir, config or {}) if mlflow_mod is not None else None
         self._bar = None
         if progress_bar:
@@ -156,8 +183,11 @@ class RunLogger:
         if self._mlflow is not None:
             self._mlflow.log(iteration, _scalars(rec))
         if self._bar is not None:
-            post = {"reward": metrics.get("rollout/reward_mean"), "success": metrics.get("rollout/success_rate"),
-                    "tok/s": metrics.get("perf/generated_tokens_per_s")}
+            post = {
+                "reward": metrics.get("rollout/reward_mean"),
+                "success": metrics.get("rollout/success_rate"),
+                "tok/s": metrics.get("perf/generated_tokens_per_s"),
+            }
             if "eval/success_rate" in metrics:
                 post["eval"] = metrics["eval/success_rate"]
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in post.items() if v is not None})
@@ -196,8 +226,10 @@ def _require_tracker(module: str, key: str, package: str | None = None) -> Any:
     except ImportError as e:
         from trainers.errors import ConfigError
 
-        raise ConfigError(f"run.{key} is true but {package or module} cannot be imported ({e}); install it with "
-                          f"pip install -e '.[{key}]', or set run.{key}=false") from None
+        raise ConfigError(
+            f"run.{key} is true but {package or module} cannot be imported ({e}); install it with "
+            f"pip install -e '.[{key}]', or set run.{key}=false"
+        ) from None
 
 
 def _scalars(rec: dict[str, Any]) -> dict[str, float]:
@@ -230,7 +262,7 @@ class MlflowRun:
         self.run_id = self.client.create_run(exp_id, run_name=run_dir.resolve().name).info.run_id
         params = [Param(k, v[: self.MAX_PARAM]) for k, v in _flat_params(config).items()]
         for i in range(0, len(params), self.BATCH):
-            self.client.log_batch(self.run_id, params=params[i: i + self.BATCH], synchronous=True)
+            self.client.log_batch(self.run_id, params=params[i : i + self.BATCH], synchronous=True)
 
     def log(self, iteration: int, scalars: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -238,7 +270,7 @@ class MlflowRun:
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, iteration) for k, v in scalars.items()]
         for i in range(0, len(metrics), self.BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i: i + self.BATCH], synchronous=True)
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + self.BATCH], synchronous=True)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
@@ -249,7 +281,9 @@ def _flat_params(config: dict[str, Any]) -> dict[str, str]:
     for key, value in config.items():
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, v in items:
-            out[key if sub is None else f"{key}.{sub}"] = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+            out[key if sub is None else f"{key}.{sub}"] = (
+                v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+            )
     return out
 
 
@@ -287,8 +321,10 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path | No
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, keys, title in ((axes[0], ["rollout/reward_mean"], "reward"),
-                            (axes[1], ["rollout/success_rate", "eval/success_rate"], "success rate")):
+    for ax, keys, title in (
+        (axes[0], ["rollout/reward_mean"], "reward"),
+        (axes[1], ["rollout/success_rate", "eval/success_rate"], "success rate"),
+    ):
         for k in keys:
             pts = [(r["iteration"], r[k]) for r in recs if k in r]
             if pts:

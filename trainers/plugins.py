@@ -33,7 +33,9 @@ def load(modules: Iterable[str], source: str = "plugins") -> list[str]:
     """Import each module of ``modules`` once (in order); return the names. A module that is not a
     string, is not found or fails while importing raises ``ConfigError`` naming it."""
     if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
-        raise ConfigError(f"{source}: plugins must be a list of module names (e.g. [my_project.algos]), got {modules!r}")
+        raise ConfigError(
+            f"{source}: plugins must be a list of module names (e.g. [my_project.algos]), got {modules!r}"
+        )
     names = list(modules)
     for name in names:
         if name in LOADED:
@@ -42,8 +44,10 @@ def load(modules: Iterable[str], source: str = "plugins") -> list[str]:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
-                raise ConfigError(f"{source}: plugin {name!r} not found: put the directory that holds it on "
-                                  f"PYTHONPATH (sys.path: {sys.path[:3]}...), or install it") from None
+                raise ConfigError(
+                    f"{source}: plugin {name!r} not found: put the directory that holds it on "
+                    f"PYTHONPATH (sys.path: {sys.path[:3]}...), or install it"
+                ) from None
             raise ConfigError(f"{source}: plugin {name!r} failed to import: {e}") from e
         except Exception as e:  # its own error: say which plugin raised it
             raise ConfigError(f"{source}: plugin {name!r} failed to import: {type(e).__name__}: {e}") from e
@@ -53,6 +57,11 @@ def load(modules: Iterable[str], source: str = "plugins") -> list[str]:
 
 def add_argument(ap: argparse.ArgumentParser) -> None:
     """``--plugin MODULE`` (repeatable) on a script's parser."""
-    ap.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                    help="a module to import before the config is checked (registers estimators, losses, envs; "
-                         "repeatable; added to the config's plugins)")
+    ap.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module to import before the config is checked (registers estimators, losses, envs; "
+        "repeatable; added to the config's plugins)",
+    )

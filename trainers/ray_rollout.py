@@ -90,8 +90,9 @@ def _ray():
     try:
         import ray
     except ImportError as e:  # pragma: no cover - ray is in the scale extra
-        raise ImportError("rollout_workers > 0 needs Ray: pip install -e '.[scale]' (or set rollout_workers: 0). "
-                          f"Import error: {e}") from e
+        raise ImportError(
+            f"rollout_workers > 0 needs Ray: pip install -e '.[scale]' (or set rollout_workers: 0). Import error: {e}"
+        ) from e
     return ray
 
 
@@ -103,15 +104,22 @@ class RolloutWorker:
         # With vLLM the engine takes the worker's GPU; the HF copy only seeds the engine, on the CPU.
         plugins.load(cfg_dict.get("plugins") or [])  # the learner's plugins, before its config is rebuilt here
         device = "cuda" if use_gpu and cfg_dict["rollout"]["backend"] == "hf" else "cpu"
-        cfg = from_dict({**cfg_dict, "rollout": {**cfg_dict["rollout"], "workers": 0},
-                         "model": {**cfg_dict["model"], "device": device}})
+        cfg = from_dict(
+            {
+                **cfg_dict,
+                "rollout": {**cfg_dict["rollout"], "workers": 0},
+                "model": {**cfg_dict["model"], "device": device},
+            }
+        )
         torch.set_num_threads(cfg.model.torch_threads or 1)
         self.cfg = cfg
         self.tokenizer = load_tokenizer_for(cfg.model)
         policy = load_policy(cfg.model, self.tokenizer, seed=cfg.run.seed).eval()
         self.envs = env_factory.make_vector(num_envs)  # the learner's EnvFactory (env_server: sessions there)
         run_dir = Path(cfg.run.run_dir) / f"rollout_worker_{worker_index}"
-        self.backend = make_backend(cfg.rollout, policy, self.tokenizer, run_dir, device=cfg.model.device, seed=cfg.run.seed)
+        self.backend = make_backend(
+            cfg.rollout, policy, self.tokenizer, run_dir, device=cfg.model.device, seed=cfg.run.seed
+        )
         self.policy = policy if cfg.rollout.backend == "hf" else None  # the HF backend samples from this module
         self.version = -1  # no weights from the learner yet
         self.engine_restarts = EngineRestarts(self.backend)  # reported with each answer, then forgotten
@@ -138,16 +146,31 @@ class RolloutWorker:
         self.version = version
         return version, self._take_engine_restarts()
 
-    def collect(self, task_indices: list[int], group_size: int, sampling: SamplingConfig, seed: int, offset: int,
-                version: int, reset_options: dict[str, Any] | None = None
-                ) -> tuple[list[Trajectory], RolloutTimes, int] | None:
+    def collect(
+        self,
+        task_indices: list[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        offset: int,
+        version: int,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], RolloutTimes, int] | None:
         """The slice's trajectories, its times and the engine restarts since this worker last
         reported them; None when this worker does not hold weights ``version`` (it was restarted and
         has not been sent them yet)."""
         if version != self.version:
             return None
-        trajs, times = collect(self.envs, self.backend, task_indices, group_size, sampling, seed=seed, offset=offset,
-                               reset_options=reset_options)
+        trajs, times = collect(
+            self.envs,
+            self.backend,
+            task_indices,
+            group_size,
+            sampling,
+            seed=seed,
+            offset=offset,
+            reset_options=reset_options,
+        )
         return trajs, times, self._take_engine_restarts()
 
     def _take_engine_restarts(self) -> int:
@@ -200,11 +223,14 @@ class RolloutWorkerPool:
         self._check_resources(ray)
         remote_cls = ray.remote(RolloutWorker)
         cfg_dict = to_dict(cfg)
-        self.actors = [remote_cls.options(num_cpus=cfg.rollout.worker_cpus, num_gpus=cfg.rollout.worker_gpus,
-                                          max_restarts=-1, max_task_retries=0)
-                       .remote(cfg_dict, w, self.tasks_per_worker * cfg.rollout.group_size, cfg.rollout.worker_gpus > 0,
-                               env_factory)
-                       for w in range(self.n)]
+        self.actors = [
+            remote_cls.options(
+                num_cpus=cfg.rollout.worker_cpus, num_gpus=cfg.rollout.worker_gpus, max_restarts=-1, max_task_retries=0
+            ).remote(
+                cfg_dict, w, self.tasks_per_worker * cfg.rollout.group_size, cfg.rollout.worker_gpus > 0, env_factory
+            )
+            for w in range(self.n)
+        ]
         try:
             where = ray.get([a.where.remote() for a in self.actors], timeout=cfg.rollout.timeout_s)
         except ray.exceptions.GetTimeoutError as e:
@@ -214,7 +240,8 @@ class RolloutWorkerPool:
                 f"{self.n} rollout workers did not start within rollout_timeout_s={cfg.rollout.timeout_s} s; the "
                 f"cluster may lack {cfg.rollout.worker_cpus} CPU / {cfg.rollout.worker_gpus} GPU per worker "
                 f"(ray.cluster_resources(): {resources}), or the machine is too busy for them to start in time. "
-                "Lower rollout_worker_cpus/gpus, add nodes or raise rollout_timeout_s.") from e
+                "Lower rollout_worker_cpus/gpus, add nodes or raise rollout_timeout_s."
+            ) from e
         except Exception:  # a constructor that failed (bad model path, env error): no cluster left behind
             self.shutdown(graceful=False)
             raise
@@ -245,8 +272,10 @@ class RolloutWorkerPool:
         if cfg.rollout.worker_gpus > 0 and cfg.model.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.model.device, _visible_gpus()))
         with process_guard.environ(env):
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout.worker_cpus // 1))),
-                     include_dashboard=False)
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout.worker_cpus // 1))),
+                include_dashboard=False,
+            )
         self.started_ray = True
 
     def _check_resources(self, ray: Any) -> None:
@@ -254,11 +283,16 @@ class RolloutWorkerPool:
         cfg = self.cfg
         for key, per in (("CPU", cfg.rollout.worker_cpus), ("GPU", cfg.rollout.worker_gpus)):
             if per > 0 and have.get(key, 0.0) < per * self.n:
-                msg = (f"rollout_workers={self.n} x rollout_worker_{key.lower()}s={per} needs {per * self.n:g} {key}, "
-                       f"the Ray cluster has {have.get(key, 0.0):g}"
-                       + (" (a local cluster leaves out the learner's GPU)" if key == "GPU" and self.started_ray
-                          and cfg.model.device.startswith("cuda") else "")
-                       + f". Lower rollout_worker_{key.lower()}s or rollout_workers, or join a larger cluster (ray_address).")
+                msg = (
+                    f"rollout_workers={self.n} x rollout_worker_{key.lower()}s={per} needs {per * self.n:g} {key}, "
+                    f"the Ray cluster has {have.get(key, 0.0):g}"
+                    + (
+                        " (a local cluster leaves out the learner's GPU)"
+                        if key == "GPU" and self.started_ray and cfg.model.device.startswith("cuda")
+                        else ""
+                    )
+                    + f". Lower rollout_worker_{key.lower()}s or rollout_workers, or join a larger cluster (ray_address)."
+                )
                 if self.started_ray:
                     ray.shutdown()
                 raise RolloutWorkerError(msg)
@@ -284,8 +318,14 @@ class RolloutWorkerPool:
             except _NodeLost:
                 self._lose(w, None)
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig,
-                seed: int, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
+    def collect(
+        self,
+        task_indices: Sequence[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], RolloutTimes]:
         """The iteration's batch: slice s is tasks ``[s*k, (s+1)*k)`` (k = tasks per worker), the
         slice of worker s (of another worker while s is lost with its node), returned in slice
         order, so the batch order is the in-process order."""
@@ -296,8 +336,10 @@ class RolloutWorkerPool:
         self._reset_options = reset_options  # the same for every slice and every retry of one
         self.restarts = self.engine_restarts = 0
         self._take_back_restarted()
-        args = [(list(task_indices[s * k:(s + 1) * k]), group_size, sampling, seed, s * k * group_size)
-                for s in range(self.n)]
+        args = [
+            (list(task_indices[s * k : (s + 1) * k]), group_size, sampling, seed, s * k * group_size)
+            for s in range(self.n)
+        ]
         results: dict[int, tuple[list[Trajectory], RolloutTimes, int]] = {}
         ran_on: dict[int, int] = {}  # slice -> the worker that collected it
         attempts = [0] * self.n
@@ -353,8 +395,11 @@ class RolloutWorkerPool:
             s, w, _ = pending.pop(ref)
             try:
                 out = ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                    ray.exceptions.ObjectLostError) as e:
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ActorUnavailableError,
+                ray.exceptions.ObjectLostError,
+            ) as e:
                 again(s, w, f"died ({type(e).__name__})")
                 continue
             except EngineDiedError:  # its vLLM engine died beyond what its backend restarts: restart the worker
@@ -372,9 +417,11 @@ class RolloutWorkerPool:
         per_worker: dict[int, list[RolloutTimes]] = {}
         for s, w in ran_on.items():
             per_worker.setdefault(w, []).append(results[s][1])
-        return trajs, RolloutTimes(generate_s=max(sum(t.generate_s for t in ts) for ts in per_worker.values()),
-                                   env_s=max(sum(t.env_s for t in ts) for ts in per_worker.values()),
-                                   generated_tokens=sum(results[s][1].generated_tokens for s in results))
+        return trajs, RolloutTimes(
+            generate_s=max(sum(t.generate_s for t in ts) for ts in per_worker.values()),
+            env_s=max(sum(t.env_s for t in ts) for ts in per_worker.values()),
+            generated_tokens=sum(results[s][1].generated_tokens for s in results),
+        )
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -415,9 +462,11 @@ class RolloutWorkerPool:
     def _count_attempt(self, s: int, w: int, attempts: list[int], args: list[tuple], why: str) -> None:
         attempts[s] += 1
         if attempts[s] > self.cfg.rollout.retries:
-            raise RolloutWorkerError(f"rollout worker {w} {why} on its slice (tasks {args[s][0]}) {attempts[s]} times; "
-                                     f"rollout_retries={self.cfg.rollout.retries}. See the worker's log above "
-                                     "(Ray prints it to this process), raise rollout_timeout_s if it is only slow.")
+            raise RolloutWorkerError(
+                f"rollout worker {w} {why} on its slice (tasks {args[s][0]}) {attempts[s]} times; "
+                f"rollout_retries={self.cfg.rollout.retries}. See the worker's log above "
+                "(Ray prints it to this process), raise rollout_timeout_s if it is only slow."
+            )
 
     def _lost_nodes(self, nodes: set[str]) -> set[str]:
         """Which of ``nodes`` (Ray node ids) have left the cluster, as the GCS knows it."""
@@ -437,11 +486,18 @@ class RolloutWorkerPool:
             return
         node, ip = self.nodes[w]
         self.lost[w] = (node, ip, self._probe(w))
-        what = (f"its slice (tasks {tasks}) is collected again by the remaining workers, and so are its next slices"
-                if tasks is not None else "the remaining workers collect its slices")
-        print(f"warning: rollout worker {w} was lost with its node {node} ({ip}), which left the Ray cluster; {what} "
-              "until Ray restarts it on another node (the batch is unchanged; rollout/workers_lost counts the "
-              "workers missing)", file=sys.stderr, flush=True)
+        what = (
+            f"its slice (tasks {tasks}) is collected again by the remaining workers, and so are its next slices"
+            if tasks is not None
+            else "the remaining workers collect its slices"
+        )
+        print(
+            f"warning: rollout worker {w} was lost with its node {node} ({ip}), which left the Ray cluster; {what} "
+            "until Ray restarts it on another node (the batch is unchanged; rollout/workers_lost counts the "
+            "workers missing)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _probe(self, w: int) -> Any:
         """A call that answers once Ray has restarted lost worker w (on a node with room for it).
@@ -465,8 +521,12 @@ class RolloutWorkerPool:
                 continue
             del self.lost[w]
             self.restarts += 1
-            print(f"rollout worker {w}, lost with node {node} ({ip}), is back on node {where[1]} ({where[2]}) and "
-                  "collects its own slices again", file=sys.stderr, flush=True)
+            print(
+                f"rollout worker {w}, lost with node {node} ({ip}), is back on node {where[1]} ({where[2]}) and "
+                "collects its own slices again",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _answer(self, w: int) -> tuple[int, str, str] | None:
         """Lost worker w's ``where()`` when it is up again, else None (its probe renewed when it failed)."""
@@ -498,9 +558,11 @@ class RolloutWorkerPool:
                     f"restarted none of the workers on another node within rollout.timeout_s={r.timeout_s:g} s. The "
                     f"run's last checkpoint is intact: rerun the same command with --resume once the cluster has room "
                     f"for rollout.workers={self.n} workers of {r.worker_cpus:g} CPU and {r.worker_gpus:g} GPU each, or "
-                    "with fewer rollout.workers.")
-            ready, _ = ray.wait([probe for _, _, probe in self.lost.values()], num_returns=1,
-                                timeout=min(left, _PROBE_S))
+                    "with fewer rollout.workers."
+                )
+            ready, _ = ray.wait(
+                [probe for _, _, probe in self.lost.values()], num_returns=1, timeout=min(left, _PROBE_S)
+            )
             self._take_back_restarted()
             if ready and not self._live():  # a probe failed (the worker is still down) and was renewed
                 time.sleep(max(0.0, min(_PROBE_S, deadline - time.monotonic())))
@@ -517,8 +579,9 @@ class RolloutWorkerPool:
         is killed."""
         ray = _ray()
         try:
-            ray.get(self.actors[w].exit_for_restart.options(max_task_retries=0).remote(),
-                    timeout=self.cfg.rollout.timeout_s)
+            ray.get(
+                self.actors[w].exit_for_restart.options(max_task_retries=0).remote(), timeout=self.cfg.rollout.timeout_s
+            )
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             return  # the process ended, as asked
         except ray.exceptions.GetTimeoutError:
@@ -587,7 +650,7 @@ def worker_gpus(learner_device: str, visible: list[str]) -> list[str]:
     idx = int(learner_device.split(":", 1)[1]) if ":" in learner_device else 0
     if not 0 <= idx < len(visible):
         raise RolloutWorkerError(f"device={learner_device!r}: this process sees {len(visible)} GPU(s) ({visible})")
-    return visible[:idx] + visible[idx + 1:]
+    return visible[:idx] + visible[idx + 1 :]
 
 
 def _visible_gpus() -> list[str]:
@@ -619,8 +682,15 @@ class RayRollout:
             self.local.close()
             raise
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
+    def collect(
+        self,
+        task_indices: Sequence[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        offset: int = 0,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], RolloutTimes]:
         if offset:
             raise ValueError("RayRollout collects whole iterations (offset 0); the pool slices them itself")
         return self.pool.collect(task_indices, group_size, sampling, seed, reset_options)
@@ -641,5 +711,11 @@ class RayRollout:
             self.local.close()
 
 
-__all__ = ["RayRollout", "RolloutWorker", "RolloutWorkerError", "RolloutWorkerPool", "start_rollout_workers",
-           "worker_gpus"]
+__all__ = [
+    "RayRollout",
+    "RolloutWorker",
+    "RolloutWorkerError",
+    "RolloutWorkerPool",
+    "start_rollout_workers",
+    "worker_gpus",
+]

@@ -176,9 +176,10 @@ def collect(
         raise ValueError(f"offset {offset} must be a multiple of group_size {group_size} (slices hold whole groups)")
     times = RolloutTimes()
     t0 = time.perf_counter()
-    obs, infos = vec.reset(seed=[seed + offset + i for i in range(n)],
-                           options={"task_indices": list(task_indices), "group_size": group_size,
-                                    **(reset_options or {})})
+    obs, infos = vec.reset(
+        seed=[seed + offset + i for i in range(n)],
+        options={"task_indices": list(task_indices), "group_size": group_size, **(reset_options or {})},
+    )
     times.env_s += time.perf_counter() - t0
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
@@ -189,7 +190,9 @@ def collect(
     while any(d is None for d in done):
         active = [i for i in range(n) if done[i] is None]
         prompts = [obs["input_ids"][i].tolist() for i in active]
-        seeds = [int(np.random.SeedSequence([seed, offset + i, turn]).generate_state(1)[0] & 0x7FFFFFFF) for i in active]
+        seeds = [
+            int(np.random.SeedSequence([seed, offset + i, turn]).generate_state(1)[0] & 0x7FFFFFFF) for i in active
+        ]
         t0 = time.perf_counter()
         gens = generate(backend, prompts, sampling, seeds, [stops[i] for i in active])
         times.generate_s += time.perf_counter() - t0
@@ -214,17 +217,24 @@ def collect(
     return [d for d in done if d is not None], times
 
 
-def generate(backend: GenerationBackend, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-             stop_strings: list[list[str]]) -> list[Any]:
+def generate(
+    backend: GenerationBackend,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    seeds: list[int],
+    stop_strings: list[list[str]],
+) -> list[Any]:
     """``backend.generate``, with each prompt's stop strings when any prompt has some (a scaffolded
     turn). A backend whose ``generate`` takes no ``stop_strings`` is refused then, by name: without
     them it would run past the end of the scaffold's slot."""
     if not any(stop_strings):
         return backend.generate(prompts, sampling, seeds=seeds)
     if not takes_stop_strings(backend):
-        raise TypeError(f"{type(backend).__name__}.generate takes no stop_strings, which a scaffolded env "
-                        "(env kwarg scaffold) needs to end the model's part of a turn; use a backend that "
-                        "stops at strings (HFBackend, VLLMBackend, AsyncVLLMBackend) or an env without a scaffold")
+        raise TypeError(
+            f"{type(backend).__name__}.generate takes no stop_strings, which a scaffolded env "
+            "(env kwarg scaffold) needs to end the model's part of a turn; use a backend that "
+            "stops at strings (HFBackend, VLLMBackend, AsyncVLLMBackend) or an env without a scaffold"
+        )
     return backend.generate(prompts, sampling, seeds=seeds, stop_strings=stop_strings)
 
 
@@ -264,11 +274,14 @@ def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
                 seen.add(sig)
         no_call_answers += e.answered and ok_calls == 0
         replies += [end - start for start, end in e.step_spans]
-    return {"monitor/calls_per_episode": calls / n, "monitor/repeated_calls_per_episode": repeats / n,
-            "monitor/answer_without_call_rate": no_call_answers / n,
-            "monitor/length_cut_rate": sum(e.truncation_reason in LENGTH_CUTS for e in eps) / n,
-            "monitor/reply_tokens_mean": float(np.mean(replies)) if replies else 0.0,
-            "monitor/reply_tokens_max": float(max(replies, default=0))}
+    return {
+        "monitor/calls_per_episode": calls / n,
+        "monitor/repeated_calls_per_episode": repeats / n,
+        "monitor/answer_without_call_rate": no_call_answers / n,
+        "monitor/length_cut_rate": sum(e.truncation_reason in LENGTH_CUTS for e in eps) / n,
+        "monitor/reply_tokens_mean": float(np.mean(replies)) if replies else 0.0,
+        "monitor/reply_tokens_max": float(max(replies, default=0)),
+    }
 
 
 def summarize(episodes: Sequence[Episode | Trajectory]) -> dict[str, float]:

@@ -134,9 +134,11 @@ def collect_async(
     timeouts), and the error propagates with a note naming the sub-env and turn.
     """
     if not (hasattr(backend, "agenerate") and hasattr(backend, "run")):
-        raise TypeError(f"collect_async needs a backend with agenerate() and run() (AsyncVLLMBackend: rollout: async "
-                        f"with backend: vllm), got {type(backend).__name__}; use trainers.rollout.collect (rollout: "
-                        "lockstep) for this backend")
+        raise TypeError(
+            f"collect_async needs a backend with agenerate() and run() (AsyncVLLMBackend: rollout: async "
+            f"with backend: vllm), got {type(backend).__name__}; use trainers.rollout.collect (rollout: "
+            "lockstep) for this backend"
+        )
     n = vec.num_envs
     if offset % group_size:
         raise ValueError(f"offset {offset} must be a multiple of group_size {group_size} (slices hold whole groups)")
@@ -145,9 +147,10 @@ def collect_async(
         raise ValueError(f"env_threads must be positive, got {env_threads}")
     times = AsyncRolloutTimes()
     t_start = time.perf_counter()
-    obs, infos = vec.reset(seed=[seed + offset + i for i in range(n)],
-                           options={"task_indices": list(task_indices), "group_size": group_size,
-                                    **(reset_options or {})})
+    obs, infos = vec.reset(
+        seed=[seed + offset + i for i in range(n)],
+        options={"task_indices": list(task_indices), "group_size": group_size, **(reset_options or {})},
+    )
     t_reset = time.perf_counter() - t_start
     stop = list(infos[0]["stop_token_ids"])
     sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": stop})
@@ -168,8 +171,12 @@ def collect_async(
             prompt = ids.tolist()
             clock.engine_start()
             try:
-                g = await backend.agenerate(prompt, sampling, turn_seed(seed, offset + i, turn),
-                                            **({"stop": stop_strings} if stop_strings else {}))
+                g = await backend.agenerate(
+                    prompt,
+                    sampling,
+                    turn_seed(seed, offset + i, turn),
+                    **({"stop": stop_strings} if stop_strings else {}),
+                )
             finally:
                 clock.engine_stop()
             times.generated_tokens += len(g.token_ids)
@@ -178,7 +185,9 @@ def collect_async(
                 lps[len(prompt) + k] = float(lp)
             clock.env_start()
             try:
-                o, _, term, trunc, info = await loop.run_in_executor(pool, step_env, i, np.asarray(g.token_ids, dtype=np.int64))
+                o, _, term, trunc, info = await loop.run_in_executor(
+                    pool, step_env, i, np.asarray(g.token_ids, dtype=np.int64)
+                )
             except BaseException as e:
                 e.add_note(f"collect_async: sub-env {i}'s step of turn {turn} raised")
                 raise
@@ -224,10 +233,25 @@ class AsyncRollout(LocalRollout):
         super().__init__(cfg, env_factory=env_factory, policy=policy, backend=backend, parallel=parallel)
         self._last: AsyncRolloutTimes | None = None
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], AsyncRolloutTimes]:
-        trajs, self._last = collect_async(self.envs, self.backend, list(task_indices), group_size, sampling,
-                                          seed=seed, offset=offset, reset_options=reset_options)
+    def collect(
+        self,
+        task_indices: Sequence[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        offset: int = 0,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], AsyncRolloutTimes]:
+        trajs, self._last = collect_async(
+            self.envs,
+            self.backend,
+            list(task_indices),
+            group_size,
+            sampling,
+            seed=seed,
+            offset=offset,
+            reset_options=reset_options,
+        )
         return trajs, self._last
 
     def metrics(self) -> dict[str, float]:

@@ -151,8 +151,10 @@ def prepare_models(cfg: Any, policy: nn.Module, critic: nn.Module | None) -> tup
 
 def enable_checkpointing(model: nn.Module) -> None:
     if not hasattr(model, "gradient_checkpointing_enable"):
-        raise ScaleConfigError(f"gradient_checkpointing: {type(model).__name__} is not a transformers model "
-                               "(it has no gradient_checkpointing_enable)")
+        raise ScaleConfigError(
+            f"gradient_checkpointing: {type(model).__name__} is not a transformers model "
+            "(it has no gradient_checkpointing_enable)"
+        )
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "config"):
         model.config.use_cache = False  # a KV cache is useless when training and warns under checkpointing
@@ -169,10 +171,17 @@ def add_lora(model: nn.Module, scale: Any) -> nn.Module:
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in scale.lora_target_modules if t not in names]
     if missing:
-        raise ScaleConfigError(f"lora_target_modules {missing} are not module names of {type(model).__name__}; "
-                               f"its linear layers include {sorted(n for n in names if n.endswith('_proj'))}")
-    lcfg = LoraConfig(r=scale.lora_r, lora_alpha=scale.lora_alpha, lora_dropout=scale.lora_dropout,
-                      target_modules=list(scale.lora_target_modules), bias="none")
+        raise ScaleConfigError(
+            f"lora_target_modules {missing} are not module names of {type(model).__name__}; "
+            f"its linear layers include {sorted(n for n in names if n.endswith('_proj'))}"
+        )
+    lcfg = LoraConfig(
+        r=scale.lora_r,
+        lora_alpha=scale.lora_alpha,
+        lora_dropout=scale.lora_dropout,
+        target_modules=list(scale.lora_target_modules),
+        bias="none",
+    )
     return get_peft_model(model, lcfg)
 
 

@@ -26,8 +26,11 @@ class WorkTool(Tool):
     returns its text. ``timeout``: the env gives up on a call after that long (status ``timeout``)."""
 
     name, description = "work", "Do the work of one turn."
-    parameters = {"type": "object", "properties": {"task": {"type": "string"}, "turn": {"type": "integer"}},
-                  "required": ["task", "turn"]}
+    parameters = {
+        "type": "object",
+        "properties": {"task": {"type": "string"}, "turn": {"type": "integer"}},
+        "required": ["task", "turn"],
+    }
 
     def __init__(self, behaviour: Callable[[str, int], str], timeout: float | None = TOOL_TIMEOUT_S):
         self.behaviour, self.timeout = behaviour, timeout
@@ -77,8 +80,15 @@ def make_tasks(n: int, seed: int, max_turns: int = 6) -> list[dict[str, Any]]:
     for k in range(n):
         turns = int(rng.integers(1, max_turns + 1))
         lat = np.exp(rng.normal(math.log(LATENCY_MEDIAN_S), LATENCY_SIGMA, size=turns)).round(4).tolist()
-        tasks.append({"id": f"t{k}", "question": f"Task {k}: do {turns} turn(s) of work.", "answer": f"done {k}",
-                      "turns": turns, "latency": lat})
+        tasks.append(
+            {
+                "id": f"t{k}",
+                "question": f"Task {k}: do {turns} turn(s) of work.",
+                "answer": f"done {k}",
+                "turns": turns,
+                "latency": lat,
+            }
+        )
     return tasks
 
 

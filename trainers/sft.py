@@ -78,10 +78,11 @@ class SFTConfig(Sectioned):
         if not 0 <= self.warmup_steps <= self.steps:
             raise ConfigError(f"warmup_steps must be in 0..steps ({self.steps}), got {self.warmup_steps}")
         if isinstance(self.demo_policy, dict) and (
-                not self.demo_policy or any(w < 0 for w in self.demo_policy.values())
-                or sum(self.demo_policy.values()) <= 0):
-            raise ConfigError(f"demo_policy: a mix needs non-negative weights with a positive sum, "
-                              f"got {self.demo_policy!r}")
+            not self.demo_policy or any(w < 0 for w in self.demo_policy.values()) or sum(self.demo_policy.values()) <= 0
+        ):
+            raise ConfigError(
+                f"demo_policy: a mix needs non-negative weights with a positive sum, got {self.demo_policy!r}"
+            )
 
 
 def lr_factor(cfg: SFTConfig, step: int) -> float:
@@ -98,10 +99,14 @@ def demo_policy(env: Any, name: str, rng: np.random.Generator):
     policies = env.demonstrations()
     if name not in policies:
         if not policies:
-            raise ValueError(f"{type(env).__name__} offers no scripted policy (its demonstrations() is empty: define "
-                             "demonstration(task), or override demonstrations()); SFT needs one")
-        raise ValueError(f"demo_policy {name!r}: {type(env).__name__}.demonstrations() has no {name!r}; "
-                         f"available: {sorted(policies)}")
+            raise ValueError(
+                f"{type(env).__name__} offers no scripted policy (its demonstrations() is empty: define "
+                "demonstration(task), or override demonstrations()); SFT needs one"
+            )
+        raise ValueError(
+            f"demo_policy {name!r}: {type(env).__name__}.demonstrations() has no {name!r}; "
+            f"available: {sorted(policies)}"
+        )
     policy = policies[name]
     return lambda task: policy(task, rng)
 
@@ -117,8 +122,9 @@ def play(env: Any, task_index: int, script: Any) -> Episode:
     raise ValueError(f"the scripted policy ended task {task_index} of {type(env).__name__} before the episode ended")
 
 
-def demonstrations(env: Any, task_indices: list[int], policy: str | dict[str, float] = "oracle",
-                   rng: np.random.Generator | None = None) -> list[Episode]:
+def demonstrations(
+    env: Any, task_indices: list[int], policy: str | dict[str, float] = "oracle", rng: np.random.Generator | None = None
+) -> list[Episode]:
     """Run a scripted policy on each task; return the env's episodes (ids + loss masks).
 
     ``policy`` is one policy's name, or a mix ``{name: weight}``: each task's policy is then
@@ -128,8 +134,11 @@ def demonstrations(env: Any, task_indices: list[int], policy: str | dict[str, fl
     names = sorted(mix)
     demos = [demo_policy(env, n, rng) for n in names]
     weights = np.asarray([mix[n] for n in names], dtype=float)
-    picks = (rng.choice(len(names), size=len(task_indices), p=weights / weights.sum()) if len(names) > 1
-             else np.zeros(len(task_indices), dtype=int))  # one policy: leave rng's stream as it was
+    picks = (
+        rng.choice(len(names), size=len(task_indices), p=weights / weights.sum())
+        if len(names) > 1
+        else np.zeros(len(task_indices), dtype=int)
+    )  # one policy: leave rng's stream as it was
     return [play(env, k, demos[pick]) for k, pick in zip(task_indices, picks)]
 
 
@@ -173,8 +182,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     envs = EnvFactory(cfg.env_id, cfg.env_kwargs, tok, vocab_size=model.get_input_embeddings().num_embeddings)
     env = envs.make().unwrapped
     rng = np.random.default_rng(cfg.seed)
-    demos = demonstrations(env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(),
-                           cfg.demo_policy, rng)
+    demos = demonstrations(
+        env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(), cfg.demo_policy, rng
+    )
     eval_envs = envs.make_vector(cfg.eval.tasks, **cfg.eval.env_kwargs)
     eval_sets = {name: envs.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
     pad_id = envs.pad_id
@@ -195,8 +205,11 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        metrics = {"sft/loss": float(loss.detach()), "sft/lr": sched.get_last_lr()[0],
-                   "time/elapsed_min": (time.perf_counter() - t0) / 60}
+        metrics = {
+            "sft/loss": float(loss.detach()),
+            "sft/lr": sched.get_last_lr()[0],
+            "time/elapsed_min": (time.perf_counter() - t0) / 60,
+        }
         sched.step()
         if cfg.eval.every and step % cfg.eval.every == 0:
             metrics.update(evaluate())

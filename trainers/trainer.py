@@ -60,12 +60,23 @@ def env_factory(cfg: TrainConfig, tokenizer: Any, vocab_size: int) -> EnvFactory
     """The run's one env factory: its env id and kwargs, the policy's tokenizer and vocabulary, and
     ``env_server`` (remote rollout envs) when set."""
     r = cfg.rollout
-    return EnvFactory(r.env_id, r.env_kwargs, tokenizer, vocab_size=vocab_size, num_threads=r.num_envs_threads,
-                      server=r.env_server, server_reconnect_s=r.env_server_reconnect_s)
+    return EnvFactory(
+        r.env_id,
+        r.env_kwargs,
+        tokenizer,
+        vocab_size=vocab_size,
+        num_threads=r.num_envs_threads,
+        server=r.env_server,
+        server_reconnect_s=r.env_server_reconnect_s,
+    )
 
 
-def with_advantages(records: list[dict[str, Any]], logged: Sequence[Trajectory], trained: Sequence[Trajectory],
-                    batch: RolloutBatch | None) -> list[dict[str, Any]]:
+def with_advantages(
+    records: list[dict[str, Any]],
+    logged: Sequence[Trajectory],
+    trained: Sequence[Trajectory],
+    batch: RolloutBatch | None,
+) -> list[dict[str, Any]]:
     """``records`` (of the trajectories ``logged``) with ``advantages``: each token's advantage in the
     update, on the agent's tokens (0 elsewhere), for the viewer's colours (docs/viewer.md). A
     trajectory the update did not train on (a group dynamic sampling dropped) gets none."""
@@ -87,8 +98,9 @@ class Trainer:
     (``trainers.sources.Prefetching``) or None. ``trainers.compose.build_trainer(cfg)`` picks them from
     the config and refuses the combinations no parts run."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, *, rollout: Any, parallel: Parallelism,
-                 overlap: Any = None):
+    def __init__(
+        self, cfg: TrainConfig, resume: bool = False, *, rollout: Any, parallel: Parallelism, overlap: Any = None
+    ):
         self.cfg = cfg
         self.rollout_cls = rollout
         self.parallel: Parallelism = parallel
@@ -127,9 +139,11 @@ class Trainer:
         self.parallel.shard(self.policy, self.critic, self.ref)
         a = cfg.algorithm
         self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=a.lr, weight_decay=a.weight_decay, eps=a.adam_eps)
-        self.critic_opt = (torch.optim.AdamW(scale.trainable(self.critic), lr=a.critic_lr, weight_decay=a.weight_decay,
-                                             eps=a.adam_eps)
-                           if self.critic is not None else None)
+        self.critic_opt = (
+            torch.optim.AdamW(scale.trainable(self.critic), lr=a.critic_lr, weight_decay=a.weight_decay, eps=a.adam_eps)
+            if self.critic is not None
+            else None
+        )
         warm = lambda step: lr_multiplier(step, a.warmup_steps)  # noqa: E731
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warm)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, warm) if self.critic_opt else None
@@ -141,18 +155,31 @@ class Trainer:
         # its own copy of the policy (weights copied in between rollouts), not the module itself.
         own_copy = self.overlap is not None and learner is None and rollout.backend == "hf"
         sampler = copy.deepcopy(self.policy).eval().requires_grad_(False) if own_copy else self.policy
-        self.backend = make_backend(rollout, sampler, self.tokenizer, self.run_dir, device=cfg.model.device,
-                                    seed=cfg.run.seed)
-        source = self.rollout_cls(cfg, env_factory=self.env_factory, policy=self.policy, backend=self.backend,
-                                  parallel=self.parallel)
-        self.source: RolloutSource = (self.overlap(source, ahead=self.following_request) if self.overlap is not None
-                                      else source)
+        self.backend = make_backend(
+            rollout, sampler, self.tokenizer, self.run_dir, device=cfg.model.device, seed=cfg.run.seed
+        )
+        source = self.rollout_cls(
+            cfg, env_factory=self.env_factory, policy=self.policy, backend=self.backend, parallel=self.parallel
+        )
+        self.source: RolloutSource = (
+            self.overlap(source, ahead=self.following_request) if self.overlap is not None else source
+        )
         self.num_tasks = self.source.num_tasks
         r, run = cfg.rollout, cfg.run
         self.sampling = SamplingConfig(max_new_tokens=r.max_turn_tokens, temperature=r.temperature, top_p=r.top_p)
-        self.logger = (RunLogger(self.run_dir, run.iterations, run.tensorboard, run.wandb, run.progress_bar, to_dict(cfg),
-                                 mlflow=run.mlflow)
-                       if self.parallel.is_main else NullLogger())
+        self.logger = (
+            RunLogger(
+                self.run_dir,
+                run.iterations,
+                run.tensorboard,
+                run.wandb,
+                run.progress_bar,
+                to_dict(cfg),
+                mlflow=run.mlflow,
+            )
+            if self.parallel.is_main
+            else NullLogger()
+        )
         if self.resume:
             self._restore()
         self.t_start = time.perf_counter()
@@ -185,15 +212,26 @@ class Trainer:
                 adv_metrics = self.compute_advantages(batch)
                 update_metrics = self.update(batch, it)
             else:  # every group dropped and the refill cap spent: nothing to train on
-                batch, adv_metrics, update_metrics = None, {}, {"update/skipped": 1.0, "policy/loss": 0.0,
-                                                                "policy/total_loss": 0.0}
+                batch, adv_metrics, update_metrics = (
+                    None,
+                    {},
+                    {"update/skipped": 1.0, "policy/loss": 0.0, "policy/total_loss": 0.0},
+                )
             t_fb = time.perf_counter() - t_fb
             staleness = self.version - version  # the weights that sampled the batch, against the ones it updated
             self.version += 1
             self.sync_weights()  # an overlap part holds the weights until no rollout is in flight
-            metrics = {**summarize(sampled), **self.source.metrics(), **dyn_metrics, **adv_metrics, **update_metrics,
-                       **(self.mismatch(batch) if batch is not None else {}), "rollout/policy_version": float(version),
-                       "rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
+            metrics = {
+                **summarize(sampled),
+                **self.source.metrics(),
+                **dyn_metrics,
+                **adv_metrics,
+                **update_metrics,
+                **(self.mismatch(batch) if batch is not None else {}),
+                "rollout/policy_version": float(version),
+                "rollout/staleness_mean": float(staleness),
+                "rollout/staleness_max": float(staleness),
+            }
             if (it + 1) % cfg.eval.every == 0 or it == cfg.run.iterations - 1 or it == 0:
                 metrics.update(self.evaluate())
             total = time.perf_counter() - t0
@@ -203,8 +241,12 @@ class Trainer:
             metrics.update(self.engine_restarts.take())
             self.logger.log(it, metrics)
             logged = sampled[: cfg.run.log_trajectories]
-            self.logger.log_trajectories(it, with_advantages(
-                self.trajectory_records(logged, policy_version=version, staleness=staleness), logged, trajs, batch))
+            self.logger.log_trajectories(
+                it,
+                with_advantages(
+                    self.trajectory_records(logged, policy_version=version, staleness=staleness), logged, trajs, batch
+                ),
+            )
             last = metrics
             if (it + 1) % cfg.run.checkpoint_every == 0 or it == cfg.run.iterations - 1 or self.should_stop(metrics):
                 self.checkpoint(it)
@@ -232,7 +274,7 @@ class Trainer:
         while len(out) < per:
             epoch, offset = divmod(start + len(out), self.num_tasks)
             order = np.random.default_rng([self.cfg.run.seed, epoch]).permutation(self.num_tasks)
-            out.extend(order[offset: offset + per - len(out)].tolist())
+            out.extend(order[offset : offset + per - len(out)].tolist())
         return out
 
     def request(self, it: int) -> tuple[tuple, dict[str, Any]]:
@@ -280,7 +322,9 @@ class Trainer:
         version = self.version - getattr(self.source, "staleness", 0)
         return trajs, rt, version, time.perf_counter() - t0
 
-    def dynamic_sample(self, it: int, trajs: list[Trajectory], rt: Any) -> tuple[list[Trajectory], Any, dict[str, float]]:
+    def dynamic_sample(
+        self, it: int, trajs: list[Trajectory], rt: Any
+    ) -> tuple[list[Trajectory], Any, dict[str, float]]:
         """``algorithm.dynamic_sampling``: drop the groups of ``trajs`` without a reward spread, then
         refill from further rounds, each one batch of fresh tasks (the rollout's vector env is one
         batch wide, and DAPO samples whole batches too), drawn from ``(seed, it, round)`` among the
@@ -305,8 +349,13 @@ class Trainer:
             used.update(tasks)
             self.policy.eval()
             with self.parallel.full_params(self.policy):
-                more, rt2 = self.source.collect(tasks, r.group_size, self.sampling, derive_seed(cfg.run.seed, it, 2, rounds),
-                                                **self.reset_options(it))
+                more, rt2 = self.source.collect(
+                    tasks,
+                    r.group_size,
+                    self.sampling,
+                    derive_seed(cfg.run.seed, it, 2, rounds),
+                    **self.reset_options(it),
+                )
             rt = _add_times(rt, rt2)
             rounds += 1
             new_kept, new_dropped = keep_spread_groups(more, self.pad_id)
@@ -314,9 +363,17 @@ class Trainer:
             dropped += new_dropped
         kept = kept[:want]
         out = [dataclasses.replace(tr, group=i) for i, grp in enumerate(kept) for tr in grp]
-        return out, rt, {"dynamic/dropped_groups": float(dropped), "dynamic/extra_episodes": float(rounds * r.batch_size),
-                         "dynamic/rounds": float(rounds), "dynamic/kept_groups": float(len(kept)),
-                         "dynamic/short_groups": float(want - len(kept))}
+        return (
+            out,
+            rt,
+            {
+                "dynamic/dropped_groups": float(dropped),
+                "dynamic/extra_episodes": float(rounds * r.batch_size),
+                "dynamic/rounds": float(rounds),
+                "dynamic/kept_groups": float(len(kept)),
+                "dynamic/short_groups": float(want - len(kept)),
+            },
+        )
 
     @torch.no_grad()
     def score(self, trajs: list[Trajectory]) -> RolloutBatch:
@@ -340,23 +397,29 @@ class Trainer:
         temp = cfg.rollout.temperature
         if cfg.rollout.recompute_logprobs:
             batch.old_logprobs = self._rows(
-                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0], batch,
-                self.policy)
+                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0],
+                batch,
+                self.policy,
+            )
         else:
             batch.old_logprobs = batch.sampler_logprobs.clone()
         self._is_metrics = {}
         if self.corrects_behaviour:
-            batch.behaviour_weights, m = algos.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs,
-                                                                 batch.loss_mask, cfg.algorithm.tis_cap)
+            batch.behaviour_weights, m = algos.behaviour_weights(
+                batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cfg.algorithm.tis_cap
+            )
             self._is_metrics = {k: float(v) for k, v in m.items()}
         if self.ref is not None:
             batch.ref_logprobs = self._rows(
-                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm), batch,
-                self.ref)
+                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm),
+                batch,
+                self.ref,
+            )
             a = cfg.algorithm
             if a.kl_mode == "reward":
                 batch.token_rewards, self._kl_reward_metrics = algos.kl_in_reward(
-                    batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, a.kl_coef, a.kl_kind)
+                    batch.token_rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask, a.kl_coef, a.kl_kind
+                )
         if self.critic is not None:
             self.critic.eval()
             batch.values = self._rows(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
@@ -372,8 +435,15 @@ class Trainer:
         a = self.cfg.algorithm
         fn = algos.get_adv_est(a.adv_estimator)
         batch.advantages, batch.returns, m = fn(
-            token_rewards=batch.token_rewards, loss_mask=batch.loss_mask, values=batch.values,
-            group_ids=batch.group_ids, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std, **a.adv_kwargs)
+            token_rewards=batch.token_rewards,
+            loss_mask=batch.loss_mask,
+            values=batch.values,
+            group_ids=batch.group_ids,
+            gamma=a.gamma,
+            lam=a.lam,
+            norm_by_std=a.norm_adv_by_std,
+            **a.adv_kwargs,
+        )
         m = dict(m)
         m.update(self._kl_reward_metrics)
         m.update(self._is_metrics)
@@ -390,7 +460,11 @@ class Trainer:
         no KL term in the loss. Every process must agree (FSDP: one rank alone skipping would hang
         the others' collectives), so it is void only if it is void on every rank."""
         a = self.cfg.algorithm
-        if self.critic is not None or a.entropy_coef > 0 or (self.ref is not None and a.kl_mode == "loss" and a.kl_coef > 0):
+        if (
+            self.critic is not None
+            or a.entropy_coef > 0
+            or (self.ref is not None and a.kl_mode == "loss" and a.kl_coef > 0)
+        ):
             return False
         signal_here = bool((batch.advantages * batch.loss_mask != 0).any())  # NaN counts as signal: it is checked later
         return not self.parallel.any_rank(signal_here)
@@ -425,8 +499,9 @@ class Trainer:
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
-        return self.parallel.microbatches(batch, idx, self.cfg.scale.max_tokens_per_microbatch,
-                                          self.cfg.algorithm.loss_agg)
+        return self.parallel.microbatches(
+            batch, idx, self.cfg.scale.max_tokens_per_microbatch, self.cfg.algorithm.loss_agg
+        )
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The policy's loss on a (micro-)batch: clipped surrogate, KL in the loss, entropy bonus.
@@ -434,16 +509,32 @@ class Trainer:
         monitor, docs/metrics.md); without a bonus it is computed outside autograd: no term, no
         gradient, no (tokens, vocabulary) intermediates kept for the backward."""
         a = self.cfg.algorithm
-        lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, with_entropy=True,
-                                 temperature=self.cfg.rollout.temperature, loss_mask=mb.loss_mask,
-                                 entropy_grad=a.entropy_coef > 0)
-        loss, m = algos.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, clip_low=a.clip_low,
-                                    clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, agg=a.loss_agg,
-                                    agg_kwargs=a.loss_kwargs, behaviour_weights=mb.behaviour_weights)
+        lp, ent = token_logprobs(
+            self.policy,
+            mb.input_ids,
+            mb.attention_mask,
+            with_entropy=True,
+            temperature=self.cfg.rollout.temperature,
+            loss_mask=mb.loss_mask,
+            entropy_grad=a.entropy_coef > 0,
+        )
+        loss, m = algos.policy_loss(
+            lp,
+            mb.old_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip_c=a.dual_clip_c,
+            agg=a.loss_agg,
+            agg_kwargs=a.loss_kwargs,
+            behaviour_weights=mb.behaviour_weights,
+        )
         m = dict(m)
         if self.ref is not None and a.kl_mode == "loss":
-            kl, km = algos.kl_loss(lp, mb.ref_logprobs, mb.loss_mask, kind=a.kl_kind, agg=a.loss_agg,
-                                  agg_kwargs=a.loss_kwargs)
+            kl, km = algos.kl_loss(
+                lp, mb.ref_logprobs, mb.loss_mask, kind=a.kl_kind, agg=a.loss_agg, agg_kwargs=a.loss_kwargs
+            )
             loss = loss + a.kl_coef * kl
             m.update(km)
         entropy = algos.aggregate(ent, mb.loss_mask, a.loss_agg, **a.loss_kwargs)
@@ -456,12 +547,14 @@ class Trainer:
     def value_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         a = self.cfg.algorithm
         values = self.critic(mb.input_ids, mb.attention_mask)
-        vloss, vm = algos.value_loss(values, mb.values, mb.returns, mb.loss_mask, clip_eps=a.value_clip, agg=a.loss_agg,
-                                     agg_kwargs=a.loss_kwargs)
+        vloss, vm = algos.value_loss(
+            values, mb.values, mb.returns, mb.loss_mask, clip_eps=a.value_clip, agg=a.loss_agg, agg_kwargs=a.loss_kwargs
+        )
         return a.vf_coef * vloss, vm
 
-    def accumulate(self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int,
-                   name: str) -> dict[str, float]:
+    def accumulate(
+        self, opt: torch.optim.Optimizer, micro: list[tuple[RolloutBatch, float]], loss_fn: Any, it: int, name: str
+    ) -> dict[str, float]:
         """Zero the gradients, then backward ``weight * loss`` of each micro-batch: the sum is the
         minibatch's loss (``scale.microbatches``). Each loss is checked before its backward. The
         metrics are the minibatch's (``Parallelism.reduce_metrics``: summed over processes)."""
@@ -481,12 +574,16 @@ class Trainer:
         if not self.parallel.any_rank(not bool(torch.isfinite(loss))):
             return
         path = self.checkpoint(it - 1, keep=self.cfg.run.keep_checkpoints + 1, nonfinite=name) if it > 0 else None
-        what = (f"{loss.item()} at iteration {it}" if self.parallel.world == 1 else
-                f"not finite on some rank at iteration {it} (this rank's: {loss.item()})")
+        what = (
+            f"{loss.item()} at iteration {it}"
+            if self.parallel.world == 1
+            else f"not finite on some rank at iteration {it} (this rank's: {loss.item()})"
+        )
         raise NonFiniteLossError(
             f"the {name} loss is {what}; stopped before applying it. "
             f"{'The weights before this update are saved in ' + str(path) + '. ' if path else ''}"
-            "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm.")
+            "Lower lr, check the rewards for NaN/Inf, or enable max_grad_norm."
+        )
 
     def _step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, sched: Any) -> None:
         torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.algorithm.max_grad_norm)
@@ -520,16 +617,22 @@ class Trainer:
     def timing(self, rt: Any, fwd_bwd: float, total: float) -> dict[str, float]:
         other = total - rt.generate_s - rt.env_s - fwd_bwd
         return {
-            "time/iteration_s": total, "time/generate_s": rt.generate_s, "time/env_s": rt.env_s,
-            "time/forward_backward_s": fwd_bwd, "time/other_s": other,
-            "time/env_fraction": rt.env_s / total, "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
+            "time/iteration_s": total,
+            "time/generate_s": rt.generate_s,
+            "time/env_s": rt.env_s,
+            "time/forward_backward_s": fwd_bwd,
+            "time/other_s": other,
+            "time/env_fraction": rt.env_s / total,
+            "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
         }
 
     def should_stop(self, metrics: dict[str, float]) -> bool:
         """Ctrl-C, ``max_minutes`` or ``stop_success``; any process's reason stops every process."""
         run = self.cfg.run
-        stop = self._stop or (run.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= run.max_minutes)
+        stop = self._stop or (
+            run.max_minutes is not None and (time.perf_counter() - self.t_start) / 60 >= run.max_minutes
+        )
         stop = stop or (run.stop_success is not None and metrics.get("eval/success_rate", -1.0) >= run.stop_success)
         return self.parallel.any_rank(stop)
 
@@ -537,9 +640,16 @@ class Trainer:
         """JSON records of trajectories; a ``Trajectory`` subclass's own fields (``agent``) and
         ``extra`` (the weight version that sampled them, their staleness) go in too."""
         base = {f.name for f in dataclasses.fields(Trajectory)}
-        return [episode_record(t.episode, self.tokenizer, group=t.group, **extra,
-                               **{f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in base})
-                for t in trajs]
+        return [
+            episode_record(
+                t.episode,
+                self.tokenizer,
+                group=t.group,
+                **extra,
+                **{f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in base},
+            )
+            for t in trajs
+        ]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -547,10 +657,14 @@ class Trainer:
         """The checkpoint's state: full state dicts in the single-process layout, whatever the
         parallelism (a collective under FSDP, complete on the main process only)."""
         policy, opt = self.parallel.full_state(self.policy, self.opt)
-        critic, critic_opt = (self.parallel.full_state(self.critic, self.critic_opt) if self.critic is not None
-                              else (None, None))
+        critic, critic_opt = (
+            self.parallel.full_state(self.critic, self.critic_opt) if self.critic is not None else (None, None)
+        )
         return {
-            "policy": policy, "opt": opt, "critic": critic, "critic_opt": critic_opt,
+            "policy": policy,
+            "opt": opt,
+            "critic": critic,
+            "critic_opt": critic_opt,
             "sched": self.sched.state_dict(),
             "critic_sched": self.critic_sched.state_dict() if self.critic_sched is not None else None,
             "cursor": {"next_task_offset": (it + 1) * self.cfg.rollout.tasks_per_iter, "num_tasks": self.num_tasks},
@@ -568,14 +682,19 @@ class Trainer:
     def _restore(self) -> None:
         path, st, skipped = load_latest_checkpoint(self.run_dir)
         if path is None and skipped:
-            raise CheckpointError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} can be loaded: "
-                                  + "; ".join(why for _, why in skipped) + ". Start a new run instead.")
+            raise CheckpointError(
+                f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} can be loaded: "
+                + "; ".join(why for _, why in skipped)
+                + ". Start a new run instead."
+            )
         for bad, why in skipped if self.parallel.is_main else []:  # newer ones, corrupt or partial: named, passed over
             print(f"warning: skipping {bad.name} ({why}); resuming from {path.name}", file=sys.stderr)
         if path is None:  # stopped before its first checkpoint: nothing to restore, so it starts over
             if self.parallel.is_main:
-                print(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} yet (the run stopped before its "
-                      "first one); starting it over from iteration 0")
+                print(
+                    f"--resume: no checkpoint under {self.run_dir / 'checkpoints'} yet (the run stopped before its "
+                    "first one); starting it over from iteration 0"
+                )
             self.logger.truncate_after(-1)  # the lines of iterations it will redo
             return
         self.load_state(st)
@@ -627,7 +746,9 @@ def keep_spread_groups(trajs: list[Trajectory], pad_id: int) -> tuple[list[list[
     return kept, len(groups) - len(kept)
 
 
-def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any) -> tuple[dict[str, float], torch.Tensor]:
+def overlong_shaping(
+    batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any
+) -> tuple[dict[str, float], torch.Tensor]:
     """``algorithm.overlong`` on a built batch (CPU, before scoring): ``soft`` adds DAPO's length
     penalty (``algos.soft_overlong_penalty`` of each row's agent-token count) to the reward of the
     row's last agent token, so it enters the trajectory's score; ``mask`` only marks the rows cut by
@@ -641,10 +762,12 @@ def overlong_shaping(batch: RolloutBatch, trajs: Sequence[Trajectory], algo: Any
         lengths = batch.loss_mask.sum(-1)  # (B,) agent tokens
         pen = algos.soft_overlong_penalty(lengths, algo.overlong_max_tokens, algo.overlong_buffer)  # (B,)
         has = lengths > 0
-        last = (batch.loss_mask.shape[1] - 1 - batch.loss_mask.flip(-1).argmax(-1))  # (B,) last agent token
+        last = batch.loss_mask.shape[1] - 1 - batch.loss_mask.flip(-1).argmax(-1)  # (B,) last agent token
         rows = has.nonzero().flatten()
         batch.token_rewards[rows, last[rows]] += pen[rows].to(batch.token_rewards.dtype)
-        metrics.update({"overlong/penalty_mean": float(pen.mean()), "overlong/penalized_frac": float((pen < 0).float().mean())})
+        metrics.update(
+            {"overlong/penalty_mean": float(pen.mean()), "overlong/penalized_frac": float((pen < 0).float().mean())}
+        )
         return metrics, torch.zeros_like(cut)
     metrics["overlong/masked_frac"] = metrics["overlong/truncated_frac"]
     return metrics, cut

@@ -93,17 +93,25 @@ class DatasetDownloadError(UserError, RuntimeError):
     Python user what to pass (``load_qa(name, data_path=...)``); ``for_command_line`` tells a
     command-line user the flag (``--env-kwargs '{data_path: ...}'``)."""
 
-    def __init__(self, message: str, dataset: str | None = None, filename: str | None = None,
-                 url: str | None = None, reason: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        dataset: str | None = None,
+        filename: str | None = None,
+        url: str | None = None,
+        reason: str | None = None,
+    ):
         super().__init__(message)
         self.dataset, self.filename, self.url, self.reason = dataset, filename, url, reason
 
     def for_command_line(self, env_kwargs: str = ENV_KWARGS_FLAG) -> str:
         if self.dataset is None:
             return str(self)
-        return (f"{self.dataset}: could not download {self.filename} from {self.url} ({self.reason}); offline, "
-                f"download it yourself and pass {env_kwargs.format('data_path: FILE_OR_DIR, corpus_path: CORPUS.jsonl')}"
-                " (corpus_path is optional: the retriever's corpus)")
+        return (
+            f"{self.dataset}: could not download {self.filename} from {self.url} ({self.reason}); offline, "
+            f"download it yourself and pass {env_kwargs.format('data_path: FILE_OR_DIR, corpus_path: CORPUS.jsonl')}"
+            " (corpus_path is optional: the retriever's corpus)"
+        )
 
 
 class DataPathError(UserError, FileNotFoundError):
@@ -171,8 +179,9 @@ def answer_string(value: Any, ref: RowRef, key: str) -> str:
     if value is None:
         raise ref.error(key, "is null; every question needs a gold answer string")
     if isinstance(value, (list, tuple)):
-        raise ref.error(key, f"is a list {value!r}; give one answer string and put the other "
-                             "accepted answers in the aliases")
+        raise ref.error(
+            key, f"is a list {value!r}; give one answer string and put the other accepted answers in the aliases"
+        )
     raise ref.error(key, f"must be a string, got {type(value).__name__} {value!r}")
 
 
@@ -184,8 +193,11 @@ def gold_answer(value: Any, ref: RowRef, key: str) -> str:
     answer ``"!!!"`` (a band), which the official scripts score that way (see `agent_gym.scoring`)."""
     text = answer_string(value, ref, key)
     if not text.strip():
-        raise ref.error(key, f"is blank ({text!r}): every answer that normalizes to \"\" (an empty one, \"the\", "
-                             "\"...\") would match it with EM 1; give the answer text or drop the row")
+        raise ref.error(
+            key,
+            f'is blank ({text!r}): every answer that normalizes to "" (an empty one, "the", '
+            '"...") would match it with EM 1; give the answer text or drop the row',
+        )
     return text
 
 
@@ -204,8 +216,7 @@ def string_list(value: Any, ref: RowRef, key: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        raise ref.error(key, f"is the string {value!r}, expected a list of strings; "
-                             f"write [{value!r}] for a single one")
+        raise ref.error(key, f"is the string {value!r}, expected a list of strings; write [{value!r}] for a single one")
     if not isinstance(value, (list, tuple)):
         raise ref.error(key, f"must be a list of strings, got {type(value).__name__} {value!r}")
     return [answer_string(v, ref, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -273,9 +284,7 @@ def load_qa(
     try:
         spec = DATASETS[dataset]
     except KeyError:
-        raise KeyError(
-            f"unknown dataset {dataset!r}; valid names: {', '.join(sorted(DATASETS))}"
-        ) from None
+        raise KeyError(f"unknown dataset {dataset!r}; valid names: {', '.join(sorted(DATASETS))}") from None
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     path = resolve_data_file(spec, data_path, split)
@@ -299,16 +308,17 @@ def resolve_data_file(spec: DatasetSpec, data_path: str | os.PathLike[str] | Non
         return path
     if not path.exists():
         raise DataPathError(f"{spec.name}: data_path {str(path)!r} does not exist")
-    names = ([source.filename] if source else []) + [
-        n.format(split=split) for n in spec.local_names.get(split, ())
-    ] + [f"{split}.jsonl", f"{split}_sample.jsonl", f"{split}.json"]
+    names = (
+        ([source.filename] if source else [])
+        + [n.format(split=split) for n in spec.local_names.get(split, ())]
+        + [f"{split}.jsonl", f"{split}_sample.jsonl", f"{split}.json"]
+    )
     tried = [path / n for n in dict.fromkeys(names)]
     for cand in tried:
         if cand.is_file():
             return cand
     raise DataPathError(
-        f"{spec.name}: no {split!r} file in directory {str(path)!r}; tried "
-        + ", ".join(p.name for p in tried)
+        f"{spec.name}: no {split!r} file in directory {str(path)!r}; tried " + ", ".join(p.name for p in tried)
     )
 
 
@@ -336,7 +346,10 @@ def _cached_download(name: str, source: Source) -> Path:
         raise DatasetDownloadError(
             f"{name}: could not download {source.filename} ({err}). Offline, download it yourself "
             f"and pass data_path=<file or directory>, e.g. load_qa({name!r}, data_path=...)",
-            dataset=name, filename=source.filename, url=source.url, reason=err.reason or str(err),
+            dataset=name,
+            filename=source.filename,
+            url=source.url,
+            reason=err.reason or str(err),
         ) from err
     return target
 
@@ -391,7 +404,7 @@ def read_rows(path: str | os.PathLike[str]) -> Rows:
         text = f.read()
     start = _NON_SPACE.search(text)
     nl = text.find("\n", start.start()) if start else -1
-    first = text[start.start():nl if nl >= 0 else len(text)].strip() if start else ""
+    first = text[start.start() : nl if nl >= 0 else len(text)].strip() if start else ""
     more_lines = nl >= 0 and _NON_SPACE.search(text, nl) is not None
     if more_lines and not _is_json_value(first):  # one (pretty-printed) JSON document
         obj = _load_json_document(text, name)
@@ -412,7 +425,8 @@ def read_rows(path: str | os.PathLike[str]) -> Rows:
             except json.JSONDecodeError as err:
                 raise DatasetFormatError(
                     f"{name}, line {lineno}: invalid JSON at column {err.colno} ({err.msg}); "
-                    "every line of a JSON-lines file must be one complete JSON object") from None
+                    "every line of a JSON-lines file must be one complete JSON object"
+                ) from None
             wheres.append(f"line {lineno}")
         if len(rows) == 1 and isinstance(rows[0], dict) and isinstance(rows[0].get("data"), list):
             rows = rows[0]["data"]  # a one-line {"data": [...]}
@@ -423,8 +437,8 @@ def read_rows(path: str | os.PathLike[str]) -> Rows:
     for row, where in zip(rows, wheres):
         if not isinstance(row, dict):
             raise RowRef(name, where).error(
-                None, f"expected a JSON object (one question per row), got {type(row).__name__} "
-                      f"{_short(row)}")
+                None, f"expected a JSON object (one question per row), got {type(row).__name__} {_short(row)}"
+            )
     return Rows(rows, name, wheres)
 
 
@@ -450,7 +464,8 @@ def _load_json_document(text: str, name: str) -> Any:
         at = f"index {index}, " if index is not None else ""
         raise DatasetFormatError(
             f"{name}, {at}line {err.lineno} column {err.colno}: invalid JSON ({err.msg}); "
-            "is the file truncated or not JSON?") from None
+            "is the file truncated or not JSON?"
+        ) from None
 
 
 def _failing_element(text: str) -> int | None:
@@ -459,21 +474,21 @@ def _failing_element(text: str) -> int | None:
     dec = json.JSONDecoder()
     ws = " \t\n\r"
     i = len(text) - len(text.lstrip(ws))
-    if text[i:i + 1] == "{":
+    if text[i : i + 1] == "{":
         j = text.find('"data"', i)
         if j < 0:
             return None
         i = text.find("[", j)
         if i < 0:
             return None
-    if text[i:i + 1] != "[":
+    if text[i : i + 1] != "[":
         return None
     i += 1
     index = 0
     while True:
         while i < len(text) and text[i] in ws:
             i += 1
-        if text[i:i + 1] == "]":
+        if text[i : i + 1] == "]":
             return None
         try:
             _, i = dec.raw_decode(text, i)
@@ -481,11 +496,11 @@ def _failing_element(text: str) -> int | None:
             return index
         while i < len(text) and text[i] in ws:
             i += 1
-        if text[i:i + 1] == ",":
+        if text[i : i + 1] == ",":
             i += 1
             index += 1
             continue
-        return index if text[i:i + 1] != "]" else None
+        return index if text[i : i + 1] != "]" else None
 
 
 def _is_json_value(line: str) -> bool:
@@ -528,8 +543,11 @@ def parse_context(raw: Any, ref: RowRef | None = None, key: str = "context") -> 
         titles = raw.get("title") or raw.get("titles") or []
         bodies = raw.get("sentences") or raw.get("content") or raw.get("text") or []
         if not isinstance(titles, list) or not isinstance(bodies, list) or len(titles) != len(bodies):
-            raise ref.error(key, "must hold a list of titles and a list of paragraphs of the same "
-                                 f"length; got {_short(titles)} and {_short(bodies)}")
+            raise ref.error(
+                key,
+                "must hold a list of titles and a list of paragraphs of the same "
+                f"length; got {_short(titles)} and {_short(bodies)}",
+            )
         pairs = [(t, b, f"{key}[{i}]") for i, (t, b) in enumerate(zip(titles, bodies))]
     elif isinstance(raw, list):
         for i, item in enumerate(raw):
@@ -552,8 +570,9 @@ def parse_context(raw: Any, ref: RowRef | None = None, key: str = "context") -> 
         elif isinstance(body, (list, tuple)) and all(isinstance(x, str) for x in body):
             text = join_sentences(body)
         else:
-            raise ref.error(k, f"paragraph {title!r} must be a string or a list of sentence "
-                               f"strings, got {_short(body)}")
+            raise ref.error(
+                k, f"paragraph {title!r} must be a string or a list of sentence strings, got {_short(body)}"
+            )
         out.append({"title": title, "text": text})
     return out
 
@@ -586,9 +605,7 @@ _NORMALIZED_KEYS = {"id", "question", "answer", "aliases", "supporting_titles", 
 
 def is_normalized(row: Mapping[str, Any]) -> bool:
     ctx = row.get("context")
-    return "supporting_titles" in row and isinstance(ctx, list) and (
-        not ctx or isinstance(ctx[0], Mapping)
-    )
+    return "supporting_titles" in row and isinstance(ctx, list) and (not ctx or isinstance(ctx[0], Mapping))
 
 
 def task_from_normalized(row: Mapping[str, Any], ref: RowRef | None = None) -> QATask:
@@ -608,8 +625,9 @@ def task_from_normalized(row: Mapping[str, Any], ref: RowRef | None = None) -> Q
     )
 
 
-def parse_rows(rows: Sequence[Mapping[str, Any]], path: Path,
-               convert: Callable[[Mapping[str, Any], int, RowRef], QATask]) -> list[QATask]:
+def parse_rows(
+    rows: Sequence[Mapping[str, Any]], path: Path, convert: Callable[[Mapping[str, Any], int, RowRef], QATask]
+) -> list[QATask]:
     """``convert(row, index, ref)`` over every row; the normalized layout (detected from the
     first row) is read by `task_from_normalized` instead."""
     if rows and is_normalized(rows[0]):

@@ -28,8 +28,7 @@ from .base import (
 )
 
 _ZIP_URL = (
-    "https://drive.usercontent.google.com/download?id=1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h"
-    "&export=download&confirm=t"
+    "https://drive.usercontent.google.com/download?id=1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h&export=download&confirm=t"
 )
 _ZIP = "musique_v1.0.zip"
 
@@ -84,8 +83,7 @@ SPEC = register_dataset(
         name="musique",
         parse=parse_musique,
         sources={
-            split: Source(_ZIP_URL, f"musique_ans_v1.0_{split}.jsonl", archive=_ZIP)
-            for split in ("dev", "train")
+            split: Source(_ZIP_URL, f"musique_ans_v1.0_{split}.jsonl", archive=_ZIP) for split in ("dev", "train")
         },
         local_names={"dev": ("validation.jsonl",)},
     )

@@ -45,7 +45,8 @@ def _read_aliases(path: Path) -> dict[str, list[str]]:
         ref = row_ref(rows, i, path)
         qid = ref.get(row, "Q_id")
         out[str(qid)] = gold_aliases(row.get("aliases"), ref, "aliases") + gold_aliases(
-            row.get("demonyms"), ref, "demonyms")
+            row.get("demonyms"), ref, "demonyms"
+        )
     return out
 
 

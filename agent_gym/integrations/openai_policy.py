@@ -72,7 +72,8 @@ def check_scaffold_support(tool_env: Any, cfg: ClientConfig) -> None:
         raise ScaffoldUnsupported(
             "this env is scaffolded (env kwarg scaffold): each turn is prefilled and stopped at strings, which "
             "needs a vLLM server with the env's tokenizer (--openai-same-tokenizer: continue_final_message and stop); "
-            "drop the scaffold (scaffold: null) to evaluate a server that cannot prefill")
+            "drop the scaffold (scaffold: null) to evaluate a server that cannot prefill"
+        )
 
 
 class _Retryable(Exception):
@@ -98,14 +99,19 @@ class ClientConfig:
 
     def __post_init__(self):
         if not str(self.base_url).startswith(("http://", "https://")):
-            raise ValueError(f"--openai-base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
-                             f"got {self.base_url!r}")
+            raise ValueError(
+                f"--openai-base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {self.base_url!r}"
+            )
         if not self.model:
-            raise ValueError("--openai-base-url needs --model NAME: the model name the server serves "
-                             "(GET BASE_URL/models lists them)")
+            raise ValueError(
+                "--openai-base-url needs --model NAME: the model name the server serves "
+                "(GET BASE_URL/models lists them)"
+            )
         for name in ("timeout", "backoff_base", "backoff_max"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} (--request-timeout for timeout) must be positive, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} (--request-timeout for timeout) must be positive, got {getattr(self, name)!r}"
+                )
         if not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ValueError(f"max_retries (--max-retries) must be a non-negative integer, got {self.max_retries!r}")
         if self.max_tokens < 1:
@@ -118,7 +124,7 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> 
     """Seconds to wait before retry ``attempt`` (0 = the first retry): exponential with "equal
     jitter", uniform in ``[d/2, d]`` for ``d = min(cap, base * 2**attempt)``; it grows with each
     attempt and spreads the retries of concurrent rows apart."""
-    d = min(cap, base * (2.0 ** attempt))
+    d = min(cap, base * (2.0**attempt))
     return d / 2 + rng.uniform(0, d / 2)
 
 
@@ -138,8 +144,10 @@ class ChatClient:
         try:
             import openai
         except ImportError as e:
-            raise ImportError(f"the OpenAI-compatible policy needs the openai client ({e}); "
-                              "install it with `pip install -e .[openai]`") from e
+            raise ImportError(
+                f"the OpenAI-compatible policy needs the openai client ({e}); "
+                "install it with `pip install -e .[openai]`"
+            ) from e
         # The HTTP library the client is built on (httpx, or httpx2 in openai 3.x): its timeout
         # type and the transport errors that surface while a body is read.
         base = next(c for c in openai.DefaultHttpxClient.__mro__ if not c.__module__.startswith("openai"))
@@ -147,8 +155,9 @@ class ChatClient:
         self.cfg, self._sleep, self._openai, self._httpx = cfg, sleep, openai, httpx
         key = cfg.api_key if cfg.api_key is not None else os.environ.get("OPENAI_API_KEY") or "EMPTY"
         t = float(cfg.timeout)
-        self.client = openai.OpenAI(base_url=cfg.base_url, api_key=key, max_retries=0,
-                                    timeout=httpx.Timeout(t, connect=min(t, 30.0)))
+        self.client = openai.OpenAI(
+            base_url=cfg.base_url, api_key=key, max_retries=0, timeout=httpx.Timeout(t, connect=min(t, 30.0))
+        )
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.seed_supported = True
@@ -156,10 +165,15 @@ class ChatClient:
     def close(self) -> None:
         self.client.close()
 
-    def _request_body(self, messages, tools, stop_token_ids, seed, prefill: str = "",
-                      stop: list[str] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.cfg.model, "messages": messages,
-                                "temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens}
+    def _request_body(
+        self, messages, tools, stop_token_ids, seed, prefill: str = "", stop: list[str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.cfg.model,
+            "messages": messages,
+            "temperature": self.cfg.temperature,
+            "max_tokens": self.cfg.max_tokens,
+        }
         if tools:
             body["tools"] = tools  # the template renders them as in-process; the reply stays text
             body["tool_choice"] = "none"
@@ -182,7 +196,8 @@ class ChatClient:
         b = req["body"]
         try:
             with self.client.chat.completions.with_streaming_response.create(
-                    **b, extra_body=req["extra"] or None) as resp:
+                **b, extra_body=req["extra"] or None
+            ) as resp:
                 chunks = []
                 for chunk in resp.iter_bytes():
                     chunks.append(chunk)
@@ -213,12 +228,20 @@ class ChatClient:
             choice = data["choices"][0]
             content = choice["message"].get("content")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise _Retryable(f"bad response: not a chat completion: {_short(raw.decode('utf-8', 'replace'))!r}") from None
+            raise _Retryable(
+                f"bad response: not a chat completion: {_short(raw.decode('utf-8', 'replace'))!r}"
+            ) from None
         return Reply("" if content is None else str(content), choice.get("finish_reason"), 1, [])
 
-    def complete(self, messages: list[dict[str, str]], tools: list[dict] | None = None,
-                 stop_token_ids: list[int] | None = None, seed: int | None = None, prefill: str = "",
-                 stop: list[str] | None = None) -> Reply:
+    def complete(
+        self,
+        messages: list[dict[str, str]],
+        tools: list[dict] | None = None,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+        prefill: str = "",
+        stop: list[str] | None = None,
+    ) -> Reply:
         """The assistant's reply to ``messages``; :class:`RequestFailed` once the retries are spent
         or on a status that is not worth retrying. ``prefill``: the start of the assistant's message
         for the server to continue (the reply is the continuation only); ``stop``: stop strings."""
@@ -316,13 +339,17 @@ class RowsFile:
         first = json.loads(lines[0]) if lines else {}
         old = first.get("header") if isinstance(first, dict) else None
         if old is None:
-            raise SystemExit(f"error: {self.path} is not a rows file of this evaluator (no header line); "
-                             "pass another --out or remove it")
+            raise SystemExit(
+                f"error: {self.path} is not a rows file of this evaluator (no header line); "
+                "pass another --out or remove it"
+            )
         diff = {k: (old.get(k), v) for k, v in self.header.items() if old.get(k) != v}
         if diff:
             what = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise SystemExit(f"error: {self.path} holds rows of a run with other settings ({what}); its rows "
-                             "cannot be resumed under these. Pass another --out, or remove the file to start over.")
+            raise SystemExit(
+                f"error: {self.path} holds rows of a run with other settings ({what}); its rows "
+                "cannot be resumed under these. Pass another --out, or remove the file to start over."
+            )
         for line in lines[1:]:
             rec = json.loads(line)
             self.rows[int(rec["row"])] = rec
@@ -340,9 +367,17 @@ class RowsFile:
             self.rows[int(rec["row"])] = rec
 
 
-def evaluate_rows(env_id: str, env_kwargs: dict[str, Any], rows: list[int], cfg: ClientConfig, out: Path,
-                  concurrency: int = 8, seed: int = 0, progress: Callable[[dict], None] | None = None,
-                  sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+def evaluate_rows(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    rows: list[int],
+    cfg: ClientConfig,
+    out: Path,
+    concurrency: int = 8,
+    seed: int = 0,
+    progress: Callable[[dict], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
     """Run ``rows`` (task indices) with the served model as the policy, ``concurrency`` at once,
     appending each row's record to ``out/rows.jsonl`` and skipping rows it already holds as
     finished. Returns ``{"records": [...], "skipped": n}``: the final record of every row, in
@@ -355,9 +390,16 @@ def evaluate_rows(env_id: str, env_kwargs: dict[str, Any], rows: list[int], cfg:
     if concurrency < 1:
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     # What the rows depend on (the URL is not: a server that moved serves the same rows).
-    header = {"env": env_id, "env_kwargs": env_kwargs, "model": cfg.model,
-              "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "seed": seed,
-              "same_tokenizer": cfg.same_tokenizer, "extra_body": cfg.extra_body}
+    header = {
+        "env": env_id,
+        "env_kwargs": env_kwargs,
+        "model": cfg.model,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_tokens,
+        "seed": seed,
+        "same_tokenizer": cfg.same_tokenizer,
+        "extra_body": cfg.extra_body,
+    }
     probe = gym.make(env_id, **env_kwargs)
     try:  # refused before any request or row file, not once per row
         check_scaffold_support(probe.unwrapped, cfg)

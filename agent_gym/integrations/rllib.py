@@ -62,11 +62,16 @@ class TokenStepEnv(gym.Wrapper):
     on a turn's last step (``trajectory`` included at the episode's end), ``{}`` on the others.
     """
 
-    def __init__(self, env: gym.Env, max_turn_tokens: int = 32, action_ids: list[int] | None = None,
-                 pad_id: int | None = None):
+    def __init__(
+        self, env: gym.Env, max_turn_tokens: int = 32, action_ids: list[int] | None = None, pad_id: int | None = None
+    ):
         super().__init__(env)
         self.tool_env = te = tool_env_of(env)
-        if not isinstance(max_turn_tokens, (int, np.integer)) or isinstance(max_turn_tokens, bool) or max_turn_tokens <= 0:
+        if (
+            not isinstance(max_turn_tokens, (int, np.integer))
+            or isinstance(max_turn_tokens, bool)
+            or max_turn_tokens <= 0
+        ):
             raise ValueError(f"max_turn_tokens must be a positive integer, got {max_turn_tokens!r}")
         self.max_turn_tokens = int(max_turn_tokens)
         v = te.vocab_size
@@ -77,20 +82,26 @@ class TokenStepEnv(gym.Wrapper):
             if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
                 raise ValueError(f"action_ids must be a non-empty 1-D list of integer token ids, got {action_ids!r}")
             if ids.min() < 0 or ids.max() >= v:
-                raise ValueError(f"action_ids must lie in [0, {v}) (the env's vocab_size), got min {ids.min()}, max {ids.max()}")
+                raise ValueError(
+                    f"action_ids must lie in [0, {v}) (the env's vocab_size), got min {ids.min()}, max {ids.max()}"
+                )
             if len(set(ids.tolist())) != ids.size:
                 raise ValueError("action_ids holds the same id twice; each action must be a distinct token")
             if not set(ids.tolist()) & set(te.stop_token_ids):
-                raise ValueError(f"action_ids must include a stop token ({te.stop_token_ids}) so that the policy can end "
-                                 f"a turn by itself")
+                raise ValueError(
+                    f"action_ids must include a stop token ({te.stop_token_ids}) so that the policy can end "
+                    f"a turn by itself"
+                )
             self.action_ids = ids.astype(np.int64)
         tok = te.tokenizer
         self.pad_id = int(pad_id) if pad_id is not None else pad_token_id(tok, default=0)
         self.max_len = te.max_context_tokens + 1
-        self.observation_space = spaces.Dict({
-            "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),
-            "length": spaces.Box(0, self.max_len, shape=(), dtype=np.int64),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "input_ids": spaces.Box(0, v - 1, shape=(self.max_len,), dtype=np.int64),
+                "length": spaces.Box(0, self.max_len, shape=(), dtype=np.int64),
+            }
+        )
         self.action_space = spaces.Discrete(len(self.action_ids))
         self._stop = frozenset(te.stop_token_ids)
         self._context: list[int] = []
@@ -99,7 +110,7 @@ class TokenStepEnv(gym.Wrapper):
     def _obs(self) -> dict[str, np.ndarray]:
         ids = self._context + self._turn
         out = np.full(self.max_len, self.pad_id, dtype=np.int64)
-        out[:len(ids)] = ids
+        out[: len(ids)] = ids
         return {"input_ids": out, "length": np.asarray(len(ids), dtype=np.int64)}
 
     def reset(self, **kwargs: Any):
@@ -110,8 +121,9 @@ class TokenStepEnv(gym.Wrapper):
     def step(self, action: Any):
         a = np.asarray(action)
         if a.ndim != 0 or not np.issubdtype(a.dtype, np.integer) or not 0 <= int(a) < len(self.action_ids):
-            raise ValueError(f"action must be one integer in [0, {len(self.action_ids)}) (an index into action_ids), "
-                             f"got {action!r}")
+            raise ValueError(
+                f"action must be one integer in [0, {len(self.action_ids)}) (an index into action_ids), got {action!r}"
+            )
         token = int(self.action_ids[int(a)])
         self._turn.append(token)
         room = self.tool_env.max_context_tokens - len(self._context)
@@ -133,11 +145,15 @@ def answer_vocab(tool_env: Any) -> list[int]:
     base = getattr(tool_env, "unwrapped", tool_env)
     kb_at = getattr(base, "kb_at", None)
     if kb_at is None:
-        raise ValueError(f"vocab='answer' needs an env with entity names (FactChain's `kb_at`); "
-                         f"{type(base).__name__} has none: use vocab='full'")
+        raise ValueError(
+            f"vocab='answer' needs an env with entity names (FactChain's `kb_at`); "
+            f"{type(base).__name__} has none: use vocab='full'"
+        )
     if base.num_kbs > _ANSWER_VOCAB_MAX_KBS:
-        raise ValueError(f"vocab='answer' lists the names of every KB of the env: num_kbs={base.num_kbs} is more than "
-                         f"{_ANSWER_VOCAB_MAX_KBS}; lower num_kbs or use vocab='full'")
+        raise ValueError(
+            f"vocab='answer' lists the names of every KB of the env: num_kbs={base.num_kbs} is more than "
+            f"{_ANSWER_VOCAB_MAX_KBS}; lower num_kbs or use vocab='full'"
+        )
     names = sorted({e for i in range(base.num_kbs) for e in kb_at(i)[0]})
     tok = base.tokenizer
     ids: set[int] = set(base.stop_token_ids)
@@ -171,11 +187,24 @@ def check_env_config(env_config: dict[str, Any]) -> None:
     make_token_step_env(env_config).close()
 
 
-def build_ppo_config(env_id: str = "AgentR1/FactChain-v0", env_kwargs: dict[str, Any] | None = None, *,
-                     max_turn_tokens: int = 32, vocab: str = "full", num_env_runners: int = 2,
-                     rollout_fragment_length: int = 128, num_epochs: int = 4, minibatch_size: int = 128,
-                     lr: float = 3e-4, gamma: float = 1.0, lambda_: float = 0.95, entropy_coeff: float = 0.01,
-                     embed_dim: int = 32, window: int = 128, seed: int = 0):
+def build_ppo_config(
+    env_id: str = "AgentR1/FactChain-v0",
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    max_turn_tokens: int = 32,
+    vocab: str = "full",
+    num_env_runners: int = 2,
+    rollout_fragment_length: int = 128,
+    num_epochs: int = 4,
+    minibatch_size: int = 128,
+    lr: float = 3e-4,
+    gamma: float = 1.0,
+    lambda_: float = 0.95,
+    entropy_coeff: float = 0.01,
+    embed_dim: int = 32,
+    window: int = 128,
+    seed: int = 0,
+):
     """RLlib's ``PPOConfig`` (new API stack) for PPO on ``env_id`` through :class:`TokenStepEnv`,
     with :class:`~agent_gym.integrations.rllib_module.TokenTransformerModule` as the policy and value net,
     ``num_env_runners`` env runners (Ray actors, one env each) and the learner in the driver.
@@ -190,21 +219,39 @@ def build_ppo_config(env_id: str = "AgentR1/FactChain-v0", env_kwargs: dict[str,
 
     if num_env_runners < 1:
         raise ValueError(f"num_env_runners must be at least 1 (the env runners are Ray actors), got {num_env_runners}")
-    env_config = {"env_id": env_id, "env_kwargs": dict(env_kwargs or {}), "max_turn_tokens": max_turn_tokens,
-                  "vocab": vocab}
+    env_config = {
+        "env_id": env_id,
+        "env_kwargs": dict(env_kwargs or {}),
+        "max_turn_tokens": max_turn_tokens,
+        "vocab": vocab,
+    }
     check_env_config(env_config)
     register_env(RLLIB_ENV_NAME, make_token_step_env)
     batch = rollout_fragment_length * num_env_runners
     return (
         PPOConfig()
         .environment(RLLIB_ENV_NAME, env_config=env_config)
-        .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1,
-                     rollout_fragment_length=rollout_fragment_length, num_cpus_per_env_runner=1)
+        .env_runners(
+            num_env_runners=num_env_runners,
+            num_envs_per_env_runner=1,
+            rollout_fragment_length=rollout_fragment_length,
+            num_cpus_per_env_runner=1,
+        )
         .learners(num_learners=0)
-        .training(train_batch_size_per_learner=batch, minibatch_size=min(minibatch_size, batch),
-                  num_epochs=num_epochs, lr=lr, gamma=gamma, lambda_=lambda_, entropy_coeff=entropy_coeff)
-        .rl_module(rl_module_spec=RLModuleSpec(module_class=TokenTransformerModule,
-                                               model_config={"embed_dim": embed_dim, "window": window}))
+        .training(
+            train_batch_size_per_learner=batch,
+            minibatch_size=min(minibatch_size, batch),
+            num_epochs=num_epochs,
+            lr=lr,
+            gamma=gamma,
+            lambda_=lambda_,
+            entropy_coeff=entropy_coeff,
+        )
+        .rl_module(
+            rl_module_spec=RLModuleSpec(
+                module_class=TokenTransformerModule, model_config={"embed_dim": embed_dim, "window": window}
+            )
+        )
         .callbacks(EpisodeStatsCallback)
         .debugging(seed=seed)
     )
@@ -232,13 +279,13 @@ def init_ray(num_cpus: int = 2) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
-             log_to_driver=False)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=256 * 1024 * 1024, log_to_driver=False)
     return True
 
 
-def train(iterations: int, max_minutes: float | None = None, log=print, torch_threads: int | None = 1,
-          **config_kwargs: Any) -> list[dict[str, float]]:
+def train(
+    iterations: int, max_minutes: float | None = None, log=print, torch_threads: int | None = 1, **config_kwargs: Any
+) -> list[dict[str, float]]:
     """Run ``iterations`` PPO iterations (or stop after ``max_minutes``); returns one summary per
     iteration. Starts (and shuts down) a local Ray cluster unless one is already up.
     ``torch_threads`` sets this process's torch threads (the learner runs here; None leaves
@@ -280,8 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-kwargs", default="{}", help="JSON object of keyword arguments for gym.make")
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--max-minutes", type=float, default=None, help="stop after this much wall time")
-    p.add_argument("--vocab", choices=VOCABS, default="full",
-                   help="full: every token id; answer: <answer>, </answer>, entity names and the stop token (FactChain)")
+    p.add_argument(
+        "--vocab",
+        choices=VOCABS,
+        default="full",
+        help="full: every token id; answer: <answer>, </answer>, entity names and the stop token (FactChain)",
+    )
     p.add_argument("--max-turn-tokens", type=int, default=32)
     p.add_argument("--num-env-runners", type=int, default=2)
     p.add_argument("--rollout-fragment-length", type=int, default=128)
@@ -298,10 +349,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--env-kwargs is not valid JSON ({e}); example: '{{\"num_hops\": 1}}'")
     if not isinstance(env_kwargs, dict):
         p.error(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
-    history = train(args.iterations, max_minutes=args.max_minutes, env_id=args.env, env_kwargs=env_kwargs,
-                     vocab=args.vocab, max_turn_tokens=args.max_turn_tokens, num_env_runners=args.num_env_runners,
-                     rollout_fragment_length=args.rollout_fragment_length, num_epochs=args.num_epochs,
-                     minibatch_size=args.minibatch_size, lr=args.lr, entropy_coeff=args.entropy_coeff, seed=args.seed)
+    history = train(
+        args.iterations,
+        max_minutes=args.max_minutes,
+        env_id=args.env,
+        env_kwargs=env_kwargs,
+        vocab=args.vocab,
+        max_turn_tokens=args.max_turn_tokens,
+        num_env_runners=args.num_env_runners,
+        rollout_fragment_length=args.rollout_fragment_length,
+        num_epochs=args.num_epochs,
+        minibatch_size=args.minibatch_size,
+        lr=args.lr,
+        entropy_coeff=args.entropy_coeff,
+        seed=args.seed,
+    )
     if args.out:
         with open(args.out, "w") as f:
             for s in history:

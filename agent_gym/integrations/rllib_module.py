@@ -37,11 +37,14 @@ class TokenTransformerModule(TorchRLModule, ValueFunctionAPI):
         heads = int(self.model_config.get("num_heads", 2))
         self.window = int(self.model_config.get("window", 128))
         if self.window < 1 or d % heads:
-            raise ValueError(f"model_config: window must be positive and embed_dim ({d}) a multiple of num_heads ({heads})")
+            raise ValueError(
+                f"model_config: window must be positive and embed_dim ({d}) a multiple of num_heads ({heads})"
+            )
         self.embed = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(self.window, d)
-        self.layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True,
-                                                norm_first=True)
+        self.layer = nn.TransformerEncoderLayer(
+            d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.norm = nn.LayerNorm(d)
         self.pi = nn.Linear(d, int(self.action_space.n))
         self.vf = nn.Linear(d, 1)
@@ -87,6 +90,10 @@ class EpisodeStatsCallback(RLlibCallback):
         traj = info.get("trajectory") if isinstance(info, dict) else None
         if traj is None:  # not a ToolEnv episode end (cannot happen with TokenStepEnv)
             return
-        for name, value in (("success", float(traj.success)), ("answered", float(traj.answered)),
-                            ("turns", float(traj.turns)), ("env_reward", float(traj.reward))):
+        for name, value in (
+            ("success", float(traj.success)),
+            ("answered", float(traj.answered)),
+            ("turns", float(traj.turns)),
+            ("env_reward", float(traj.reward)),
+        ):
             metrics_logger.log_value(("agent_gym", name), value, reduce="mean", window=100)

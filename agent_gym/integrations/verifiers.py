@@ -106,8 +106,10 @@ class AgentGymTask(vf.Task[AgentGymData, vf.State, vf.TaskConfig]):
     def _episode(trace: vf.Trace) -> dict[str, Any]:
         ep = trace.info.get("agent_gym")
         if not isinstance(ep, dict):
-            raise ValueError("the trace holds no agent_gym episode: its env run ended before the env "
-                             "terminated or truncated (see the trace's errors)")
+            raise ValueError(
+                "the trace holds no agent_gym episode: its env run ended before the env "
+                "terminated or truncated (see the trace's errors)"
+            )
         return ep
 
     @vf.reward
@@ -121,8 +123,9 @@ class AgentGymTask(vf.Task[AgentGymData, vf.State, vf.TaskConfig]):
         trainer's summaries count it), ``success``, ``turns``, ``truncated``."""
         ep = self._episode(trace)
         out = {k: float(v) for k, v in ep["answer_scores"].items()}
-        out.update(success=float(ep["success"]), turns=float(ep["turns"]),
-                   truncated=float(ep["truncation_reason"] is not None))
+        out.update(
+            success=float(ep["success"]), turns=float(ep["turns"]), truncated=float(ep["truncation_reason"] is not None)
+        )
         return out
 
 
@@ -138,10 +141,12 @@ def _make_view(env_id: str, env_kwargs: dict[str, Any]):
         raise ValueError(f"--env.taskset.env-id {env_id!r}: {e}") from e
     if view.tool_env.scaffold is not None:
         view.close()
-        raise ValueError(f"--env.taskset.env-kwargs: {env_id} is scaffolded (scaffold: ...), and a verifiers agent "
-                         "cannot prefill its assistant turns or stop them at the slot's strings; drop the scaffold "
-                         "(scaffold: null), or evaluate the scaffolded env with trainers/evaluate.py "
-                         "(--openai-base-url with --openai-same-tokenizer for a vLLM server)")
+        raise ValueError(
+            f"--env.taskset.env-kwargs: {env_id} is scaffolded (scaffold: ...), and a verifiers agent "
+            "cannot prefill its assistant turns or stop them at the slot's strings; drop the scaffold "
+            "(scaffold: null), or evaluate the scaffolded env with trainers/evaluate.py "
+            "(--openai-base-url with --openai-same-tokenizer for a vLLM server)"
+        )
     return view
 
 
@@ -150,8 +155,13 @@ def _request(view: Any, row: int, cfg: AgentGymTasksetConfig) -> dict[str, Any]:
     extra = dict(cfg.extra_body)
     if cfg.same_tokenizer:
         extra.update({"stop_token_ids": [int(t) for t in te.stop_token_ids or []], "skip_special_tokens": False})
-    return {"tools": te.renderer.tools or None, "seed": cfg.seed + row, "max_tokens": cfg.max_tokens,
-            "temperature": 0.0, "extra_body": extra}
+    return {
+        "tools": te.renderer.tools or None,
+        "seed": cfg.seed + row,
+        "max_tokens": cfg.max_tokens,
+        "temperature": 0.0,
+        "extra_body": extra,
+    }
 
 
 class AgentGymTaskset(vf.Taskset[AgentGymTask, AgentGymTasksetConfig]):
@@ -170,9 +180,15 @@ class AgentGymTaskset(vf.Taskset[AgentGymTask, AgentGymTasksetConfig]):
             while rows is None or k < rows:
                 msgs, info = view.reset(options={"task_index": k})
                 tid = str(info.get("task_id", k))
-                yield AgentGymTask(AgentGymData(id=tid, name=f"{cfg.env_id}#{k}", prompt=msgs,
-                                                info={"row": k, "task_id": tid, "request": _request(view, k, cfg)}),
-                                   cfg.task)
+                yield AgentGymTask(
+                    AgentGymData(
+                        id=tid,
+                        name=f"{cfg.env_id}#{k}",
+                        prompt=msgs,
+                        info={"row": k, "task_id": tid, "request": _request(view, k, cfg)},
+                    ),
+                    cfg.task,
+                )
                 k += 1
         finally:
             view.close()
@@ -223,14 +239,19 @@ class AgentGymHarness(vf.Harness[AgentGymHarnessConfig]):
         import openai
 
         req = data.info["request"]
-        body: dict[str, Any] = {"model": ctx.model, "messages": [_wire(m) for m in data.prompt],
-                                "temperature": req["temperature"], "max_tokens": req["max_tokens"]}
+        body: dict[str, Any] = {
+            "model": ctx.model,
+            "messages": [_wire(m) for m in data.prompt],
+            "temperature": req["temperature"],
+            "max_tokens": req["max_tokens"],
+        }
         if req.get("tools"):
             body["tools"], body["tool_choice"] = req["tools"], "none"
         if req.get("seed") is not None:
             body["seed"] = int(req["seed"])
-        client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0,
-                                    timeout=self.config.request_timeout)
+        client = openai.AsyncOpenAI(
+            base_url=endpoint, api_key=secret, max_retries=0, timeout=self.config.request_timeout
+        )
         try:
             await client.chat.completions.create(**body, extra_body=req.get("extra_body") or None)
         finally:
@@ -238,8 +259,9 @@ class AgentGymHarness(vf.Harness[AgentGymHarnessConfig]):
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
     async def resume(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, messages, tool_interception_url=None):
-        return await self.launch(ctx, trace, runtime, endpoint, secret, mcp_urls,
-                                 data.model_copy(update={"prompt": list(messages)}))
+        return await self.launch(
+            ctx, trace, runtime, endpoint, secret, mcp_urls, data.model_copy(update={"prompt": list(messages)})
+        )
 
 
 # -- the episode ---------------------------------------------------------------------------------
@@ -300,43 +322,78 @@ class AgentGymEnv(vf.Env[AgentGymEnvConfig]):
         try:
             msgs, _ = await asyncio.to_thread(view.reset, options={"task_index": row})
             if [_wire(m) for m in task.data.prompt] != msgs:
-                raise RuntimeError(f"row {row} of {self.config.taskset.env_id} opened with other messages than "
-                                   "when the taskset was loaded: the env is not deterministic in its task_index")
+                raise RuntimeError(
+                    f"row {row} of {self.config.taskset.env_id} opened with other messages than "
+                    "when the taskset was loaded: the env is not deterministic in its task_index"
+                )
             async with agents.agent.interaction(task) as interaction:
                 segment = await interaction.turn()
                 while True:
                     if segment.terminated:
-                        raise RuntimeError(f"the agent's run ended before the env did (row {row}, turn "
-                                           f"{view.tool_env.turn + 1}): {interaction.trace.stop_condition}")
-                    reply = next((m.content or "" for m in reversed(segment.messages)
-                                  if isinstance(m, vf.AssistantMessage)), "")
+                        raise RuntimeError(
+                            f"the agent's run ended before the env did (row {row}, turn "
+                            f"{view.tool_env.turn + 1}): {interaction.trace.stop_condition}"
+                        )
+                    reply = next(
+                        (m.content or "" for m in reversed(segment.messages) if isinstance(m, vf.AssistantMessage)), ""
+                    )
                     msgs, _, term, trunc, info = await asyncio.to_thread(view.step, reply)
                     if term or trunc:
                         ep = info["trajectory"]
                         interaction.trace.info["agent_gym"] = {
-                            "row": row, "task_id": ep.task_id, "reward": float(ep.reward),
-                            "answer": ep.answer, "answer_scores": _answer_scores(view.tool_env, ep),
-                            "success": bool(ep.success), "turns": int(ep.turns),
-                            "truncation_reason": ep.truncation_reason, "messages": msgs,
-                            "episode": dataclasses.asdict(ep)}
+                            "row": row,
+                            "task_id": ep.task_id,
+                            "reward": float(ep.reward),
+                            "answer": ep.answer,
+                            "answer_scores": _answer_scores(view.tool_env, ep),
+                            "success": bool(ep.success),
+                            "turns": int(ep.turns),
+                            "truncation_reason": ep.truncation_reason,
+                            "messages": msgs,
+                            "episode": dataclasses.asdict(ep),
+                        }
                         break
                     segment = await interaction.turn(msgs)
         finally:
             self._release(view)
 
 
-def load_environment(env_id: str = "AgentR1/FactChain-v0", *, env_kwargs: dict[str, Any] | None = None,
-                     rows: int | None = None, seed: int = 0, max_tokens: int = 256, same_tokenizer: bool = False,
-                     extra_body: dict[str, Any] | None = None, **kwargs: Any) -> AgentGymEnv:
+def load_environment(
+    env_id: str = "AgentR1/FactChain-v0",
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    rows: int | None = None,
+    seed: int = 0,
+    max_tokens: int = 256,
+    same_tokenizer: bool = False,
+    extra_body: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> AgentGymEnv:
     """A verifiers ``Env`` of ``env_id``; ``kwargs`` are more ``gym.make`` kwargs (merged over
     ``env_kwargs``). Evaluate it with ``vf-eval`` (module docstring) or, in Python,
     ``verifiers.v1.cli.eval.runner.run_eval`` on an ``EvalConfig`` whose ``env`` is
     ``load_environment(...).config``."""
-    taskset = AgentGymTasksetConfig(env_id=env_id, env_kwargs={**(env_kwargs or {}), **kwargs}, rows=rows,
-                                    seed=seed, max_tokens=max_tokens, same_tokenizer=same_tokenizer,
-                                    extra_body=dict(extra_body or {}))
+    taskset = AgentGymTasksetConfig(
+        env_id=env_id,
+        env_kwargs={**(env_kwargs or {}), **kwargs},
+        rows=rows,
+        seed=seed,
+        max_tokens=max_tokens,
+        same_tokenizer=same_tokenizer,
+        extra_body=dict(extra_body or {}),
+    )
     return AgentGymEnv(AgentGymEnvConfig(taskset=taskset))
 
 
-__all__ = ["AgentGymEnv", "AgentGymEnvConfig", "AgentGymHarness", "AgentGymHarnessConfig", "AgentGymTask",
-           "AgentGymTaskset", "AgentGymTasksetConfig", "AgentGymData", "TASKSET_ID", "load_environment"]
+__all__ = [
+    "AgentGymEnv",
+    "AgentGymEnvConfig",
+    "AgentGymHarness",
+    "AgentGymHarnessConfig",
+    "AgentGymTask",
+    "AgentGymTaskset",
+    "AgentGymTasksetConfig",
+    "AgentGymData",
+    "TASKSET_ID",
+    "load_environment",
+]

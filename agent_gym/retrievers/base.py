@@ -101,9 +101,7 @@ def make_retriever(kind: str, **kwargs: Any) -> Retriever:
     try:
         factory = RETRIEVERS[kind]
     except KeyError:
-        raise KeyError(
-            f"unknown retriever kind {kind!r}; valid kinds: {', '.join(sorted(RETRIEVERS))}"
-        ) from None
+        raise KeyError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(sorted(RETRIEVERS))}") from None
     return factory(**kwargs)
 
 

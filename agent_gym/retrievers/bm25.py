@@ -149,9 +149,7 @@ class BM25Retriever:
             scores = self._bm25.get_scores_from_ids(ids)
             top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
             top = top[np.lexsort((top, -scores[top]))]  # score desc, then doc order: deterministic
-            out.append(
-                [self._passage(int(i), float(scores[i])) for i in top if scores[i] > 0.0]
-            )
+            out.append([self._passage(int(i), float(scores[i])) for i in top if scores[i] > 0.0])
         return out
 
     def _passage(self, i: int, score: float) -> Passage:

@@ -57,8 +57,14 @@ class HTTPRetriever:
     ``RetrieverError`` without being read further, so a server that streams without end cannot
     grow the client's memory past the cap."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ):
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
         if timeout_s <= 0 or retries < 0:
@@ -92,8 +98,7 @@ class HTTPRetriever:
                 continue
             return self._parse(payload, len(queries))
         raise RetrieverError(
-            f"retrieval server {self.url} failed after {attempts} attempt(s) "
-            f"(timeout {self.timeout_s:g}s each): {last}"
+            f"retrieval server {self.url} failed after {attempts} attempt(s) (timeout {self.timeout_s:g}s each): {last}"
         )
 
     def _post(self, body: bytes) -> Any:
@@ -186,7 +191,8 @@ class HTTPRetriever:
             raise RetrieverError(
                 f"retrieval server {self.url} announced a {resp.length:,}-byte answer (Content-Length), over "
                 f"max_response_bytes={cap:,}; raise HTTPRetriever(max_response_bytes=...) "
-                "(retriever_kwargs in the QA envs) if the server is right, or ask for fewer queries or passages")
+                "(retriever_kwargs in the QA envs) if the server is right, or ask for fewer queries or passages"
+            )
         chunks: list[bytes] = []
         total = 0
         while total <= cap:
@@ -200,7 +206,8 @@ class HTTPRetriever:
         raise RetrieverError(
             f"retrieval server {self.url} sent more than max_response_bytes={cap:,} bytes; reading stopped there. "
             "Raise HTTPRetriever(max_response_bytes=...) (retriever_kwargs in the QA envs) if the server is "
-            "right, or ask for fewer queries or passages")
+            "right, or ask for fewer queries or passages"
+        )
 
     def _parse(self, payload: Any, n: int) -> list[list[Passage]]:
         """The wire format (:func:`agent_gym.retrievers.wire.parse_result`) -> passages."""

@@ -59,7 +59,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
             queries, topk, with_scores = parse_request(
-                self.rfile.read(length), self.server.default_topk, self.server.max_topk)
+                self.rfile.read(length), self.server.default_topk, self.server.max_topk
+            )
         except BadRequest as err:
             self._send(err.status, {"error": str(err)})
             return
@@ -72,7 +73,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, {"error": f"{type(err).__name__}: {err}"})
             return
         self._send(200, render_result(results, with_scores))
-
 
 
 class _Server(ThreadingHTTPServer):
@@ -130,8 +130,9 @@ class RetrievalServer:
 
 @command  # without argv (the command line): one line and exit 2 on a bad input (agent_gym/cli_errors.py)
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog=prog_name("python -m agent_gym.retrievers.http", argv,
-                                           module="agent_gym.retrievers.http"))
+    parser = ArgumentParser(
+        prog=prog_name("python -m agent_gym.retrievers.http", argv, module="agent_gym.retrievers.http")
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve a retriever over POST /retrieve")
     s.add_argument("--kind", default="bm25", help="retriever kind (bm25, pyserini, dense)")
@@ -144,10 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--topk", type=int, default=3, help="default topk when a request omits it")
     s.add_argument("--max-topk", type=int, default=100, help="a request asking for more passages per query gets 400")
     s.add_argument("--verbose", action="store_true", help="log every request")
-    s.add_argument("--server", choices=("uvicorn", "stdlib"), default="uvicorn",
-                   help="uvicorn (default; FastAPI on uvicorn with the limits below, extra `serve`) or stdlib "
-                        "(the old ThreadingHTTPServer: no limits, kept for comparison and for environments without "
-                        "uvicorn)")
+    s.add_argument(
+        "--server",
+        choices=("uvicorn", "stdlib"),
+        default="uvicorn",
+        help="uvicorn (default; FastAPI on uvicorn with the limits below, extra `serve`) or stdlib "
+        "(the old ThreadingHTTPServer: no limits, kept for comparison and for environments without "
+        "uvicorn)",
+    )
     s.add_argument("--workers", type=int, default=1, help="uvicorn: worker processes forked after the index is built")
     lim = ServerLimits()
     for name, typ, what in [
@@ -162,31 +167,49 @@ def main(argv: list[str] | None = None) -> int:
         ("search_threads", int, "searches at once per worker"),
         ("max_queries", int, "more queries in one request get 413"),
     ]:
-        s.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(lim, name),
-                       help=f"uvicorn: {what} (default %(default)s)")
+        s.add_argument(
+            "--" + name.replace("_", "-"),
+            type=typ,
+            default=getattr(lim, name),
+            help=f"uvicorn: {what} (default %(default)s)",
+        )
     args = parser.parse_args(argv)
     if args.corpus and not Path(args.corpus).expanduser().is_file():
-        s.error(f"--corpus {args.corpus}: no such file; pass a corpus JSONL file ({{id, title, text}} or {{id, contents}} "
-                "rows)")
+        s.error(
+            f"--corpus {args.corpus}: no such file; pass a corpus JSONL file ({{id, title, text}} or {{id, contents}} "
+            "rows)"
+        )
 
     kwargs = {k: getattr(args, k) for k in ("corpus", "index", "prebuilt", "model") if getattr(args, k)}
     if args.server == "uvicorn":
         try:  # optional dependencies: fastapi and uvicorn (the serve extra)
             from .server import serve
         except ImportError as err:
-            parser.error(f"--server uvicorn needs fastapi and uvicorn ({err}): pip install -e '.[serve]', "
-                         "or pass --server stdlib")
+            parser.error(
+                f"--server uvicorn needs fastapi and uvicorn ({err}): pip install -e '.[serve]', "
+                "or pass --server stdlib"
+            )
         limits = ServerLimits(**{f: getattr(args, f) for f in ServerLimits.__dataclass_fields__})
         retriever = make_retriever(args.kind, **kwargs)
         try:
-            serve(retriever, host=args.host, port=args.port, workers=args.workers, default_topk=args.topk,
-                  max_topk=args.max_topk, limits=limits, verbose=args.verbose, announce=args.kind)
+            serve(
+                retriever,
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                default_topk=args.topk,
+                max_topk=args.max_topk,
+                limits=limits,
+                verbose=args.verbose,
+                announce=args.kind,
+            )
         except KeyboardInterrupt:
             pass
         return 0
     retriever = make_retriever(args.kind, **kwargs)
-    server = RetrievalServer(retriever, host=args.host, port=args.port, default_topk=args.topk,
-                             max_topk=args.max_topk, verbose=args.verbose)
+    server = RetrievalServer(
+        retriever, host=args.host, port=args.port, default_topk=args.topk, max_topk=args.max_topk, verbose=args.verbose
+    )
     print(f"serving {args.kind} on {server.url}/retrieve", file=sys.stderr, flush=True)
     try:
         server.serve_forever()

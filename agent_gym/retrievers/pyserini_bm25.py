@@ -97,11 +97,16 @@ def build_index(
             for d in docs:
                 f.write(json.dumps({"id": d["id"], "contents": d["contents"]}, ensure_ascii=False) + "\n")
         args = [
-            "-collection", "JsonCollection",
-            "-input", coll,
-            "-index", str(index_dir),
-            "-generator", "DefaultLuceneDocumentGenerator",
-            "-threads", str(threads),
+            "-collection",
+            "JsonCollection",
+            "-input",
+            coll,
+            "-index",
+            str(index_dir),
+            "-generator",
+            "DefaultLuceneDocumentGenerator",
+            "-threads",
+            str(threads),
             "-storeRaw",
             "-quiet",
         ]

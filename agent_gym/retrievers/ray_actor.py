@@ -47,11 +47,20 @@ class RayRetriever:
     num_cpus: Ray CPUs the actor reserves (0: it takes no CPU slot from the rollout workers).
     """
 
-    def __init__(self, inner: str = "bm25", name: str = "agent_gym_retriever", namespace: str = "agent_gym",
-                 timeout_s: float = 60.0, num_cpus: float = 0.0, **kwargs: Any):
+    def __init__(
+        self,
+        inner: str = "bm25",
+        name: str = "agent_gym_retriever",
+        namespace: str = "agent_gym",
+        timeout_s: float = 60.0,
+        num_cpus: float = 0.0,
+        **kwargs: Any,
+    ):
         if inner == "ray" or inner not in RETRIEVERS:
-            raise ValueError(f"retriever 'ray': inner={inner!r} must name the retriever the shared actor builds, one "
-                             f"of {', '.join(sorted(k for k in RETRIEVERS if k != 'ray'))}")
+            raise ValueError(
+                f"retriever 'ray': inner={inner!r} must name the retriever the shared actor builds, one "
+                f"of {', '.join(sorted(k for k in RETRIEVERS if k != 'ray'))}"
+            )
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.inner, self.kwargs, self.name, self.namespace = inner, kwargs, name, namespace
@@ -63,15 +72,24 @@ class RayRetriever:
         if self._actor is None:
             ray = require("ray", "scale")
             if not ray.is_initialized():
-                raise RuntimeError("retriever 'ray' needs a running Ray session in this process (rollout_workers > 0 "
-                                   "starts one; or call ray.init() first); use retriever 'bm25' without Ray.")
+                raise RuntimeError(
+                    "retriever 'ray' needs a running Ray session in this process (rollout_workers > 0 "
+                    "starts one; or call ray.init() first); use retriever 'bm25' without Ray."
+                )
             try:
                 self._actor = ray.get_actor(self.name, namespace=self.namespace)
             except ValueError:  # not created yet
-                self._actor = (ray.remote(RetrieverActor)
-                               .options(name=self.name, namespace=self.namespace, get_if_exists=True,
-                                        num_cpus=self.num_cpus, max_restarts=-1)
-                               .remote(self.inner, self.kwargs))
+                self._actor = (
+                    ray.remote(RetrieverActor)
+                    .options(
+                        name=self.name,
+                        namespace=self.namespace,
+                        get_if_exists=True,
+                        num_cpus=self.num_cpus,
+                        max_restarts=-1,
+                    )
+                    .remote(self.inner, self.kwargs)
+                )
         return self._actor
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
@@ -92,4 +110,6 @@ class RayRetriever:
         try:
             return ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError as e:
-            raise RetrieverError(f"the shared retriever actor {self.name!r} did not answer in {self.timeout_s} s") from e
+            raise RetrieverError(
+                f"the shared retriever actor {self.name!r} did not answer in {self.timeout_s} s"
+            ) from e

@@ -63,9 +63,17 @@ __all__ = ["BodyLimits", "ServerLimits", "build_app", "serve"]
 
 async def _send_json(send: Any, status: int, payload: Any) -> None:
     body = json.dumps(payload).encode("utf-8")
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -93,8 +101,9 @@ class BodyLimits:
                 except ValueError:  # h11 refuses these before us; kept for other servers
                     await _send_json(send, 400, {"error": f"bad Content-Length {value!r}"})
                     return
-        too_big = (f"request body over the server's max_body_bytes={self.max_body_bytes:,}; "
-                   "send fewer queries per request")
+        too_big = (
+            f"request body over the server's max_body_bytes={self.max_body_bytes:,}; send fewer queries per request"
+        )
         if declared is not None and declared > self.max_body_bytes and declared > self.drain_bytes:
             await _send_json(send, 413, {"error": too_big})
             return
@@ -134,8 +143,9 @@ class BodyLimits:
         await self.app(scope, replay, send)
 
 
-def build_app(retriever: Retriever, default_topk: int = 3, max_topk: int = 100,
-              limits: ServerLimits = ServerLimits()) -> Any:
+def build_app(
+    retriever: Retriever, default_topk: int = 3, max_topk: int = 100, limits: ServerLimits = ServerLimits()
+) -> Any:
     """The ASGI app: FastAPI routes for `/retrieve` and `/health` inside `BodyLimits`."""
     app = FastAPI(title="agent_gym retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
     limiter: list[anyio.CapacityLimiter] = []  # made lazily: it belongs to the worker's event loop
@@ -147,8 +157,7 @@ def build_app(retriever: Retriever, default_topk: int = 3, max_topk: int = 100,
     @app.post("/retrieve")
     async def retrieve(request: Request) -> JSONResponse:
         try:
-            queries, topk, with_scores = parse_request(await request.body(), default_topk, max_topk,
-                                                       limits.max_queries)
+            queries, topk, with_scores = parse_request(await request.body(), default_topk, max_topk, limits.max_queries)
         except BadRequest as err:
             return JSONResponse({"error": str(err)}, status_code=err.status)
         if not limiter:
@@ -204,10 +213,17 @@ def _protocol_class(limits: ServerLimits) -> type[H11Protocol]:
 
 def _config(app: Any, limits: ServerLimits, verbose: bool) -> uvicorn.Config:
     return uvicorn.Config(
-        app, http=_protocol_class(limits), ws="none", lifespan="off", interface="asgi3",
-        timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=limits.max_header_bytes,
-        limit_concurrency=limits.limit_concurrency, backlog=limits.backlog,
-        access_log=verbose, log_level="info" if verbose else "warning",
+        app,
+        http=_protocol_class(limits),
+        ws="none",
+        lifespan="off",
+        interface="asgi3",
+        timeout_keep_alive=limits.keep_alive_s,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        limit_concurrency=limits.limit_concurrency,
+        backlog=limits.backlog,
+        access_log=verbose,
+        log_level="info" if verbose else "warning",
     )
 
 
@@ -235,9 +251,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          default_topk: int = 3, max_topk: int = 100, limits: ServerLimits = ServerLimits(),
-          verbose: bool = False, announce: str = "") -> None:
+def serve(
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = 1,
+    default_topk: int = 3,
+    max_topk: int = 100,
+    limits: ServerLimits = ServerLimits(),
+    verbose: bool = False,
+    announce: str = "",
+) -> None:
     """Serve ``retriever`` until SIGINT or SIGTERM; ``workers`` processes fork from this one after
     the retriever is built (module docstring). Port 0 picks a free port; the line
     ``serving {announce} on http://HOST:PORT/retrieve`` goes to stderr once it listens."""
@@ -247,8 +271,11 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, worke
     sock = _listen(host, port, limits.backlog)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {announce or 'a retriever'} on http://{shown}:{bound}/retrieve ({workers} worker(s))",
-          file=sys.stderr, flush=True)
+    print(
+        f"serving {announce or 'a retriever'} on http://{shown}:{bound}/retrieve ({workers} worker(s))",
+        file=sys.stderr,
+        flush=True,
+    )
     if workers == 1:
         try:
             _run_worker(app, sock, limits, verbose)
@@ -296,8 +323,11 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, worke
                 continue
             children.discard(pid)
             if not stopping:
-                print(f"retrieval server: worker {pid} exited ({status:#x}); starting another", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"retrieval server: worker {pid} exited ({status:#x}); starting another",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(0.5)  # a worker that dies at start must not make this a busy loop
                 fork_worker()
     finally:

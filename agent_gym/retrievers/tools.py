@@ -231,8 +231,9 @@ def _char_bound(tok: Any, max_tokens: int) -> int | None:
 
 class SearchTool(Tool):
     name = "search"
-    description = ("Search Wikipedia. Returns the most relevant paragraphs, each with its title. "
-                   "Search for one fact at a time.")
+    description = (
+        "Search Wikipedia. Returns the most relevant paragraphs, each with its title. Search for one fact at a time."
+    )
     parameters = {
         "type": "object",
         "properties": {"query": {"type": "string", "description": "the search query"}},
@@ -283,13 +284,15 @@ class LookupTool(Tool):
         by_title: dict[str, list[Passage]] = {}
         for d in docs:
             by_title.setdefault(_title_key(d["title"]), []).append(
-                Passage(title=d["title"], text=d["text"], score=0.0, id=d["id"]))
+                Passage(title=d["title"], text=d["text"], score=0.0, id=d["id"])
+            )
         return by_title
 
     def execute(self, title: str) -> ToolResult:
         found = self.by_title.get(_title_key(title))
         if not found:
-            return ToolResult(f"Error: no paragraph titled {title.strip()!r}. Search first to find exact titles.",
-                              ok=False)
+            return ToolResult(
+                f"Error: no paragraph titled {title.strip()!r}. Search first to find exact titles.", ok=False
+            )
         content, titles = self.formatter.format(found)
         return ToolResult(content, metadata={"titles": titles})

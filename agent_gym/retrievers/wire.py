@@ -27,8 +27,15 @@ from agent_gym.datasets.base import normalize_doc
 
 from .base import Passage, RetrieverError
 
-__all__ = ["DEFAULT_MAX_QUERIES", "BadRequest", "ServerLimits", "parse_request", "parse_result", "passage_to_document",
-           "render_result"]
+__all__ = [
+    "DEFAULT_MAX_QUERIES",
+    "BadRequest",
+    "ServerLimits",
+    "parse_request",
+    "parse_result",
+    "passage_to_document",
+    "render_result",
+]
 
 _short = reprlib.Repr()
 _short.maxlevel, _short.maxstring, _short.maxother = 3, 120, 120
@@ -68,16 +75,26 @@ class ServerLimits:
     max_queries: int = DEFAULT_MAX_QUERIES
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keep_alive_s", "max_header_bytes",
-                     "limit_concurrency", "backlog", "search_threads", "max_queries"):
+        for name in (
+            "max_body_bytes",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "max_header_bytes",
+            "limit_concurrency",
+            "backlog",
+            "search_threads",
+            "max_queries",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ServerLimits.{name} must be > 0, got {getattr(self, name)!r}")
         if self.drain_bytes < 0:
             raise ValueError(f"ServerLimits.drain_bytes must be >= 0, got {self.drain_bytes!r}")
 
 
-def parse_request(body: bytes, default_topk: int, max_topk: int,
-                  max_queries: int = DEFAULT_MAX_QUERIES) -> tuple[list[str], int, bool]:
+def parse_request(
+    body: bytes, default_topk: int, max_topk: int, max_queries: int = DEFAULT_MAX_QUERIES
+) -> tuple[list[str], int, bool]:
     """A ``/retrieve`` body -> ``(queries, topk, return_scores)``, or ``BadRequest`` naming what
     was wrong. Shared by both servers. JSON nested too deep for the decoder (``RecursionError``),
     bytes that are not UTF-8 and integers too long to convert are 400s like any other bad JSON.
@@ -96,14 +113,19 @@ def parse_request(body: bytes, default_topk: int, max_topk: int,
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise BadRequest(f"bad request: 'queries' must be a list of strings; {fmt}")
     if len(queries) > max_queries:
-        raise BadRequest(f"{len(queries)} queries in one request, over the server's max_queries={max_queries}; "
-                         "send them in smaller batches", status=413)
+        raise BadRequest(
+            f"{len(queries)} queries in one request, over the server's max_queries={max_queries}; "
+            "send them in smaller batches",
+            status=413,
+        )
     topk = req.get("topk") or default_topk
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         raise BadRequest(f"bad request: 'topk' must be a positive integer, got {_short.repr(topk)}; {fmt}")
     if topk > max_topk:
-        raise BadRequest(f"bad request: 'topk' {_short.repr(topk)} is over the server's max_topk={max_topk}; ask for at "
-                         f"most {max_topk} passages per query (or start the server with a larger --max-topk)")
+        raise BadRequest(
+            f"bad request: 'topk' {_short.repr(topk)} is over the server's max_topk={max_topk}; ask for at "
+            f"most {max_topk} passages per query (or start the server with a larger --max-topk)"
+        )
     with_scores = req.get("return_scores", False)
     if with_scores is None:
         with_scores = False
@@ -115,8 +137,7 @@ def parse_request(body: bytes, default_topk: int, max_topk: int,
 def render_result(results: list[list[Passage]], with_scores: bool) -> dict[str, Any]:
     """Search results -> the answer's JSON object (module docstring)."""
     if with_scores:
-        return {"result": [[{"document": passage_to_document(p), "score": p.score} for p in hits]
-                           for hits in results]}
+        return {"result": [[{"document": passage_to_document(p), "score": p.score} for p in hits] for hits in results]}
     return {"result": [[passage_to_document(p) for p in hits] for hits in results]}
 
 
@@ -133,15 +154,18 @@ def parse_result(payload: Any, n: int, source: str) -> list[list[Passage]]:
     out = []
     for q, hits in enumerate(result):
         if not isinstance(hits, list):
-            raise RetrieverError(f"{source}: the hits of query {q} must be a list, "
-                                 f"got {type(hits).__name__} {_short.repr(hits)}")
+            raise RetrieverError(
+                f"{source}: the hits of query {q} must be a list, got {type(hits).__name__} {_short.repr(hits)}"
+            )
         row = []
         for rank, hit in enumerate(hits):
             where = f"{source}: query {q}, hit {rank}"
             doc = hit.get("document", hit) if isinstance(hit, dict) else None
             if not isinstance(doc, dict):
-                raise RetrieverError(f"{where} is malformed: {_short.repr(hit)} (expected a document object "
-                                     "or {\"document\": ..., \"score\": ...})")
+                raise RetrieverError(
+                    f"{where} is malformed: {_short.repr(hit)} (expected a document object "
+                    'or {"document": ..., "score": ...})'
+                )
             score = hit.get("score") if "document" in hit else None
             if score is not None and not _finite_number(score):
                 raise RetrieverError(f"{where} has score {_short.repr(score)}; a score must be a finite number")
@@ -149,8 +173,9 @@ def parse_result(payload: Any, n: int, source: str) -> list[list[Passage]]:
                 d = normalize_doc(doc, rank)
             except ValueError as err:
                 raise RetrieverError(f"{where}: {err}") from None
-            row.append(Passage(title=d["title"], text=d["text"],
-                               score=float(score) if score is not None else 0.0, id=d["id"]))
+            row.append(
+                Passage(title=d["title"], text=d["text"], score=float(score) if score is not None else 0.0, id=d["id"])
+            )
         out.append(row)
     return out
 

@@ -23,8 +23,17 @@ from agent_gym.scoring import normalize_answer
 def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
     rows = [json.loads(line) for line in open(rows_path, encoding="utf-8") if line.strip()]
     eps = [json.loads(line) for line in open(traj_path, encoding="utf-8") if line.strip()]
-    out = dict(episodes=len(eps), answered=0, right=0, yes_no_questions=0, right_yes_no=0, answered_yes=0,
-               answered_no=0, gold_retrieved=0, right_when_retrieved=0)
+    out = dict(
+        episodes=len(eps),
+        answered=0,
+        right=0,
+        yes_no_questions=0,
+        right_yes_no=0,
+        answered_yes=0,
+        answered_no=0,
+        gold_retrieved=0,
+        right_when_retrieved=0,
+    )
     for ep in eps:
         row = rows[ep["task_index"]]
         golds = [normalize_answer(g) for g in [row["answer"], *(row.get("aliases") or [])]]

@@ -66,8 +66,9 @@ def load_golds(path: str | Path) -> dict[str, list[str]]:
 def retrieved_text(rec: dict[str, Any], tok: Any) -> str:
     """What the env showed the agent after the prompt (its search results), decoded."""
     n = rec["prompt_len"]
-    return tok.decode([t for t, m in zip(rec["token_ids"][n:], rec["loss_mask"][n:]) if not m],
-                      skip_special_tokens=True)
+    return tok.decode(
+        [t for t, m in zip(rec["token_ids"][n:], rec["loss_mask"][n:]) if not m], skip_special_tokens=True
+    )
 
 
 def behaviour(recs: list[dict[str, Any]], golds: dict[str, list[str]] | None, tok: Any) -> dict[str, float | None]:
@@ -110,8 +111,13 @@ def build(spec: dict[str, Any], tok: Any = None) -> dict[str, Any]:
             em = [float(recs[i]["answer_scores"].get("em", 0.0)) for i in ids]
             f1 = [float(recs[i]["answer_scores"].get("f1", 0.0)) for i in ids]
             scores[(name, d)] = {"ids": ids, "em": em, "f1": f1}
-            cells[name][d] = {"rows": len(ids), "em": bootstrap_ci(em), "f1": bootstrap_ci(f1),
-                              **behaviour([recs[i] for i in ids], golds.get(d), tok), "file": str(path)}
+            cells[name][d] = {
+                "rows": len(ids),
+                "em": bootstrap_ci(em),
+                "f1": bootstrap_ci(f1),
+                **behaviour([recs[i] for i in ids], golds.get(d), tok),
+                "file": str(path),
+            }
     base = spec.get("baseline")
     for name in methods:
         for d, c in cells[name].items():
@@ -127,10 +133,19 @@ def build(spec: dict[str, Any], tok: Any = None) -> dict[str, Any]:
             sa, sb = scores[(a, d)], scores[(b, d)]
             if sa["ids"] != sb["ids"]:
                 diff = sorted(set(sa["ids"]) ^ set(sb["ids"]))
-                raise ValueError(f"{a} and {b} hold different {d} rows ({len(diff)} differ, e.g. {diff[:3]}); "
-                                 "evaluate both on the same rows")
-            pairs.append({"a": a, "b": b, "dataset": d, "em": paired_test(sa["em"], sb["em"]),
-                          "f1": paired_test(sa["f1"], sb["f1"])})
+                raise ValueError(
+                    f"{a} and {b} hold different {d} rows ({len(diff)} differ, e.g. {diff[:3]}); "
+                    "evaluate both on the same rows"
+                )
+            pairs.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "dataset": d,
+                    "em": paired_test(sa["em"], sb["em"]),
+                    "f1": paired_test(sa["f1"], sb["f1"]),
+                }
+            )
     return {"datasets": datasets, "cells": cells, "pairs": pairs, "baseline": base, "missing": missing}
 
 
@@ -149,8 +164,13 @@ def markdown(table: dict[str, Any], methods: dict[str, Any]) -> str:
             row += ["-", "-"] if c is None else [_ci(c["em"]), _ci(c["f1"])]
         lines.append("| " + " | ".join(row) + " |")
     if table["baseline"]:
-        lines += ["", f"Ratio to {methods[table['baseline']].get('label', table['baseline'])} (EM / F1):", "",
-                  "| method | " + " | ".join(DATASET_NAMES[d] for d in ds) + " |", "|---|" + "---|" * len(ds)]
+        lines += [
+            "",
+            f"Ratio to {methods[table['baseline']].get('label', table['baseline'])} (EM / F1):",
+            "",
+            "| method | " + " | ".join(DATASET_NAMES[d] for d in ds) + " |",
+            "|---|" + "---|" * len(ds),
+        ]
         for name, m in methods.items():
             row = [m.get("label", name)]
             for d in ds:
@@ -161,8 +181,13 @@ def markdown(table: dict[str, Any], methods: dict[str, Any]) -> str:
                     fmt = lambda r: "-" if r is None else f"{r:.2f}x"  # noqa: E731
                     row.append(f"{fmt(c['em_ratio'])} / {fmt(c['f1_ratio'])}")
             lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Behaviour (answered / valid-call rate / gold answer in the retrieved passages):", "",
-              "| method | " + " | ".join(DATASET_NAMES[d] for d in ds) + " |", "|---|" + "---|" * len(ds)]
+    lines += [
+        "",
+        "Behaviour (answered / valid-call rate / gold answer in the retrieved passages):",
+        "",
+        "| method | " + " | ".join(DATASET_NAMES[d] for d in ds) + " |",
+        "|---|" + "---|" * len(ds),
+    ]
     for name, m in methods.items():
         row = [m.get("label", name)]
         for d in ds:
@@ -174,17 +199,23 @@ def markdown(table: dict[str, Any], methods: dict[str, Any]) -> str:
                 row.append(f"{f(c['answered'])} / {f(c['valid_call_rate'])} / {f(c['gold_in_retrieved'])}")
         lines.append("| " + " | ".join(row) + " |")
     if table["pairs"]:
-        lines += ["", "Paired tests on the same rows (a better / b better; exact sign test, McNemar's on EM; "
-                      "mean difference a - b with its 95% paired bootstrap interval):", "",
-                  "| a vs b | dataset | EM: a / b rows, p | EM diff [95% CI] | F1: a / b rows, p | F1 diff [95% CI] |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Paired tests on the same rows (a better / b better; exact sign test, McNemar's on EM; "
+            "mean difference a - b with its 95% paired bootstrap interval):",
+            "",
+            "| a vs b | dataset | EM: a / b rows, p | EM diff [95% CI] | F1: a / b rows, p | F1 diff [95% CI] |",
+            "|---|---|---|---|---|---|",
+        ]
         for p in table["pairs"]:
             e, f = p["em"], p["f1"]
             la, lb = methods[p["a"]].get("label", p["a"]), methods[p["b"]].get("label", p["b"])
-            lines.append(f"| {la} vs {lb} | {DATASET_NAMES[p['dataset']]} | {e['a_better']} / {e['b_better']}, "
-                         f"p = {e['sign_test_p']:.3g} | {e['diff']:+.3f} [{e['diff_low']:+.3f}, {e['diff_high']:+.3f}] | "
-                         f"{f['a_better']} / {f['b_better']}, p = {f['sign_test_p']:.3g} | "
-                         f"{f['diff']:+.3f} [{f['diff_low']:+.3f}, {f['diff_high']:+.3f}] |")
+            lines.append(
+                f"| {la} vs {lb} | {DATASET_NAMES[p['dataset']]} | {e['a_better']} / {e['b_better']}, "
+                f"p = {e['sign_test_p']:.3g} | {e['diff']:+.3f} [{e['diff_low']:+.3f}, {e['diff_high']:+.3f}] | "
+                f"{f['a_better']} / {f['b_better']}, p = {f['sign_test_p']:.3g} | "
+                f"{f['diff']:+.3f} [{f['diff_low']:+.3f}, {f['diff_high']:+.3f}] |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -192,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", required=True, help="YAML: rows, baseline, pairs, methods (see the module docstring)")
     ap.add_argument("--out", default="runs/qa_table")
-    ap.add_argument("--tokenizer", default="smollm2-135m-instruct",
-                    help="model name whose tokenizer decodes the episodes (for gold_in_retrieved); 'none' to skip")
+    ap.add_argument(
+        "--tokenizer",
+        default="smollm2-135m-instruct",
+        help="model name whose tokenizer decodes the episodes (for gold_in_retrieved); 'none' to skip",
+    )
     args = ap.parse_args(argv)
     spec = yaml.safe_load(Path(args.spec).read_text())
     tok = None
@@ -207,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(md)
-    meta = {"command": " ".join(sys.argv), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "loadavg": os.getloadavg(), "spec": spec}
+    meta = {
+        "command": " ".join(sys.argv),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "loadavg": os.getloadavg(),
+        "spec": spec,
+    }
     (out / "table.json").write_text(json.dumps({**meta, **table}, indent=1))
     write_raw(__file__, {**meta, **table, "table_md": md}, argv=argv, outputs=[out / "table.md", out / "table.json"])
     print(md)

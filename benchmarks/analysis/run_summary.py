@@ -18,8 +18,15 @@ from pathlib import Path
 
 from agent_gym.provenance import write_raw
 
-METRICS = ("rollout/reward_mean", "rollout/f1", "rollout/em", "reward/supporting_hit", "adv/zero_std_group_frac",
-           "rollout/agent_tokens_mean", "time/iteration_s")
+METRICS = (
+    "rollout/reward_mean",
+    "rollout/f1",
+    "rollout/em",
+    "reward/supporting_hit",
+    "adv/zero_std_group_frac",
+    "rollout/agent_tokens_mean",
+    "time/iteration_s",
+)
 
 
 def summarize_run(run_dir: Path, window: int, turn_limit: int | None) -> dict:
@@ -30,10 +37,12 @@ def summarize_run(run_dir: Path, window: int, turn_limit: int | None) -> dict:
         cfg = run_dir / "config.yaml"
         import yaml
 
-        turn_limit = int(((yaml.safe_load(cfg.read_text()) or {}).get("rollout") or {}).get("max_turn_tokens", 0)) or None
+        turn_limit = (
+            int(((yaml.safe_load(cfg.read_text()) or {}).get("rollout") or {}).get("max_turn_tokens", 0)) or None
+        )
     windows = []
     for start in range(0, len(recs), window):
-        part = recs[start: start + window]
+        part = recs[start : start + window]
         its = [r["iteration"] for r in part]
         row = {"iterations": [its[0], its[-1]]}
         for k in METRICS:
@@ -55,18 +64,29 @@ def summarize_run(run_dir: Path, window: int, turn_limit: int | None) -> dict:
         row["agent_tokens_by_turn"] = {str(k): statistics.mean(v) for k, v in sorted(by_turn.items())}
         row["turns_at_token_limit"] = at_limit / turns if turns else None
         windows.append(row)
-    evals = [{"iteration": r["iteration"], **{k: v for k, v in r.items() if k.startswith("eval/")}}
-             for r in recs if any(k.startswith("eval/") for k in r)]
-    return {"run_dir": str(run_dir), "iterations": len(recs), "turn_limit": turn_limit, "window": window,
-            "windows": windows, "evals": evals,
-            "wall_min": sum(r.get("time/iteration_s", 0.0) for r in recs) / 60}
+    evals = [
+        {"iteration": r["iteration"], **{k: v for k, v in r.items() if k.startswith("eval/")}}
+        for r in recs
+        if any(k.startswith("eval/") for k in r)
+    ]
+    return {
+        "run_dir": str(run_dir),
+        "iterations": len(recs),
+        "turn_limit": turn_limit,
+        "window": window,
+        "windows": windows,
+        "evals": evals,
+        "wall_min": sum(r.get("time/iteration_s", 0.0) for r in recs) / 60,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--window", type=int, default=6, help="iterations per window")
-    ap.add_argument("--turn-limit", type=int, default=None, help="the turn's token limit (default: the run's max_turn_tokens)")
+    ap.add_argument(
+        "--turn-limit", type=int, default=None, help="the turn's token limit (default: the run's max_turn_tokens)"
+    )
     ap.add_argument("--label", default=None, help="the raw file's label (default: the commit)")
     args = ap.parse_args(argv)
     out = summarize_run(args.run_dir, args.window, args.turn_limit)
@@ -76,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         turns = {k: round(v, 1) for k, v in w["agent_tokens_by_turn"].items()}
         print(f"iterations {a}-{b}: {f}; agent tokens by turn {turns}; at the limit {w['turns_at_token_limit']}")
     for e in out["evals"]:
-        print(f"eval at {e['iteration']}: " + ", ".join(f"{k}={v:.3f}" for k, v in e.items()
-                                                         if k in ("eval/f1", "eval/em", "eval/reward_mean")))
+        print(
+            f"eval at {e['iteration']}: "
+            + ", ".join(f"{k}={v:.3f}" for k, v in e.items() if k in ("eval/f1", "eval/em", "eval/reward_mean"))
+        )
     print(f"{out['iterations']} iterations, {out['wall_min']:.1f} minutes")
     write_raw(__file__, out, label=args.label, argv=argv)
     return 0

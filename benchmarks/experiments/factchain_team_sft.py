@@ -75,8 +75,11 @@ def main() -> None:
         with torch.no_grad():
             trajs, _, stats = collect_multiagent(teams, backend, list(range(args.eval_tasks)), 1, greedy, args.seed)
         m = summarize(trajs)
-        return {**stats.metrics(), "agent_answered_rate": m["rollout/answered_rate"],
-                "ok_calls_per_agent": m.get("tools/ok_per_episode", 0.0)}
+        return {
+            **stats.metrics(),
+            "agent_answered_rate": m["rollout/answered_rate"],
+            "ok_calls_per_agent": m.get("tools/ok_per_episode", 0.0),
+        }
 
     before = evaluate()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -94,10 +97,19 @@ def main() -> None:
     t_train = time.perf_counter() - t0
     after = evaluate()
     result = {
-        "demos_agent_episodes": len(demos), "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-        "seed": args.seed, "eval_tasks": args.eval_tasks, "final_loss": losses[-1],
-        "before": before, "after": after, "demos_s": round(t_demos, 1), "train_s": round(t_train, 1),
-        "total_s": round(time.perf_counter() - t_start, 1), "load_average": os.getloadavg(),
+        "demos_agent_episodes": len(demos),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "eval_tasks": args.eval_tasks,
+        "final_loss": losses[-1],
+        "before": before,
+        "after": after,
+        "demos_s": round(t_demos, 1),
+        "train_s": round(t_train, 1),
+        "total_s": round(time.perf_counter() - t_start, 1),
+        "load_average": os.getloadavg(),
     }
     print(json.dumps(result, indent=2))
     out = REPO / args.out

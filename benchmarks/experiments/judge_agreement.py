@@ -49,8 +49,9 @@ from agent_gym.provenance import write_raw
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", REPO.parent / "shared" / "data")) / "hotpotqa" / "dev_sample.jsonl"
-MODEL = (Path(os.environ.get("AGENT_GYM_CACHE") or Path.home() / ".cache" / "agent_gym")
-         / "models" / "smollm2-135m-instruct")  # trainers/smollm.py's converted directory
+MODEL = (
+    Path(os.environ.get("AGENT_GYM_CACHE") or Path.home() / ".cache" / "agent_gym") / "models" / "smollm2-135m-instruct"
+)  # trainers/smollm.py's converted directory
 KINDS = ("gold", "gold_surface", "gold_sentence", "wrong")
 INTENDED = {"gold": 1.0, "gold_surface": 1.0, "gold_sentence": 1.0, "wrong": 0.0}
 CHOICE = {"structured_outputs": {"choice": ["yes", "no"]}}
@@ -69,14 +70,29 @@ def candidates(tasks: list[Any]) -> list[dict[str, Any]]:
         if g in ("yes", "no"):
             wrong = "no" if g == "yes" else "yes"
         else:
-            wrong = next(u.answer for u in tasks[i + 1:] + tasks[:i]
-                         if normalize_answer(u.answer) not in ("yes", "no", g)
-                         and not exact_match(u.answer, golds))
-        texts = {"gold": t.answer, "gold_surface": t.answer.upper() + ".",
-                 "gold_sentence": f"The answer is {t.answer}.", "wrong": wrong}
+            wrong = next(
+                u.answer
+                for u in tasks[i + 1 :] + tasks[:i]
+                if normalize_answer(u.answer) not in ("yes", "no", g) and not exact_match(u.answer, golds)
+            )
+        texts = {
+            "gold": t.answer,
+            "gold_surface": t.answer.upper() + ".",
+            "gold_sentence": f"The answer is {t.answer}.",
+            "wrong": wrong,
+        }
         for kind in KINDS:
-            out.append({"row": i, "id": t.id, "question": t.question, "golds": golds, "kind": kind,
-                        "answer": texts[kind], "em": exact_match(texts[kind], golds)})
+            out.append(
+                {
+                    "row": i,
+                    "id": t.id,
+                    "question": t.question,
+                    "golds": golds,
+                    "kind": kind,
+                    "answer": texts[kind],
+                    "em": exact_match(texts[kind], golds),
+                }
+            )
     return out
 
 
@@ -95,7 +111,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["failed"] is None]
     pairs = [(r["judge"], r["em"]) for r in ok]
     return {
-        "n": len(rows), "judged": len(ok), "failed": dict(Counter(r["failed"] for r in rows if r["failed"])),
+        "n": len(rows),
+        "judged": len(ok),
+        "failed": dict(Counter(r["failed"] for r in rows if r["failed"])),
         "em": sum(r["em"] for r in rows) / max(len(rows), 1),
         "judge_yes": sum(r["judge"] for r in ok) / max(len(ok), 1),
         "agreement_with_em": sum(a == b for a, b in pairs) / max(len(pairs), 1),
@@ -114,11 +132,33 @@ def start_server(python: str, model: str, name: str, log_path: Path, timeout: fl
     """vLLM's OpenAI-compatible server on loopback (float32, eager, a 128 MiB KV cache: the CPU
     settings of docs/vllm.md); returns (process, base URL) once /health answers."""
     port = _free_port()
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", name,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-           "--generation-config", "vllm", "--seed", "0", "--max-model-len", "2048",
-           "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
-           "--kv-cache-memory-bytes", str(128 << 20)]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--generation-config",
+        "vllm",
+        "--seed",
+        "0",
+        "--max-model-len",
+        "2048",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "4096",
+        "--kv-cache-memory-bytes",
+        str(128 << 20),
+    ]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -158,8 +198,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--python", default=sys.executable, help="the python whose vLLM serves it")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--timeout-s", type=float, default=120.0)
-    ap.add_argument("--no-choice", action="store_true",
-                    help="free-text verdicts (default: vLLM's structured outputs restrict the reply to yes or no)")
+    ap.add_argument(
+        "--no-choice",
+        action="store_true",
+        help="free-text verdicts (default: vLLM's structured outputs restrict the reply to yes or no)",
+    )
     ap.add_argument("--rubric", default=None, help="the judge's rubric template (default: DEFAULT_RUBRIC)")
     ap.add_argument("--out", default=None, help="also write every verdict as JSONL here")
     args = ap.parse_args(argv)
@@ -177,8 +220,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if url is None:
             proc, url = start_server(args.python, args.model_path, args.model, log_path)
         start_s = time.monotonic() - t0
-        spec = {"base_url": url, "model": args.model, "timeout_s": args.timeout_s, "retries": 1,
-                "max_concurrency": args.concurrency, "cooldown_s": 0, "rubric": args.rubric or DEFAULT_RUBRIC}
+        spec = {
+            "base_url": url,
+            "model": args.model,
+            "timeout_s": args.timeout_s,
+            "retries": 1,
+            "max_concurrency": args.concurrency,
+            "cooldown_s": 0,
+            "rubric": args.rubric or DEFAULT_RUBRIC,
+        }
         if not args.no_choice:
             spec["extra_body"] = CHOICE
         cfg = JudgeConfig.from_any(spec)
@@ -197,19 +247,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "overall": summarize(rows),
         "by_kind": {k: summarize([r for r in rows if r["kind"] == k]) for k in KINDS},
         "replies": dict(Counter((r["reply"] or "").strip()[:20] for r in rows).most_common(10)),
-        "rows": len(tasks), "candidates": len(rows), "server_start_s": round(start_s, 1),
-        "judge_s": round(judge_s, 1), "judgments_per_s": round(len(rows) / judge_s, 2),
-        "settings": {**vars(args), "rubric": cfg.rubric, "extra_body": cfg.extra_body, "temperature": 0.0,
-                     "max_tokens": cfg.max_tokens},
+        "rows": len(tasks),
+        "candidates": len(rows),
+        "server_start_s": round(start_s, 1),
+        "judge_s": round(judge_s, 1),
+        "judgments_per_s": round(len(rows) / judge_s, 2),
+        "settings": {
+            **vars(args),
+            "rubric": cfg.rubric,
+            "extra_body": cfg.extra_body,
+            "temperature": 0.0,
+            "max_tokens": cfg.max_tokens,
+        },
     }
     o = result["overall"]
-    print(f"{len(tasks)} rows x {len(KINDS)} kinds = {len(rows)} judgments in {judge_s:.0f} s "
-          f"(server start {start_s:.0f} s); failed {o['failed'] or 0}")
+    print(
+        f"{len(tasks)} rows x {len(KINDS)} kinds = {len(rows)} judgments in {judge_s:.0f} s "
+        f"(server start {start_s:.0f} s); failed {o['failed'] or 0}"
+    )
     print(f"{'kind':<14} {'EM':>5} {'judge yes':>9} {'agree w/ EM':>11} {'vs intended':>11}")
     for k in (*KINDS, "overall"):
         s = result["by_kind"][k] if k != "overall" else o
-        print(f"{k:<14} {s['em']:>5.2f} {s['judge_yes']:>9.2f} {s['agreement_with_em']:>11.2f} "
-              f"{s['accuracy_vs_intended']:>11.2f}")
+        print(
+            f"{k:<14} {s['em']:>5.2f} {s['judge_yes']:>9.2f} {s['agreement_with_em']:>11.2f} "
+            f"{s['accuracy_vs_intended']:>11.2f}"
+        )
     print(f"Cohen's kappa vs EM: {o['kappa_vs_em']}")
     outputs = []
     if args.out:

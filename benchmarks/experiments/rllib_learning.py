@@ -45,18 +45,35 @@ def _mean(history: list[dict], key: str) -> float | None:
 
 def run(name: str, minutes: float, seed: int) -> dict:
     s = SETTINGS[name]
-    history = train(10_000, max_minutes=minutes, env_id="AgentR1/FactChain-v0", env_kwargs=s["env_kwargs"],
-                    vocab=s["vocab"], max_turn_tokens=8, num_env_runners=2, rollout_fragment_length=128,
-                    num_epochs=4, minibatch_size=128, lr=1e-3, entropy_coeff=0.01, seed=seed,
-                    log=lambda line: None)
+    history = train(
+        10_000,
+        max_minutes=minutes,
+        env_id="AgentR1/FactChain-v0",
+        env_kwargs=s["env_kwargs"],
+        vocab=s["vocab"],
+        max_turn_tokens=8,
+        num_env_runners=2,
+        rollout_fragment_length=128,
+        num_epochs=4,
+        minibatch_size=128,
+        lr=1e-3,
+        entropy_coeff=0.01,
+        seed=seed,
+        log=lambda line: None,
+    )
     first, last = history[:3], history[-3:]
-    out = {"setting": name, "minutes": minutes, "iterations": len(history),
-           "env_steps": history[-1].get("num_env_steps_sampled_lifetime"),
-           "episodes": sum(h.get("num_episodes", 0) for h in history),
-           "first3": {k: _mean(first, k) for k in KEYS}, "last3": {k: _mean(last, k) for k in KEYS},
-           "best_success": max((h.get("agent_gym/success", 0.0) for h in history), default=None),
-           "best_return": max((h.get("episode_return_mean", float("-inf")) for h in history), default=None),
-           "history": history}
+    out = {
+        "setting": name,
+        "minutes": minutes,
+        "iterations": len(history),
+        "env_steps": history[-1].get("num_env_steps_sampled_lifetime"),
+        "episodes": sum(h.get("num_episodes", 0) for h in history),
+        "first3": {k: _mean(first, k) for k in KEYS},
+        "last3": {k: _mean(last, k) for k in KEYS},
+        "best_success": max((h.get("agent_gym/success", 0.0) for h in history), default=None),
+        "best_return": max((h.get("episode_return_mean", float("-inf")) for h in history), default=None),
+        "history": history,
+    }
     return out
 
 
@@ -72,9 +89,12 @@ def main() -> None:
         r = run(name, args.minutes, args.seed)
         results.append(r)
         f, l = r["first3"], r["last3"]
-        print(f"{name:7s} {r['iterations']:4d} it {r['env_steps']:.0f} steps {r['episodes']:.0f} episodes | "
-              + " | ".join(f"{k.split('/')[-1]} {f[k]:.3f} -> {l[k]:.3f}" for k in KEYS if f[k] is not None)
-              + f" | best success {r['best_success']:.3f}", flush=True)
+        print(
+            f"{name:7s} {r['iterations']:4d} it {r['env_steps']:.0f} steps {r['episodes']:.0f} episodes | "
+            + " | ".join(f"{k.split('/')[-1]} {f[k]:.3f} -> {l[k]:.3f}" for k in KEYS if f[k] is not None)
+            + f" | best success {r['best_success']:.3f}",
+            flush=True,
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

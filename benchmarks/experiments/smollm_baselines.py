@@ -81,11 +81,19 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "agent-hermes": {"env": "tool", "kwargs": {"tool_format": "hermes"}},
     "agent-smollm2": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_PROMPT}},
     "agent-smollm2-oneshot": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_ONESHOT}},
-    "agent-smollm2-scaffold": {"env": "tool", "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_ONESHOT,
-                                                         "scaffold": True}},
+    "agent-smollm2-scaffold": {
+        "env": "tool",
+        "kwargs": {"tool_format": "smollm2", "system_prompt": AGENT_ONESHOT, "scaffold": True},
+    },
 }
-FOOTHOLD = ["naiverag-tags", "naiverag-text", "naiverag-oneshot", "agent-hermes", "agent-smollm2",
-            "agent-smollm2-oneshot"]
+FOOTHOLD = [
+    "naiverag-tags",
+    "naiverag-text",
+    "naiverag-oneshot",
+    "agent-hermes",
+    "agent-smollm2",
+    "agent-smollm2-oneshot",
+]
 BASELINES = ["naiverag-text", "agent-smollm2-oneshot", "agent-smollm2-scaffold"]
 
 
@@ -102,17 +110,25 @@ def gold_in_text(text: str, task: dict[str, Any]) -> bool:
     return any(normalize_answer(g) and normalize_answer(g) in t for g in golds)
 
 
-def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, args: argparse.Namespace,
-                  out_dir: Path) -> dict[str, Any]:
+def run_condition(
+    cond: str, dataset: str, rows: int, policy: Any, tok: Any, args: argparse.Namespace, out_dir: Path
+) -> dict[str, Any]:
     from agent_gym.factory import EnvFactory
     from trainers.evaluate import model_episodes
     from trainers.rollout import summarize
     from trainers.sources import episode_record
 
     spec = CONDITIONS[cond]
-    rows_file = Path(args.rows_dir) / f"{dataset}_heldout.jsonl" if args.rows_dir else DATA / dataset / "dev_sample.jsonl"
-    kwargs = {"data_path": str(rows_file), "corpus_path": str(DATA / dataset / "corpus.jsonl"),
-              "topk": 3, "max_result_tokens": args.passage_tokens, **spec["kwargs"]}
+    rows_file = (
+        Path(args.rows_dir) / f"{dataset}_heldout.jsonl" if args.rows_dir else DATA / dataset / "dev_sample.jsonl"
+    )
+    kwargs = {
+        "data_path": str(rows_file),
+        "corpus_path": str(DATA / dataset / "corpus.jsonl"),
+        "topk": 3,
+        "max_result_tokens": args.passage_tokens,
+        **spec["kwargs"],
+    }
     if spec["env"] == "tool":
         kwargs.update(max_turns=args.max_turns, max_context_tokens=args.max_context)
     eid = env_id(cond, dataset)
@@ -123,8 +139,18 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     t0 = time.perf_counter()
     decode = "sample" if args.temperature > 0 else "greedy"
     turn_tokens = args.max_turn_tokens or (48 if spec["env"] == "tool" else 64)
-    episodes, _, cost = model_episodes(eid, kwargs, list(range(rows)), policy, tok, args.backend, turn_tokens,
-                                       decode=decode, temperature=args.temperature or 1.0, seed=args.seed)
+    episodes, _, cost = model_episodes(
+        eid,
+        kwargs,
+        list(range(rows)),
+        policy,
+        tok,
+        args.backend,
+        turn_tokens,
+        decode=decode,
+        temperature=args.temperature or 1.0,
+        seed=args.seed,
+    )
     wall = time.perf_counter() - t0
     probe = EnvFactory(eid, kwargs, tok).make().unwrapped
     m = summarize(episodes)
@@ -135,8 +161,10 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
         for k, ep in enumerate(episodes):
             rec = episode_record(ep, tok, condition=cond, dataset=dataset)
             agent = tok.decode([t for t, mk in zip(ep.token_ids, ep.loss_mask) if mk], skip_special_tokens=True)
-            shown = tok.decode([t for t, mk in zip(ep.token_ids[ep.prompt_len:], ep.loss_mask[ep.prompt_len:]) if not mk],
-                               skip_special_tokens=True)
+            shown = tok.decode(
+                [t for t, mk in zip(ep.token_ids[ep.prompt_len :], ep.loss_mask[ep.prompt_len :]) if not mk],
+                skip_special_tokens=True,
+            )
             rec["agent_text"] = agent
             rec["gold"] = probe.get_task(k)["answer"]
             rec["gold_in_text"] = gold_in_text(agent, probe.get_task(k))
@@ -147,13 +175,22 @@ def run_condition(cond: str, dataset: str, rows: int, policy: Any, tok: Any, arg
     system_prompt = probe.system_prompt
     probe.close()
     return {
-        "condition": cond, "dataset": dataset, "env": eid, "rows": len(episodes), "temperature": args.temperature,
-        "em": m.get("rollout/em", 0.0), "f1": m.get("rollout/f1", 0.0), "answered": m["rollout/answered_rate"],
-        "calls_per_episode": calls / len(episodes), "valid_call_rate": (ok / calls) if calls else None,
+        "condition": cond,
+        "dataset": dataset,
+        "env": eid,
+        "rows": len(episodes),
+        "temperature": args.temperature,
+        "em": m.get("rollout/em", 0.0),
+        "f1": m.get("rollout/f1", 0.0),
+        "answered": m["rollout/answered_rate"],
+        "calls_per_episode": calls / len(episodes),
+        "valid_call_rate": (ok / calls) if calls else None,
         "episodes_with_valid_call": sum(e.call_statuses.get("ok", 0) > 0 for e in episodes) / len(episodes),
-        "gold_in_reply": sum(texts) / len(texts), "turns_mean": m["rollout/turns_mean"],
+        "gold_in_reply": sum(texts) / len(texts),
+        "turns_mean": m["rollout/turns_mean"],
         "gold_in_retrieved": sum(retrieved) / len(retrieved) if spec["env"] == "tool" else None,
-        "generated_tokens_per_episode": cost["decode/generated_tokens_per_episode"], "wall_s": wall,
+        "generated_tokens_per_episode": cost["decode/generated_tokens_per_episode"],
+        "wall_s": wall,
         "system_prompt": system_prompt,
     }
 
@@ -188,21 +225,31 @@ def classify(out_dir: Path, n: int, seed: int = 0) -> dict[str, Any]:
         by_cond.setdefault(r["condition"], Counter())[failure_class(r)] += 1
     examples = {}
     for r in sample:
-        examples.setdefault(failure_class(r), {"condition": r["condition"], "gold": r["gold"],
-                                               "reply": r["agent_text"][:300]})
-    return {"n": len(sample), "classes": dict(counts.most_common()), "by_condition": {k: dict(v) for k, v in by_cond.items()},
-            "examples": examples}
+        examples.setdefault(
+            failure_class(r), {"condition": r["condition"], "gold": r["gold"], "reply": r["agent_text"][:300]}
+        )
+    return {
+        "n": len(sample),
+        "classes": dict(counts.most_common()),
+        "by_condition": {k: dict(v) for k, v in by_cond.items()},
+        "examples": examples,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=30, help="dev rows 0..N-1 per dataset (0: every row of the file)")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: under .venv-vllm (make vllm-cpu)")
-    ap.add_argument("--rows-dir", help="read DIR/<dataset>_heldout.jsonl instead of the shared dev rows (the held-out "
-                    "parts that scripts/split_qa.py writes, e.g. runs/qa_split); search still uses the dataset's corpus")
+    ap.add_argument(
+        "--rows-dir",
+        help="read DIR/<dataset>_heldout.jsonl instead of the shared dev rows (the held-out "
+        "parts that scripts/split_qa.py writes, e.g. runs/qa_split); search still uses the dataset's corpus",
+    )
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--conditions", nargs="+", choices=list(CONDITIONS))
-    ap.add_argument("--foothold", action="store_true", help=f"the foothold conditions {FOOTHOLD} (default: {BASELINES})")
+    ap.add_argument(
+        "--foothold", action="store_true", help=f"the foothold conditions {FOOTHOLD} (default: {BASELINES})"
+    )
     ap.add_argument("--passage-tokens", type=int, default=128, help="max tokens per passage (env max_result_tokens)")
     ap.add_argument("--max-turn-tokens", type=int, help="default: 64 for Naive RAG, 48 for the tool env")
     ap.add_argument("--max-turns", type=int, default=3, help="tool env turns")
@@ -211,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: one sample per turn")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature)")
     ap.add_argument("--out", default="runs/smollm_baselines")
-    ap.add_argument("--classify", type=int, metavar="N",
-                    help="classify N trajectories sampled from the condition files already in --out, and stop")
+    ap.add_argument(
+        "--classify",
+        type=int,
+        metavar="N",
+        help="classify N trajectories sampled from the condition files already in --out, and stop",
+    )
     args = ap.parse_args(argv)
     if args.classify:
         c = classify(Path(args.out), args.classify)
@@ -244,20 +295,36 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 r = run_condition(cond, ds, args.rows, policy, tok, args, out_dir)
             results.append(r)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                              if k != "system_prompt"}), flush=True)
-            (out_dir / "results.json").write_text(json.dumps({"results": results, "settings": vars(args),
-                                                              "model_load_s": load_s, "loadavg": os.getloadavg()}, indent=1))
-    print(f"\n{'condition':24s} {'dataset':16s} {'n':>3s} {'EM':>6s} {'F1':>6s} {'ans':>5s} {'calls':>5s} {'valid':>5s} "
-          f"{'gold':>5s} {'retr':>5s}")
+            print(
+                json.dumps(
+                    {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "system_prompt"}
+                ),
+                flush=True,
+            )
+            (out_dir / "results.json").write_text(
+                json.dumps(
+                    {"results": results, "settings": vars(args), "model_load_s": load_s, "loadavg": os.getloadavg()},
+                    indent=1,
+                )
+            )
+    print(
+        f"\n{'condition':24s} {'dataset':16s} {'n':>3s} {'EM':>6s} {'F1':>6s} {'ans':>5s} {'calls':>5s} {'valid':>5s} "
+        f"{'gold':>5s} {'retr':>5s}"
+    )
     for r in results:
         vc = "-" if r["valid_call_rate"] is None else f"{r['valid_call_rate']:.2f}"
         gr = "-" if r["gold_in_retrieved"] is None else f"{r['gold_in_retrieved']:.2f}"
-        print(f"{r['condition']:24s} {r['dataset']:16s} {r['rows']:3d} {r['em']:6.3f} {r['f1']:6.3f} {r['answered']:5.2f} "
-              f"{r['calls_per_episode']:5.2f} {vc:>5s} {r['gold_in_reply']:5.2f} {gr:>5s}")
+        print(
+            f"{r['condition']:24s} {r['dataset']:16s} {r['rows']:3d} {r['em']:6.3f} {r['f1']:6.3f} {r['answered']:5.2f} "
+            f"{r['calls_per_episode']:5.2f} {vc:>5s} {r['gold_in_reply']:5.2f} {gr:>5s}"
+        )
     print(f"saved {out_dir / 'results.json'}")
-    write_raw(__file__, {"results": results, "settings": vars(args), "model_load_s": load_s}, argv=argv,
-              outputs=[out_dir / "results.json", *(out_dir / f"{r['condition']}__{r['dataset']}.jsonl" for r in results)])
+    write_raw(
+        __file__,
+        {"results": results, "settings": vars(args), "model_load_s": load_s},
+        argv=argv,
+        outputs=[out_dir / "results.json", *(out_dir / f"{r['condition']}__{r['dataset']}.jsonl" for r in results)],
+    )
     return 0
 
 

@@ -25,10 +25,15 @@ DATA = Path(os.environ.get("AGENT_GYM_SHARED_DATA", Path(__file__).resolve().par
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Perplexity of the converted SmolLM2-135M-Instruct on Wikipedia paragraphs.")
+    ap = argparse.ArgumentParser(
+        description="Perplexity of the converted SmolLM2-135M-Instruct on Wikipedia paragraphs."
+    )
     ap.add_argument("--docs", type=int, default=64)
-    ap.add_argument("--model", default="smollm2-135m-instruct",
-                    help="the model to score (any HF directory too, e.g. the original bf16 SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="the model to score (any HF directory too, e.g. the original bf16 SmolLM2-135M-Instruct)",
+    )
     ap.add_argument("--corpus", default=str(DATA / "hotpotqa" / "corpus.jsonl"))
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--out", default="runs/smollm_perplexity.json")
@@ -58,9 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
             nll -= float(lp.sum())
             n += ids.shape[1] - 1
-    out = {"model": args.model, "corpus": args.corpus,
-           "docs": len(docs), "tokens": n, "perplexity": math.exp(nll / n), "nll_per_token": nll / n,
-           "wall_s": time.perf_counter() - t0}
+    out = {
+        "model": args.model,
+        "corpus": args.corpus,
+        "docs": len(docs),
+        "tokens": n,
+        "perplexity": math.exp(nll / n),
+        "nll_per_token": nll / n,
+        "wall_s": time.perf_counter() - t0,
+    }
     print(json.dumps(out, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -41,8 +41,13 @@ def provenance(ckpt: Path, iteration: int) -> dict:
     if path.is_file():
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         row = next((r for r in rows if r.get("iteration") == iteration), {})
-        keep = ("time/elapsed_min", "eval/success_rate", "eval/heldout/success_rate", "eval/fresh_kb/success_rate",
-                "rollout/success_rate")
+        keep = (
+            "time/elapsed_min",
+            "eval/success_rate",
+            "eval/heldout/success_rate",
+            "eval/fresh_kb/success_rate",
+            "rollout/success_rate",
+        )
         out.update({k: row[k] for k in keep if k in row})
         out["iterations_logged"] = len(rows)
     return out
@@ -73,7 +78,9 @@ def critic_ranking(critic, episodes, pad_id: int) -> dict:
         values = critic(ids, mask)  # (B, T)
     out: dict = {}
     for turn in range(max(e.turns for e in episodes)):
-        rows = [(i, e) for i, e in enumerate(episodes) if e.turns > turn and e.step_spans[turn][1] > e.step_spans[turn][0]]
+        rows = [
+            (i, e) for i, e in enumerate(episodes) if e.turns > turn and e.step_spans[turn][1] > e.step_spans[turn][0]
+        ]
         v = [float(values[i, e.step_spans[turn][1] - 1]) for i, e in rows]
         out[f"turn{turn}_value_mean"] = float(np.mean(v)) if v else None
         out[f"turn{turn}_auc_success"] = auc(v, [e.success for _, e in rows])
@@ -110,20 +117,44 @@ def main(argv: list[str] | None = None) -> int:
     tasks = list(range(args.tasks))
     load = [os.getloadavg()[0]]
     runs = []
-    plan = [("greedy", 1, 0)] + [(m, k, s) for s in args.seeds
-                                 for m, k in (("sample", 1), ("value-guided", args.k), ("random-of-k", args.k))]
+    plan = [("greedy", 1, 0)] + [
+        (m, k, s) for s in args.seeds for m, k in (("sample", 1), ("value-guided", args.k), ("random-of-k", args.k))
+    ]
     for mode, k, seed in plan:
         t0 = time.perf_counter()
-        eps, _, cost = model_episodes(cfg.rollout.env_id, env_kwargs, tasks, policy, tok, "hf", cfg.rollout.max_turn_tokens, mode, k,
-                                      temperature, critic if mode == "value-guided" else None, seed)
+        eps, _, cost = model_episodes(
+            cfg.rollout.env_id,
+            env_kwargs,
+            tasks,
+            policy,
+            tok,
+            "hf",
+            cfg.rollout.max_turn_tokens,
+            mode,
+            k,
+            temperature,
+            critic if mode == "value-guided" else None,
+            seed,
+        )
         m = summarize(eps)
-        runs.append({"decode": mode, "k": k, "seed": seed, "success_rate": m["rollout/success_rate"],
-                     "turns_mean": m["rollout/turns_mean"], **cost, "wall_s_total": time.perf_counter() - t0})
+        runs.append(
+            {
+                "decode": mode,
+                "k": k,
+                "seed": seed,
+                "success_rate": m["rollout/success_rate"],
+                "turns_mean": m["rollout/turns_mean"],
+                **cost,
+                "wall_s_total": time.perf_counter() - t0,
+            }
+        )
         if mode == "sample":  # the policy's own samples, unselected: how well does the critic rank them?
             runs[-1]["critic_ranking"] = critic_ranking(critic, eps, pad_token_id(tok))
         load.append(os.getloadavg()[0])
-        print(f"{mode:>12} k={k} seed={seed}: success {m['rollout/success_rate']:.3f}  "
-              f"({cost['decode/wall_s']:.1f} s)", flush=True)
+        print(
+            f"{mode:>12} k={k} seed={seed}: success {m['rollout/success_rate']:.3f}  ({cost['decode/wall_s']:.1f} s)",
+            flush=True,
+        )
 
     rows = []
     greedy = next(r for r in runs if r["decode"] == "greedy")
@@ -131,42 +162,70 @@ def main(argv: list[str] | None = None) -> int:
         rs = [r for r in runs if r["decode"] == mode]
         succ = np.array([r["success_rate"] for r in rs])
         per = lambda key: float(np.mean([r[key] for r in rs]))  # noqa: E731
-        rows.append({
-            "decode": mode, "k": rs[0]["k"], "seeds": len(rs), "episodes": len(rs) * args.tasks,
-            "success_mean": float(succ.mean()), "success_per_seed": succ.tolist(),
-            "success_std_over_seeds": float(succ.std(ddof=1)) if len(rs) > 1 else 0.0,
-            "generated_tokens_per_episode": per("decode/generated_tokens_per_episode"),
-            "critic_tokens_per_episode": per("decode/critic_tokens_per_episode"),
-            "wall_s": per("decode/wall_s"),
-            "generated_vs_greedy": per("decode/generated_tokens_per_episode")
-            / greedy["decode/generated_tokens_per_episode"],
-            "wall_vs_greedy": per("decode/wall_s") / greedy["decode/wall_s"],
-        })
+        rows.append(
+            {
+                "decode": mode,
+                "k": rs[0]["k"],
+                "seeds": len(rs),
+                "episodes": len(rs) * args.tasks,
+                "success_mean": float(succ.mean()),
+                "success_per_seed": succ.tolist(),
+                "success_std_over_seeds": float(succ.std(ddof=1)) if len(rs) > 1 else 0.0,
+                "generated_tokens_per_episode": per("decode/generated_tokens_per_episode"),
+                "critic_tokens_per_episode": per("decode/critic_tokens_per_episode"),
+                "wall_s": per("decode/wall_s"),
+                "generated_vs_greedy": per("decode/generated_tokens_per_episode")
+                / greedy["decode/generated_tokens_per_episode"],
+                "wall_vs_greedy": per("decode/wall_s") / greedy["decode/wall_s"],
+            }
+        )
     ranking = [r["critic_ranking"] for r in runs if "critic_ranking" in r]
-    ranking_mean = {key: float(np.mean([r[key] for r in ranking if r.get(key) is not None]))
-                    for key in ranking[0] if any(r.get(key) is not None for r in ranking)} if ranking else {}
+    ranking_mean = (
+        {
+            key: float(np.mean([r[key] for r in ranking if r.get(key) is not None]))
+            for key in ranking[0]
+            if any(r.get(key) is not None for r in ranking)
+        }
+        if ranking
+        else {}
+    )
     state = load_checkpoint(ckpt)
     result = {
-        "checkpoint": str(ckpt), "provenance": provenance(ckpt, int(state["iteration"])),
-        "env_id": cfg.rollout.env_id, "eval_set": args.eval_set, "env_kwargs": env_kwargs, "tasks": args.tasks,
-        "k": args.k, "temperature": temperature, "seeds": args.seeds, "load_average_1min": load,
-        "table": rows, "critic_ranking_on_samples": ranking_mean, "runs": runs,
+        "checkpoint": str(ckpt),
+        "provenance": provenance(ckpt, int(state["iteration"])),
+        "env_id": cfg.rollout.env_id,
+        "eval_set": args.eval_set,
+        "env_kwargs": env_kwargs,
+        "tasks": args.tasks,
+        "k": args.k,
+        "temperature": temperature,
+        "seeds": args.seeds,
+        "load_average_1min": load,
+        "table": rows,
+        "critic_ranking_on_samples": ranking_mean,
+        "runs": runs,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     write_raw(__file__, result, argv=argv, outputs=[out])
     print(f"\ncheckpoint {ckpt} ({json.dumps(result['provenance'])})")
-    print(f"{args.eval_set}: {args.tasks} questions, K={args.k}, T={temperature}, seeds {args.seeds}, "
-          f"load average {min(load):.1f}-{max(load):.1f}")
-    print("| decode | K | success (mean over seeds) | per seed | generated tok/ep | critic tok/ep | wall s | "
-          "generated x greedy | wall x greedy |")
+    print(
+        f"{args.eval_set}: {args.tasks} questions, K={args.k}, T={temperature}, seeds {args.seeds}, "
+        f"load average {min(load):.1f}-{max(load):.1f}"
+    )
+    print(
+        "| decode | K | success (mean over seeds) | per seed | generated tok/ep | critic tok/ep | wall s | "
+        "generated x greedy | wall x greedy |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['decode']} | {r['k']} | {r['success_mean']:.3f} | "
-              f"{' '.join(f'{x:.3f}' for x in r['success_per_seed'])} | {r['generated_tokens_per_episode']:.1f} | "
-              f"{r['critic_tokens_per_episode']:.0f} | {r['wall_s']:.1f} | {r['generated_vs_greedy']:.2f} | "
-              f"{r['wall_vs_greedy']:.2f} |")
+        print(
+            f"| {r['decode']} | {r['k']} | {r['success_mean']:.3f} | "
+            f"{' '.join(f'{x:.3f}' for x in r['success_per_seed'])} | {r['generated_tokens_per_episode']:.1f} | "
+            f"{r['critic_tokens_per_episode']:.0f} | {r['wall_s']:.1f} | {r['generated_vs_greedy']:.2f} | "
+            f"{r['wall_vs_greedy']:.2f} |"
+        )
     print("critic on the sample-mode episodes (AUC of the value at each turn's last action token; mean over seeds):")
     print("  " + ", ".join(f"{k} {v:.3f}" for k, v in ranking_mean.items()))
     print(f"wrote {out}")

@@ -70,8 +70,10 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="engine_death_")
     path = save_policy(model, tok, Path(tmp) / "model")
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 2000, (int(k),), generator=g).tolist()
-               for k in torch.randint(20, 120, (args.batch,), generator=g)]
+    prompts = [
+        torch.randint(3, 2000, (int(k),), generator=g).tolist()
+        for k in torch.randint(20, 120, (args.batch,), generator=g)
+    ]
     seeds = list(range(args.batch))
     sampling = SamplingConfig(max_new_tokens=args.max_new, temperature=1.0)
     targets = ["VLLM::EngineCore", "VLLM::Worker"]
@@ -112,23 +114,39 @@ def main() -> None:
                 if len(backend.deaths) == deaths:
                     print(f"round {r} {target}: the call ended before the kill; raise --max-new", flush=True)
                     continue
-                row = {"round": r, "target": target, "load_avg_1m": os.getloadavg()[0],
-                       "noticed_s": backend.deaths[-1].noticed_at - killed_at[0],
-                       "returned_s": done - killed_at[0], "outcome": "raised" if raised else "restarted",
-                       "same_tokens": out == reference if out is not None else None,
-                       "cause": backend.deaths[-1].cause}
+                row = {
+                    "round": r,
+                    "target": target,
+                    "load_avg_1m": os.getloadavg()[0],
+                    "noticed_s": backend.deaths[-1].noticed_at - killed_at[0],
+                    "returned_s": done - killed_at[0],
+                    "outcome": "raised" if raised else "restarted",
+                    "same_tokens": out == reference if out is not None else None,
+                    "cause": backend.deaths[-1].cause,
+                }
                 rows.append(row)
-                print(f"round {r} {target:17s} noticed {row['noticed_s']:.3f} s, {row['outcome']} after "
-                      f"{row['returned_s']:.1f} s, same tokens: {row['same_tokens']} ({row['cause']})", flush=True)
+                print(
+                    f"round {r} {target:17s} noticed {row['noticed_s']:.3f} s, {row['outcome']} after "
+                    f"{row['returned_s']:.1f} s, same tokens: {row['same_tokens']} ({row['cause']})",
+                    flush=True,
+                )
     finally:
         backend.close()
 
     restarted = [x for x in rows if x["outcome"] == "restarted"]
     result = {
-        "workload": {"batch": args.batch, "max_new": args.max_new, "kill_after_s": args.kill_after,
-                     "undisturbed_call_s": call_s, "engine_start_s": start_s},
-        "noticed_s": {t: summary([x["noticed_s"] for x in rows if x["target"] == t]) for t in targets
-                      if any(x["target"] == t for x in rows)},
+        "workload": {
+            "batch": args.batch,
+            "max_new": args.max_new,
+            "kill_after_s": args.kill_after,
+            "undisturbed_call_s": call_s,
+            "engine_start_s": start_s,
+        },
+        "noticed_s": {
+            t: summary([x["noticed_s"] for x in rows if x["target"] == t])
+            for t in targets
+            if any(x["target"] == t for x in rows)
+        },
         "restart_and_rerun_s": summary([x["returned_s"] for x in restarted]) if restarted else None,
         "raise_s": [x["returned_s"] for x in rows if x["outcome"] == "raised"],
         "all_reruns_same_tokens": all(x["same_tokens"] for x in restarted),

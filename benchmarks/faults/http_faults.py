@@ -75,8 +75,9 @@ SERVERS = {
 
 
 def one_call(url: str, args: argparse.Namespace, measure_memory: bool) -> tuple[float, str, int | None]:
-    client = HTTPRetriever(url, timeout_s=args.timeout, retries=args.retries, backoff_s=args.backoff,
-                           max_response_bytes=CAP)
+    client = HTTPRetriever(
+        url, timeout_s=args.timeout, retries=args.retries, backoff_s=args.backoff, max_response_bytes=CAP
+    )
     if measure_memory:
         tracemalloc.start()
     t0 = time.monotonic()
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=1)
     ap.add_argument("--backoff", type=float, default=0.05)
     args = ap.parse_args(argv)
-    bound = (args.retries + 1) * args.timeout + args.backoff * (2 ** args.retries - 1)
+    bound = (args.retries + 1) * args.timeout + args.backoff * (2**args.retries - 1)
     servers = {name: FaultServer(make()) for name, make in SERVERS.items()}
     load_before = os.getloadavg()[0]
     times: dict[str, list[float]] = {n: [] for n in servers}
@@ -121,21 +122,43 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     load_after = os.getloadavg()[0]
     rows = {}
-    print(f"timeout_s={args.timeout:g} retries={args.retries} backoff_s={args.backoff:g}: "
-          f"documented bound {bound:.2f} s per call; max_response_bytes={CAP:,}")
+    print(
+        f"timeout_s={args.timeout:g} retries={args.retries} backoff_s={args.backoff:g}: "
+        f"documented bound {bound:.2f} s per call; max_response_bytes={CAP:,}"
+    )
     print(f"{'case':<14} {'median s':>9} {'min s':>7} {'max s':>7}  outcome")
     for name in servers:
         ts = times[name]
-        rows[name] = {"seconds": ts, "median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                      "outcomes": sorted(outcomes[name])}
-        print(f"{name:<14} {statistics.median(ts):9.3f} {min(ts):7.3f} {max(ts):7.3f}  {' | '.join(sorted(outcomes[name]))}")
-    print(f"flood_close tracemalloc peak: median {statistics.median(peaks) / 2**20:.2f} MiB "
-          f"(range {min(peaks) / 2**20:.2f}-{max(peaks) / 2**20:.2f}), cap {CAP / 2**20:.0f} MiB")
+        rows[name] = {
+            "seconds": ts,
+            "median_s": statistics.median(ts),
+            "min_s": min(ts),
+            "max_s": max(ts),
+            "outcomes": sorted(outcomes[name]),
+        }
+        print(
+            f"{name:<14} {statistics.median(ts):9.3f} {min(ts):7.3f} {max(ts):7.3f}  {' | '.join(sorted(outcomes[name]))}"
+        )
+    print(
+        f"flood_close tracemalloc peak: median {statistics.median(peaks) / 2**20:.2f} MiB "
+        f"(range {min(peaks) / 2**20:.2f}-{max(peaks) / 2**20:.2f}), cap {CAP / 2**20:.0f} MiB"
+    )
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after; {os.cpu_count()} CPUs")
-    out = {"bound_s": bound, "timeout_s": args.timeout, "retries": args.retries, "backoff_s": args.backoff,
-           "rounds": args.rounds, "cases": rows, "flood_peak_bytes": peaks, "max_response_bytes": CAP,
-           "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count(),
-           "python": platform.python_version(), "machine": platform.machine()}
+    out = {
+        "bound_s": bound,
+        "timeout_s": args.timeout,
+        "retries": args.retries,
+        "backoff_s": args.backoff,
+        "rounds": args.rounds,
+        "cases": rows,
+        "flood_peak_bytes": peaks,
+        "max_response_bytes": CAP,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
     res = ROOT / "benchmarks" / "results"
     res.mkdir(exist_ok=True)
     (res / "http_faults.json").write_text(json.dumps(out, indent=1))

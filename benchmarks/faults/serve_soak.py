@@ -23,6 +23,7 @@ garbage piled up between them, and glibc kept freed pages in the arenas of the p
 
 tests/integrations/test_serve_abuse.py runs it (by path) with 50 sessions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,14 @@ def soak(url: str, pid: int, sessions: int, every: int, concurrency: int = 1, ti
 
     def sample(done: int, t0: float) -> dict:
         st, table = proc_status(pid), session_table(url)
-        return {"sessions": done, "elapsed_s": round(time.monotonic() - t0, 2), "rss_mib": round(st["VmRSS"] / 1024, 1),
-                "threads": st["Threads"], "open_envs": table["open_envs"], "session_table": table.get("sessions")}
+        return {
+            "sessions": done,
+            "elapsed_s": round(time.monotonic() - t0, 2),
+            "rss_mib": round(st["VmRSS"] / 1024, 1),
+            "threads": st["Threads"],
+            "open_envs": table["open_envs"],
+            "session_table": table.get("sessions"),
+        }
 
     t0 = time.monotonic()
     curve = [sample(0, t0)]
@@ -104,18 +111,30 @@ def soak(url: str, pid: int, sessions: int, every: int, concurrency: int = 1, ti
     settled = sample(sessions, t0)
     half = min(curve, key=lambda p: abs(p["sessions"] - sessions / 2))
     last = [p for p in curve if p["sessions"] >= half["sessions"]]
-    slope = (statistics.linear_regression([p["sessions"] for p in last], [p["rss_mib"] for p in last]).slope
-             if len(last) >= 2 else None)
-    return {"sessions": sessions, "every": every, "concurrency": concurrency, "curve": curve, "settled": settled,
-            "start_rss_mib": curve[0]["rss_mib"], "end_rss_mib": settled["rss_mib"],
-            "peak_rss_mib": round(proc_status(pid)["VmHWM"] / 1024, 1),
-            "half_rss_mib": half["rss_mib"], "half_at_sessions": half["sessions"],
-            "growth_last_half_mib": round(settled["rss_mib"] - half["rss_mib"], 1),
-            "growth_first_half_mib": round(half["rss_mib"] - curve[0]["rss_mib"], 1),
-            "max_rss_first_half_mib": max(p["rss_mib"] for p in curve if p["sessions"] <= half["sessions"]),
-            "max_rss_last_half_mib": max(p["rss_mib"] for p in last),
-            "slope_last_half_mib_per_1000": None if slope is None else round(1000 * slope, 2),
-            "sessions_per_s": round(sessions / wall, 2), "wall_s": round(wall, 1)}
+    slope = (
+        statistics.linear_regression([p["sessions"] for p in last], [p["rss_mib"] for p in last]).slope
+        if len(last) >= 2
+        else None
+    )
+    return {
+        "sessions": sessions,
+        "every": every,
+        "concurrency": concurrency,
+        "curve": curve,
+        "settled": settled,
+        "start_rss_mib": curve[0]["rss_mib"],
+        "end_rss_mib": settled["rss_mib"],
+        "peak_rss_mib": round(proc_status(pid)["VmHWM"] / 1024, 1),
+        "half_rss_mib": half["rss_mib"],
+        "half_at_sessions": half["sessions"],
+        "growth_last_half_mib": round(settled["rss_mib"] - half["rss_mib"], 1),
+        "growth_first_half_mib": round(half["rss_mib"] - curve[0]["rss_mib"], 1),
+        "max_rss_first_half_mib": max(p["rss_mib"] for p in curve if p["sessions"] <= half["sessions"]),
+        "max_rss_last_half_mib": max(p["rss_mib"] for p in last),
+        "slope_last_half_mib_per_1000": None if slope is None else round(1000 * slope, 2),
+        "sessions_per_s": round(sessions / wall, 2),
+        "wall_s": round(wall, 1),
+    }
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -125,8 +144,11 @@ def checkout(ref: str, into: Path) -> Path:
 
 def log_figures(text: str) -> dict:
     lines = text.splitlines()
-    return {"log_bytes": len(text.encode()), "tracebacks": sum("Traceback (most recent call last)" in ln for ln in lines),
-            "error_lines": sum(ln.startswith("ERROR") for ln in lines)}
+    return {
+        "log_bytes": len(text.encode()),
+        "tracebacks": sum("Traceback (most recent call last)" in ln for ln in lines),
+        "error_lines": sum(ln.startswith("ERROR") for ln in lines),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=100, help="sample the RSS every this many sessions")
     ap.add_argument("--concurrency", type=int, default=1, help="sessions open at once (played in batches)")
     ap.add_argument("--env-kwargs", default='{"max_turns": 4}', help="JSON env kwargs for the server")
-    ap.add_argument("--ref", default=None, help="serve the agent_gym and envs of this commit instead of this tree "
-                                                "(e.g. HEAD, for the figures before a change)")
+    ap.add_argument(
+        "--ref",
+        default=None,
+        help="serve the agent_gym and envs of this commit instead of this tree "
+        "(e.g. HEAD, for the figures before a change)",
+    )
     ap.add_argument("--label", default=None)
     args = ap.parse_args(argv)
     if args.sessions < 2 or args.every < 1 or args.concurrency < 1:
@@ -152,18 +178,28 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_server(proc)
         res.update(log_figures(log.read_text(errors="replace")))
-    res.update(ref=args.ref, env_id=ENV_ID, env_kwargs=json.loads(args.env_kwargs), load_average_before=list(load_before),
-               load_average_after=list(os.getloadavg()), cpu_count=os.cpu_count())
+    res.update(
+        ref=args.ref,
+        env_id=ENV_ID,
+        env_kwargs=json.loads(args.env_kwargs),
+        load_average_before=list(load_before),
+        load_average_after=list(os.getloadavg()),
+        cpu_count=os.cpu_count(),
+    )
     for p in res["curve"]:
-        print(f"{p['sessions']:>6} sessions  {p['elapsed_s']:>7.1f} s  RSS {p['rss_mib']:>6.1f} MiB  "
-              f"threads {p['threads']:>3}  open envs {p['open_envs']}  session table {p['session_table']}")
-    print(f"RSS {res['start_rss_mib']} -> {res['end_rss_mib']} MiB over {res['sessions']} sessions "
-          f"(peak {res['peak_rss_mib']}); first half {res['growth_first_half_mib']:+.1f} MiB, last half "
-          f"{res['growth_last_half_mib']:+.1f} MiB (fit: {res['slope_last_half_mib_per_1000']} MiB per 1,000 "
-          f"sessions; max {res['max_rss_first_half_mib']} then {res['max_rss_last_half_mib']} MiB); "
-          f"{res['sessions_per_s']} sessions/s; server log: {res['tracebacks']} tracebacks, {res['error_lines']} "
-          f"ERROR lines, {res['log_bytes']} bytes; load average {load_before[0]:.2f} -> "
-          f"{res['load_average_after'][0]:.2f} on {os.cpu_count()} CPUs")
+        print(
+            f"{p['sessions']:>6} sessions  {p['elapsed_s']:>7.1f} s  RSS {p['rss_mib']:>6.1f} MiB  "
+            f"threads {p['threads']:>3}  open envs {p['open_envs']}  session table {p['session_table']}"
+        )
+    print(
+        f"RSS {res['start_rss_mib']} -> {res['end_rss_mib']} MiB over {res['sessions']} sessions "
+        f"(peak {res['peak_rss_mib']}); first half {res['growth_first_half_mib']:+.1f} MiB, last half "
+        f"{res['growth_last_half_mib']:+.1f} MiB (fit: {res['slope_last_half_mib_per_1000']} MiB per 1,000 "
+        f"sessions; max {res['max_rss_first_half_mib']} then {res['max_rss_last_half_mib']} MiB); "
+        f"{res['sessions_per_s']} sessions/s; server log: {res['tracebacks']} tracebacks, {res['error_lines']} "
+        f"ERROR lines, {res['log_bytes']} bytes; load average {load_before[0]:.2f} -> "
+        f"{res['load_average_after'][0]:.2f} on {os.cpu_count()} CPUs"
+    )
     write_raw(__file__, res, label=args.label, argv=argv)
     return 0
 

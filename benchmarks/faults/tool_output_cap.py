@@ -64,8 +64,10 @@ def worker(steps: int) -> dict:
 
     env = Env(tools=[big], max_context_tokens=CONTEXT)
     env.renderer._cache_size = 0  # every delta rendered through the chat template, never memoized
-    actions = {"big_output": env.encode_turn('<tool_call>{"name": "big", "arguments": {}}</tool_call>'),
-               "many_calls": env.encode_turn("<tool_call></tool_call>" * EMPTY_CALLS)}
+    actions = {
+        "big_output": env.encode_turn('<tool_call>{"name": "big", "arguments": {}}</tool_call>'),
+        "many_calls": env.encode_turn("<tool_call></tool_call>" * EMPTY_CALLS),
+    }
     out: dict = {}
     for name, action in actions.items():
         times, info = [], {}
@@ -74,8 +76,12 @@ def worker(steps: int) -> dict:
             t0 = time.perf_counter()
             *_, info = env.step(action)
             times.append(time.perf_counter() - t0)
-        out[name] = {"median_s": statistics.median(times), "calls_reported": len(info["tool_calls"]),
-                     "obs_tokens": info["obs_span"][1], "truncation_reason": info["truncation_reason"]}
+        out[name] = {
+            "median_s": statistics.median(times),
+            "calls_reported": len(info["tool_calls"]),
+            "obs_tokens": info["obs_span"][1],
+            "truncation_reason": info["truncation_reason"],
+        }
     # The parser alone on the 4,000 calls, as the env calls it (capped after the fix).
     parse = getattr(env, "_parse", env.format.parse)
     text = "<tool_call></tool_call>" * EMPTY_CALLS
@@ -84,15 +90,21 @@ def worker(steps: int) -> dict:
         t0 = time.perf_counter()
         parsed = parse(text)
         times.append(time.perf_counter() - t0)
-    out["parse_only"] = {"median_s": statistics.median(times), "calls_reported": len(parsed.calls),
-                         "obs_tokens": None, "truncation_reason": None}
+    out["parse_only"] = {
+        "median_s": statistics.median(times),
+        "calls_reported": len(parsed.calls),
+        "obs_tokens": None,
+        "truncation_reason": None,
+    }
     return out
 
 
 def run_side(src: Path, steps: int) -> dict:
     here = str(Path(__file__).resolve().parent)  # this module, imported by name in the child
-    code = (f"import sys, json; sys.path.insert(0, {str(src)!r}); sys.path.insert(1, {here!r}); "
-            f"import tool_output_cap as b; print(json.dumps(b.worker({steps})))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(src)!r}); sys.path.insert(1, {here!r}); "
+        f"import tool_output_cap as b; print(json.dumps(b.worker({steps})))"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -111,8 +123,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp) / "before"
         before.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before_rev, "agent_gym", "envs"],
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.before_rev, "agent_gym", "envs"], capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         sides = {"before": before, "after": ROOT}
         runs: dict[str, list[dict]] = {k: [] for k in sides}
@@ -122,19 +135,29 @@ def main() -> None:
                 runs[side].append(run_side(src, args.steps))
                 print(f"round {r} {side}: {json.dumps(runs[side][-1])}", flush=True)
             load.append(os.getloadavg())
-    summary: dict = {"before_rev": args.before_rev, "rounds": args.rounds, "steps_per_round": args.steps,
-                     "load_average_1m": [round(x[0], 2) for x in load], "scenarios": {}}
+    summary: dict = {
+        "before_rev": args.before_rev,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "load_average_1m": [round(x[0], 2) for x in load],
+        "scenarios": {},
+    }
     for scen in ("big_output", "many_calls", "parse_only"):
         row = {}
         for side in sides:
             ts = [run[scen]["median_s"] for run in runs[side]]
-            row[side] = {"median_s": round(statistics.median(ts), 4), "min_s": round(min(ts), 4),
-                         "max_s": round(max(ts), 4), **{k: runs[side][-1][scen][k] for k in
-                                                        ("calls_reported", "obs_tokens", "truncation_reason")}}
+            row[side] = {
+                "median_s": round(statistics.median(ts), 4),
+                "min_s": round(min(ts), 4),
+                "max_s": round(max(ts), 4),
+                **{k: runs[side][-1][scen][k] for k in ("calls_reported", "obs_tokens", "truncation_reason")},
+            }
         summary["scenarios"][scen] = row
-        print(f"{scen}: before {row['before']['median_s']:.3f} s [{row['before']['min_s']:.3f}, "
-              f"{row['before']['max_s']:.3f}], after {row['after']['median_s']:.4f} s [{row['after']['min_s']:.4f}, "
-              f"{row['after']['max_s']:.4f}]")
+        print(
+            f"{scen}: before {row['before']['median_s']:.3f} s [{row['before']['min_s']:.3f}, "
+            f"{row['before']['max_s']:.3f}], after {row['after']['median_s']:.4f} s [{row['after']['min_s']:.4f}, "
+            f"{row['after']['max_s']:.4f}]"
+        )
     print(f"load average (1 min) before/after each round: {summary['load_average_1m']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -54,7 +54,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="64x4096,256x8192")
     ap.add_argument("--discount", type=float, default=0.99 * 0.95)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: see docs/results.md on 2 threads on a busy 2-core machine)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1: see docs/results.md on 2 threads on a busy 2-core machine)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -67,26 +72,40 @@ def main() -> None:
         ref = loop_form(x, mask, args.discount)
         got = _discounted_cumsum_on_mask(x, mask, args.discount)
         max_diff = (got - ref).abs().max().item()
-        sides = {"loop": lambda: loop_form(x, mask, args.discount),
-                 "blocked": lambda: _discounted_cumsum_on_mask(x, mask, args.discount),
-                 "lfilter": lambda: lfilter_form(x, mask, args.discount)}
+        sides = {
+            "loop": lambda: loop_form(x, mask, args.discount),
+            "blocked": lambda: _discounted_cumsum_on_mask(x, mask, args.discount),
+            "lfilter": lambda: lfilter_form(x, mask, args.discount),
+        }
         times: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(args.rounds):
             for name, fn in sides.items():
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-        row = {"B": B, "T": T, "max_abs_diff_vs_loop": max_diff,
-               "ms": {k: spread(v, 1e3) for k, v in times.items()},
-               "loop_over_blocked": statistics.median(times["loop"]) / statistics.median(times["blocked"]),
-               "blocked_over_lfilter": statistics.median(times["blocked"]) / statistics.median(times["lfilter"])}
+        row = {
+            "B": B,
+            "T": T,
+            "max_abs_diff_vs_loop": max_diff,
+            "ms": {k: spread(v, 1e3) for k, v in times.items()},
+            "loop_over_blocked": statistics.median(times["loop"]) / statistics.median(times["blocked"]),
+            "blocked_over_lfilter": statistics.median(times["blocked"]) / statistics.median(times["lfilter"]),
+        }
         results.append(row)
-        print(f"B={B} T={T}: " + ", ".join(
-            f"{k} {v['median']:.1f} ms [{v['min']:.1f}-{v['max']:.1f}]" for k, v in row["ms"].items())
+        print(
+            f"B={B} T={T}: "
+            + ", ".join(f"{k} {v['median']:.1f} ms [{v['min']:.1f}-{v['max']:.1f}]" for k, v in row["ms"].items())
             + f"; loop/blocked {row['loop_over_blocked']:.1f}x, blocked/lfilter "
-            f"{row['blocked_over_lfilter']:.2f}x; max |blocked-loop| {max_diff:.2e}")
-    out = {"rounds": args.rounds, "threads": args.threads, "discount": args.discount, "load_before": load_before,
-           "load_after": os.getloadavg(), "results": results}
+            f"{row['blocked_over_lfilter']:.2f}x; max |blocked-loop| {max_diff:.2e}"
+        )
+    out = {
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "discount": args.discount,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "results": results,
+    }
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
     write_raw(__file__, out, outputs=[save("advantages_speed", out)])
 

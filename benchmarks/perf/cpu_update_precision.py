@@ -39,8 +39,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _batch(tokenizer, rows: int, tokens: int, agent_fraction: float, seed: int):
-    text = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
-            "It is named after the engineer Gustave Eiffel, whose company designed and built the tower. ")
+    text = (
+        "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+        "It is named after the engineer Gustave Eiffel, whose company designed and built the tower. "
+    )
     ids = tokenizer(text * (tokens // 10 + 1))["input_ids"][:tokens]
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.tensor([ids] * rows)
@@ -69,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = ModelConfig(name=args.model)
     tokenizer = load_tokenizer_for(model)
-    policy = scale.add_lora(load_policy(model, tokenizer), ScaleConfig(lora_r=args.lora_r, lora_alpha=2 * args.lora_r)).train()
+    policy = scale.add_lora(
+        load_policy(model, tokenizer), ScaleConfig(lora_r=args.lora_r, lora_alpha=2 * args.lora_r)
+    ).train()
     opt = torch.optim.AdamW(scale.trainable(policy), lr=1e-6)
     ids, attn, mask = _batch(tokenizer, args.rows, args.tokens, args.agent_fraction, seed=0)
 
@@ -111,11 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
     result = {
-        "model": args.model, "rows": args.rows, "tokens": args.tokens, "agent_fraction": args.agent_fraction,
-        "lora_r": args.lora_r, "rounds": args.rounds, "threads": args.threads, "load_avg_1m": loads,
+        "model": args.model,
+        "rows": args.rows,
+        "tokens": args.tokens,
+        "agent_fraction": args.agent_fraction,
+        "lora_r": args.lora_r,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "load_avg_1m": loads,
         "seconds": {mp: {k: summary(v) for k, v in times[mp].items()} for mp in sides},
-        "ratio_fp32_over_bf16": {k: summary([a / b for a, b in zip(times["no"][k], times["bf16"][k])])
-                                 for k in ("score", "step")},
+        "ratio_fp32_over_bf16": {
+            k: summary([a / b for a, b in zip(times["no"][k], times["bf16"][k])]) for k in ("score", "step")
+        },
         "bf16_logprob_abs_diff": {"mean": diff.mean().item(), "max": diff.max().item()},
     }
     print(json.dumps(result, indent=2))

@@ -41,21 +41,34 @@ def main() -> None:
     cfg = yaml.safe_load((REPO / args.config).read_text())
     script = "train_ppo.py" if (cfg.get("algorithm") or {}).get("algo", "ppo") == "ppo" else "train_grpo.py"
     run_dir = tempfile.mkdtemp(prefix="demo_resources_")
-    overrides = [f"run.run_dir={run_dir}", f"run.iterations={args.iterations}", "run.progress_bar=false", "run.max_minutes=null"]
+    overrides = [
+        f"run.run_dir={run_dir}",
+        f"run.iterations={args.iterations}",
+        "run.progress_bar=false",
+        "run.max_minutes=null",
+    ]
     init = (cfg.get("model") or {}).get("init_from")
     if init and not (REPO / init).is_dir() and not any(o.startswith("model.init_from=") for o in args.overrides):
         print(f"note: {init} not found; starting from the untrained tiny model (same shapes)")
         overrides.append("model.init_from=null")
-    cmd = [sys.executable, str(REPO / "trainers" / script), "--config", str(REPO / args.config), *overrides, *args.overrides]
-    subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                   stdout=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        str(REPO / "trainers" / script),
+        "--config",
+        str(REPO / args.config),
+        *overrides,
+        *args.overrides,
+    ]
+    subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     recs = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     frac = [r["time/env_fraction"] for r in recs]
     out = {
-        "config": args.config, "iterations": len(recs),
+        "config": args.config,
+        "iterations": len(recs),
         "peak_rss_gb": peak_kb / 1024**2,
-        "env_fraction_median": statistics.median(frac), "env_fraction_max": max(frac),
+        "env_fraction_median": statistics.median(frac),
+        "env_fraction_max": max(frac),
         "iteration_s_median": statistics.median(r["time/iteration_s"] for r in recs),
         "env_s_median": statistics.median(r["time/env_s"] for r in recs),
     }

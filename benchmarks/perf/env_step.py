@@ -95,8 +95,13 @@ def bench_single(steps: int, cache: bool) -> dict:
             per_step_excl.append(dt - (timer.total - tool0))
             ctx.append(len(obs["input_ids"]))
     med, med_excl = statistics.median(per_step), statistics.median(per_step_excl)
-    return {"steps": len(per_step), "median_context_tokens": statistics.median(ctx),
-            "median_step_us": med * 1e6, "steps_per_s": 1 / med, "steps_per_s_excl_tool": 1 / med_excl}
+    return {
+        "steps": len(per_step),
+        "median_context_tokens": statistics.median(ctx),
+        "median_step_us": med * 1e6,
+        "steps_per_s": 1 / med,
+        "steps_per_s_excl_tool": 1 / med_excl,
+    }
 
 
 def bench_vector(n: int, rounds: int, threads: int, cache: bool) -> dict:
@@ -119,8 +124,13 @@ def bench_vector(n: int, rounds: int, threads: int, cache: bool) -> dict:
             excl.append(dt - (sum(t.total for t in timers) - tool0))
     vec.close()
     med, med_excl = statistics.median(times), statistics.median(excl)
-    return {"num_envs": n, "threads": threads, "median_vector_step_ms": med * 1e3,
-            "env_steps_per_s": n / med, "env_steps_per_s_excl_tool": n / med_excl}
+    return {
+        "num_envs": n,
+        "threads": threads,
+        "median_vector_step_ms": med * 1e3,
+        "env_steps_per_s": n / med,
+        "env_steps_per_s_excl_tool": n / med_excl,
+    }
 
 
 def shared_data_dir() -> Path:
@@ -135,8 +145,14 @@ def bench_hotpotqa(max_steps: int) -> dict | None:
     from envs.hotpotqa import HotpotQAEnv
 
     t0 = time.perf_counter()
-    env = HotpotQAEnv(data_path=data / "dev_sample.jsonl", corpus_path=data / "corpus.jsonl",
-                      retriever_kwargs={"cache": False}, topk=3, max_turns=100, max_tool_calls=100)
+    env = HotpotQAEnv(
+        data_path=data / "dev_sample.jsonl",
+        corpus_path=data / "corpus.jsonl",
+        retriever_kwargs={"cache": False},
+        topk=3,
+        max_turns=100,
+        max_tool_calls=100,
+    )
     build_s = time.perf_counter() - t0
     timer = TimedTool(env.tools["search"])
     tasks = [env.get_task(i) for i in range(env.num_tasks())]
@@ -161,11 +177,19 @@ def bench_hotpotqa(max_steps: int) -> dict | None:
         ctx.append(len(obs["input_ids"]))
         cut += env.messages[-1]["content"].endswith(" ...")
     med, med_excl = statistics.median(per_step), statistics.median(per_step_excl)
-    return {"steps": len(per_step), "corpus_docs": len(env.retriever.docs), "index_build_s": build_s,
-            "median_context_tokens": statistics.median(ctx), "results_cut_to_budget": cut / len(per_step),
-            "median_step_us": med * 1e6, "steps_per_s": 1 / med, "mean_steps_per_s": len(per_step) / sum(per_step),
-            "steps_per_s_cpu_time": 1 / statistics.median(cpu), "steps_per_s_excl_tool": 1 / med_excl,
-            "median_tool_us": statistics.median(a - b for a, b in zip(per_step, per_step_excl)) * 1e6}
+    return {
+        "steps": len(per_step),
+        "corpus_docs": len(env.retriever.docs),
+        "index_build_s": build_s,
+        "median_context_tokens": statistics.median(ctx),
+        "results_cut_to_budget": cut / len(per_step),
+        "median_step_us": med * 1e6,
+        "steps_per_s": 1 / med,
+        "mean_steps_per_s": len(per_step) / sum(per_step),
+        "steps_per_s_cpu_time": 1 / statistics.median(cpu),
+        "steps_per_s_excl_tool": 1 / med_excl,
+        "median_tool_us": statistics.median(a - b for a, b in zip(per_step, per_step_excl)) * 1e6,
+    }
 
 
 def main() -> None:
@@ -180,12 +204,14 @@ def main() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     results = {}
     if args.only != "hotpotqa":
-        results.update({
-            "single_env": bench_single(args.steps, cache=True),
-            "single_env_no_delta_cache": bench_single(args.steps // 4, cache=False),
-            "vector_64_inline": bench_vector(64, args.vector_rounds, 0, cache=True),
-            "vector_64_threads": bench_vector(64, args.vector_rounds, 16, cache=True),
-        })
+        results.update(
+            {
+                "single_env": bench_single(args.steps, cache=True),
+                "single_env_no_delta_cache": bench_single(args.steps // 4, cache=False),
+                "vector_64_inline": bench_vector(64, args.vector_rounds, 0, cache=True),
+                "vector_64_threads": bench_vector(64, args.vector_rounds, 16, cache=True),
+            }
+        )
     if args.only != "factchain":
         hotpot = bench_hotpotqa(args.hotpotqa_steps)
         if hotpot is not None:

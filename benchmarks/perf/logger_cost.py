@@ -47,13 +47,20 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, every in sides.items():
             ms[name].append(per_call_ms(every, args.lines))
-    out = {"rounds": args.rounds, "lines": args.lines, "load_before": load_before, "load_after": os.getloadavg(),
-           "ms_per_log": {k: spread(v) for k, v in ms.items()}}
+    out = {
+        "rounds": args.rounds,
+        "lines": args.lines,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "ms_per_log": {k: spread(v) for k, v in ms.items()},
+    }
     out["ratio_each_over_batched"] = statistics.median(ms["fsync_each_line"]) / statistics.median(ms["batched_30s"])
     for k, v in out["ms_per_log"].items():
         print(f"{k}: {v['median']:.3f} ms per log() [{v['min']:.3f}-{v['max']:.3f}]")
-    print(f"ratio {out['ratio_each_over_batched']:.1f}x; load average before {load_before[0]:.2f}, "
-          f"after {out['load_after'][0]:.2f}")
+    print(
+        f"ratio {out['ratio_each_over_batched']:.1f}x; load average before {load_before[0]:.2f}, "
+        f"after {out['load_after'][0]:.2f}"
+    )
     write_raw(__file__, out, outputs=[save("logger_cost", out)])
 
 

@@ -55,19 +55,30 @@ def main() -> None:
             t8, full8 = timed(lambda: f.parse(small), args.repeats)
             t16, _ = timed(lambda: f.parse(large), args.repeats)
             clean = [t for t, full in zip(t8, full8) if not full]
-            row = {"case": case, "format": name, "tokens": TOKENS, "chars": len(small),
-                   "median_ms": statistics.median(t8) * 1e3, "max_ms": max(t8) * 1e3,
-                   "max_ms_no_full_gc": max(clean) * 1e3 if clean else None,
-                   "calls_with_full_gc": sum(full8), "full_gc_ms": [t * 1e3 for t, f_ in zip(t8, full8) if f_],
-                   "ratio_16k_to_8k": statistics.median(t16) / statistics.median(t8)}
+            row = {
+                "case": case,
+                "format": name,
+                "tokens": TOKENS,
+                "chars": len(small),
+                "median_ms": statistics.median(t8) * 1e3,
+                "max_ms": max(t8) * 1e3,
+                "max_ms_no_full_gc": max(clean) * 1e3 if clean else None,
+                "calls_with_full_gc": sum(full8),
+                "full_gc_ms": [t * 1e3 for t, f_ in zip(t8, full8) if f_],
+                "ratio_16k_to_8k": statistics.median(t16) / statistics.median(t8),
+            }
             rows.append(row)
-            print(f"{case:22s} {name:10s} {row['chars']:7d} chars  median {row['median_ms']:7.3f} ms  "
-                  f"max {row['max_ms']:7.3f} ms  (without a full gc {row['max_ms_no_full_gc'] or float('nan'):7.3f} ms, "
-                  f"{row['calls_with_full_gc']} calls with one)  16k/8k {row['ratio_16k_to_8k']:4.2f}")
+            print(
+                f"{case:22s} {name:10s} {row['chars']:7d} chars  median {row['median_ms']:7.3f} ms  "
+                f"max {row['max_ms']:7.3f} ms  (without a full gc {row['max_ms_no_full_gc'] or float('nan'):7.3f} ms, "
+                f"{row['calls_with_full_gc']} calls with one)  16k/8k {row['ratio_16k_to_8k']:4.2f}"
+            )
     worst = max(r["max_ms_no_full_gc"] or 0.0 for r in rows)
     worst_any = max(r["max_ms"] for r in rows)
-    print(f"worst max over all cases: {worst:.3f} ms without a full gc, {worst_any:.3f} ms with "
-          f"(target < 10 ms for an 8k-token step)")
+    print(
+        f"worst max over all cases: {worst:.3f} ms without a full gc, {worst_any:.3f} ms with "
+        f"(target < 10 ms for an 8k-token step)"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"rows": rows, "worst_max_ms_no_full_gc": worst, "worst_max_ms": worst_any}

@@ -31,8 +31,10 @@ from agent_gym.retrievers import Passage  # noqa: E402
 from agent_gym.tokenizer import load_tokenizer  # noqa: E402
 from envs.qa import PassageFormatter  # noqa: E402
 
-WORDS = ("the quillhaven lighthouse was built in 1884 on the harbour wall and painted white "
-         "by the keepers who lived in the town ").split()
+WORDS = (
+    "the quillhaven lighthouse was built in 1884 on the harbour wall and painted white "
+    "by the keepers who lived in the town "
+).split()
 
 
 def huge_text(mb: float) -> str:
@@ -79,18 +81,30 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(None)
     big = Passage(title="Quillhaven", text=huge_text(args.mb), score=1.0, id="big")
     small = [Passage(title=f"Small {i}", text=" ".join(WORDS * 2), score=0.5, id=f"s{i}") for i in range(2)]
-    results: dict[str, object] = {"mb": args.mb, "chars": len(big.text), "max_tokens": args.max_tokens,
-                                  "python": platform.python_version(), "machine": platform.machine()}
+    results: dict[str, object] = {
+        "mb": args.mb,
+        "chars": len(big.text),
+        "max_tokens": args.max_tokens,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
     for name, passages in (("huge_first", [big, *small]), ("huge_last", [*small, big])):
         fmt = PassageFormatter(tok, args.max_tokens)
         first = timed(lambda: fmt.format(passages), 1)[0][0]
         again, _ = timed(lambda: fmt.format(passages), args.repeats)
         text, titles = fmt.format(passages)
         n = len(tok.encode(text, add_special_tokens=False))
-        results[name] = {"first_s": first, "cached_median_s": statistics.median(again),
-                         "cached_max_s": max(again), "result_tokens": n, "titles": titles}
-        print(f"{name:11s} first call {first * 1e3:10.2f} ms   cached median {statistics.median(again) * 1e3:9.3f} ms"
-              f"   max {max(again) * 1e3:9.3f} ms   result {n} tokens, titles {titles}")
+        results[name] = {
+            "first_s": first,
+            "cached_median_s": statistics.median(again),
+            "cached_max_s": max(again),
+            "result_tokens": n,
+            "titles": titles,
+        }
+        print(
+            f"{name:11s} first call {first * 1e3:10.2f} ms   cached median {statistics.median(again) * 1e3:9.3f} ms"
+            f"   max {max(again) * 1e3:9.3f} ms   result {n} tokens, titles {titles}"
+        )
 
     # A whole env step: a bm25s search tool that returns the huge passage first.
     import gymnasium as gym
@@ -101,10 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     fixtures = ROOT / "tests" / "fixtures" / "qa"
     tasks = load_qa("hotpotqa", data_path=fixtures / "hotpotqa")
     docs = [{"id": "big", "title": big.title, "text": big.text}]
-    docs += [{"id": f"d{i}", "title": p["title"], "text": p["text"]} for i, t in enumerate(tasks) for p in t.context[:1]]
-    env = gym.make("AgentR1/HotpotQA-v0", data_path=str(fixtures / "hotpotqa"),
-                   retriever="bm25", retriever_kwargs={"corpus": docs, "cache": False},
-                   max_context_tokens=4096, max_turns=50)
+    docs += [
+        {"id": f"d{i}", "title": p["title"], "text": p["text"]} for i, t in enumerate(tasks) for p in t.context[:1]
+    ]
+    env = gym.make(
+        "AgentR1/HotpotQA-v0",
+        data_path=str(fixtures / "hotpotqa"),
+        retriever="bm25",
+        retriever_kwargs={"corpus": docs, "cache": False},
+        max_context_tokens=4096,
+        max_turns=50,
+    )
     u = env.unwrapped
     call = '<tool_call>{"name": "search", "arguments": {"query": "quillhaven lighthouse keepers"}}</tool_call>'
     ids = u.encode_turn(call)
@@ -114,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         steps += timed(lambda: env.step(ids), 1)[0]
         assert "Quillhaven" in u.messages[-1]["content"] and len(u.messages[-1]["content"]) < 10_000
     results["env_step"] = {"first_s": steps[0], "later_median_s": statistics.median(steps[1:])}
-    print(f"env step    first       {steps[0] * 1e3:10.2f} ms   later median  {statistics.median(steps[1:]) * 1e3:9.3f} ms")
+    print(
+        f"env step    first       {steps[0] * 1e3:10.2f} ms   later median  {statistics.median(steps[1:]) * 1e3:9.3f} ms"
+    )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

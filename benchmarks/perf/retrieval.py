@@ -121,8 +121,15 @@ def main() -> int:
                 build_s = time.perf_counter() - t0
                 recall, qps, ids = evaluate(retriever, tasks, max(KS))
                 ids_by_kind[kind] = ids
-                row = {"dataset": name, "retriever": kind, "docs": len(docs), "questions": len(tasks),
-                       **recall, "qps": qps, "build_s": build_s}
+                row = {
+                    "dataset": name,
+                    "retriever": kind,
+                    "docs": len(docs),
+                    "questions": len(tasks),
+                    **recall,
+                    "qps": qps,
+                    "build_s": build_s,
+                }
                 if kind == "dense":
                     row["cached_embeddings"] = retriever.loaded_from_cache
                 rows.append(row)
@@ -150,14 +157,28 @@ def main() -> int:
         if "bm25s" in by and "pyserini" in by:
             d = 100 * (by["bm25s"]["recall@5"] - by["pyserini"]["recall@5"])
             ratio = by["bm25s"]["qps"] / by["pyserini"]["qps"]
-            targets.append({"dataset": name, "recall@5_diff_points": d, "qps_ratio": ratio,
-                            "recall_target_met": abs(d) <= 1.0, "speed_target_met": ratio >= 5.0})
-            print(f"{name}: bm25s - pyserini recall@5 = {d:+.2f} points; qps ratio = {ratio:.1f}x; "
-                  f"overlap@10 = {by['bm25s'].get('overlap@10_vs_pyserini', float('nan')):.3f}")
+            targets.append(
+                {
+                    "dataset": name,
+                    "recall@5_diff_points": d,
+                    "qps_ratio": ratio,
+                    "recall_target_met": abs(d) <= 1.0,
+                    "speed_target_met": ratio >= 5.0,
+                }
+            )
+            print(
+                f"{name}: bm25s - pyserini recall@5 = {d:+.2f} points; qps ratio = {ratio:.1f}x; "
+                f"overlap@10 = {by['bm25s'].get('overlap@10_vs_pyserini', float('nan')):.3f}"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load_avg_at_end": os.getloadavg(), "dense_torch_threads": DENSE_TORCH_THREADS,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_avg_at_end": os.getloadavg(),
+        "dense_torch_threads": DENSE_TORCH_THREADS,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     result = {"meta": meta, "rows": rows, "targets": targets}
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

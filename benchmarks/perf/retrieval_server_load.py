@@ -59,8 +59,20 @@ BAD_BODIES = {
 
 
 def start(kind: str, corpus: Path, workers: int, cache: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "agent_gym.retrievers.http", "serve", "--server", kind, "--kind", "bm25",
-           "--corpus", str(corpus), "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_gym.retrievers.http",
+        "serve",
+        "--server",
+        kind,
+        "--kind",
+        "bm25",
+        "--corpus",
+        str(corpus),
+        "--port",
+        "0",
+    ]
     if kind == "uvicorn":
         cmd += ["--workers", str(workers)]
     env = {**os.environ, "AGENT_GYM_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
@@ -211,14 +223,24 @@ def run_round(kind: str, args, questions: list[str], expected: dict, cache: Path
         lat.sort()
         n_failed = sum(errors.values())
         return {
-            "server": kind, "requests": len(lat) + n_failed, "failed": n_failed, "errors": errors,
+            "server": kind,
+            "requests": len(lat) + n_failed,
+            "failed": n_failed,
+            "errors": errors,
             "p50_s": round(lat[len(lat) // 2], 4) if lat else None,
             "p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 4) if lat else None,
-            "mean_s": round(statistics.fmean(lat), 4) if lat else None, "max_s": round(lat[-1], 4) if lat else None,
-            "req_per_s": round(len(lat) / wall, 1), "wall_s": round(wall, 1), "bad_bodies": bad,
-            "status_after": alive, "hits_equal_in_process": same, "half_open_reopened": half.reopened,
-            "half_open_connect_failures": half.open_failures, "memory": mem,
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "mean_s": round(statistics.fmean(lat), 4) if lat else None,
+            "max_s": round(lat[-1], 4) if lat else None,
+            "req_per_s": round(len(lat) / wall, 1),
+            "wall_s": round(wall, 1),
+            "bad_bodies": bad,
+            "status_after": alive,
+            "hits_equal_in_process": same,
+            "half_open_reopened": half.reopened,
+            "half_open_connect_failures": half.open_failures,
+            "memory": mem,
+            "load_before": round(load_before, 2),
+            "load_after": round(os.getloadavg()[0], 2),
         }
     finally:
         stop(proc)
@@ -267,11 +289,18 @@ def main() -> int:
             return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else {}
 
         summary[kind] = {
-            "rounds": len(rs), "requests_per_round": rs[0]["requests"], "failed": med("failed"), "p50_s": med("p50_s"),
-            "p99_s": med("p99_s"), "mean_s": med("mean_s"), "max_s": med("max_s"), "req_per_s": med("req_per_s"),
+            "rounds": len(rs),
+            "requests_per_round": rs[0]["requests"],
+            "failed": med("failed"),
+            "p50_s": med("p50_s"),
+            "p99_s": med("p99_s"),
+            "mean_s": med("mean_s"),
+            "max_s": med("max_s"),
+            "req_per_s": med("req_per_s"),
             "bad_bodies": {k: sorted({x["bad_bodies"].get(k, "-") for x in rs}) for k in BAD_BODIES},
             "hits_equal_in_process": all(x["hits_equal_in_process"] for x in rs),
-            "memory": rs[-1]["memory"], "load": [min(x["load_before"] for x in rs), max(x["load_after"] for x in rs)],
+            "memory": rs[-1]["memory"],
+            "load": [min(x["load_before"] for x in rs), max(x["load_after"] for x in rs)],
         }
     out = {"config": vars(args), "cpus": os.cpu_count(), "summary": summary, "rounds": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

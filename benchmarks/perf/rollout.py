@@ -81,8 +81,13 @@ def raw_replay(llm, turn_prompts, turn_lengths, temperature, logprobs):
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
         params = [
             SamplingParams(
-                temperature=temperature, max_tokens=n, min_tokens=n, ignore_eos=True,
-                logprobs=logprobs, seed=1000 * turn + i, detokenize=False,
+                temperature=temperature,
+                max_tokens=n,
+                min_tokens=n,
+                ignore_eos=True,
+                logprobs=logprobs,
+                seed=1000 * turn + i,
+                detokenize=False,
             )
             for i, n in enumerate(lengths)
         ]
@@ -100,8 +105,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
-                    help="interleaved rounds: every contender runs once per round, in turn")
+    ap.add_argument(
+        "--rounds",
+        "--repeats",
+        dest="rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds: every contender runs once per round, in turn",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout.json"))
     ap.add_argument("--model", choices=["tiny", "smollm2-135m-instruct"], default="tiny")
     args = ap.parse_args()
@@ -119,7 +130,9 @@ def main() -> None:
 
         directory = smollm.model_dir()
         if not smollm.is_converted(directory):
-            raise SystemExit(f"error: no converted SmolLM2 at {directory}: convert it under .venv first (make test does)")
+            raise SystemExit(
+                f"error: no converted SmolLM2 at {directory}: convert it under .venv first (make test does)"
+            )
         tok = AutoTokenizer.from_pretrained(str(directory))
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
         model_desc = "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, trainers/smollm.py), float32"
@@ -130,8 +143,11 @@ def main() -> None:
 
     results: dict = {
         "workload": {
-            "batch": args.batch, "turns": args.turns, "max_new_tokens": args.max_new,
-            "prompt_lengths": "40-200 random", "tool_response_ids": len(tool_ids),
+            "batch": args.batch,
+            "turns": args.turns,
+            "max_new_tokens": args.max_new,
+            "prompt_lengths": "40-200 random",
+            "tool_response_ids": len(tool_ids),
             "model": model_desc,
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
@@ -192,8 +208,10 @@ def main() -> None:
         print(f"{name:<18} {r['median']:>13.1f} {r['min']:>9.1f} - {r['max']:<9.1f}")
     for name, v in results["ratios"].items():
         print(f"{name}: median {v['median']} (range {v['min']}-{v['max']}, per round {v['per_round']})")
-    print(f"engine start {results['vllm_engine_start_s']} s, weight sync {results['vllm_weight_sync_s']} s, "
-          f"load average before {results['load_average_before'][0]:.2f}, after {results['load_average_after'][0]:.2f}")
+    print(
+        f"engine start {results['vllm_engine_start_s']} s, weight sync {results['vllm_weight_sync_s']} s, "
+        f"load average before {results['load_average_before'][0]:.2f}, after {results['load_average_after'][0]:.2f}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

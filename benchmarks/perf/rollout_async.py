@@ -56,11 +56,15 @@ def tool_bounds(tasks: list[dict[str, Any]]) -> dict[str, float]:
     """The slow case's tool seconds: in all, and the least wall time tools alone impose on each side
     (lockstep: each turn waits for its slowest call; async: the batch waits for the trajectory whose
     calls add up to the most)."""
-    lat = [[min(x, TOOL_TIMEOUT_S - 0.5) for x in t["latency"][:t["turns"] - 1]] for t in tasks]
+    lat = [[min(x, TOOL_TIMEOUT_S - 0.5) for x in t["latency"][: t["turns"] - 1]] for t in tasks]
     turns = max(len(x) for x in lat)
-    return {"tool_seconds_total": round(sum(map(sum, lat)), 2),
-            "lockstep_tool_bound_s": round(sum(max((x[k] for x in lat if len(x) > k), default=0.0) for k in range(turns)), 2),
-            "async_tool_bound_s": round(max(map(sum, lat)), 2)}
+    return {
+        "tool_seconds_total": round(sum(map(sum, lat)), 2),
+        "lockstep_tool_bound_s": round(
+            sum(max((x[k] for x in lat if len(x) > k), default=0.0) for k in range(turns)), 2
+        ),
+        "async_tool_bound_s": round(max(map(sum, lat)), 2),
+    }
 
 
 def main() -> None:
@@ -95,23 +99,38 @@ def main() -> None:
             raise SystemExit(f"--cases: unknown case {c!r}; choose from {sorted(behaviours)}")
     vocab = model.get_input_embeddings().num_embeddings
     threads = args.env_threads or args.batch
-    vecs = {c: ToolVectorEnv([lambda c=c: ScriptedToolEnv(tasks, WorkTool(behaviours[c]), tokenizer=tok, vocab_size=vocab)
-                              for _ in range(args.batch)], num_threads=threads, info_format="list")
-            for c in cases}
+    vecs = {
+        c: ToolVectorEnv(
+            [
+                lambda c=c: ScriptedToolEnv(tasks, WorkTool(behaviours[c]), tokenizer=tok, vocab_size=vocab)
+                for _ in range(args.batch)
+            ],
+            num_threads=threads,
+            info_format="list",
+        )
+        for c in cases
+    }
     sampling = SamplingConfig(max_new_tokens=args.max_new, temperature=1.0)
     order = list(range(args.batch))
     out: dict[str, Any] = {
-        "workload": {"batch": args.batch, "env_threads": threads, "turns": f"1-{args.max_turns} uniform", "max_new_tokens": args.max_new,
-                     "slow_tool": f"lognormal median {LATENCY_MEDIAN_S} s sigma {LATENCY_SIGMA} (p99 ~3 s), "
-                                  f"timeout {TOOL_TIMEOUT_S} s",
-                     "turns_total": sum(t["turns"] for t in tasks),
-                     **tool_bounds(tasks),
-                     "model": "tiny Qwen2 (trainers.tiny_model), float32, temperature 1"},
+        "workload": {
+            "batch": args.batch,
+            "env_threads": threads,
+            "turns": f"1-{args.max_turns} uniform",
+            "max_new_tokens": args.max_new,
+            "slow_tool": f"lognormal median {LATENCY_MEDIAN_S} s sigma {LATENCY_SIGMA} (p99 ~3 s), "
+            f"timeout {TOOL_TIMEOUT_S} s",
+            "turns_total": sum(t["turns"] for t in tasks),
+            **tool_bounds(tasks),
+            "model": "tiny Qwen2 (trainers.tiny_model), float32, temperature 1",
+        },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "rounds": args.rounds, "load_average_before": os.getloadavg(),
+        "rounds": args.rounds,
+        "load_average_before": os.getloadavg(),
     }
     runs: dict[str, dict[str, dict[str, list[float]]]] = {
-        c: {side: {"traj_per_s": [], "engine_busy": [], "wall_s": []} for side in ("lockstep", "async")} for c in cases}
+        c: {side: {"traj_per_s": [], "engine_busy": [], "wall_s": []} for side in ("lockstep", "async")} for c in cases
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = save_policy(model, tok, Path(tmp) / "tiny")
         t0 = time.perf_counter()
@@ -142,8 +161,11 @@ def main() -> None:
                         runs[c][side]["traj_per_s"].append(len(trajs) / wall)
                         runs[c][side]["engine_busy"].append(busy)
                         runs[c][side]["wall_s"].append(wall)
-                        print(f"round {r} {c:<8} {side:<9} {wall:6.2f} s  {len(trajs) / wall:6.2f} traj/s  "
-                              f"engine busy {busy:.2f}  load {os.getloadavg()[0]:.2f}", flush=True)
+                        print(
+                            f"round {r} {c:<8} {side:<9} {wall:6.2f} s  {len(trajs) / wall:6.2f} traj/s  "
+                            f"engine busy {busy:.2f}  load {os.getloadavg()[0]:.2f}",
+                            flush=True,
+                        )
         finally:
             lock.close()
             aio.close()
@@ -152,18 +174,22 @@ def main() -> None:
     out["load_average_after"] = os.getloadavg()
     out["results"] = {}
     for c in cases:
-        res: dict[str, Any] = {side: {k: {**spread(v), "runs": [round(x, 3) for x in v]} for k, v in m.items()}
-                               for side, m in runs[c].items()}
+        res: dict[str, Any] = {
+            side: {k: {**spread(v), "runs": [round(x, 3) for x in v]} for k, v in m.items()}
+            for side, m in runs[c].items()
+        }
         ratios = [a / b for a, b in zip(runs[c]["async"]["traj_per_s"], runs[c]["lockstep"]["traj_per_s"])]
         res["async_over_lockstep"] = {**spread(ratios), "per_round": [round(x, 3) for x in ratios]}
         out["results"][c] = res
-        print(f"{c}: lockstep {res['lockstep']['traj_per_s']['median']:.2f} traj/s "
-              f"({res['lockstep']['traj_per_s']['min']:.2f}-{res['lockstep']['traj_per_s']['max']:.2f}), busy "
-              f"{res['lockstep']['engine_busy']['median']:.2f}; async {res['async']['traj_per_s']['median']:.2f} traj/s "
-              f"({res['async']['traj_per_s']['min']:.2f}-{res['async']['traj_per_s']['max']:.2f}), busy "
-              f"{res['async']['engine_busy']['median']:.2f}; async/lockstep median "
-              f"{res['async_over_lockstep']['median']:.2f} (range {res['async_over_lockstep']['min']:.2f}-"
-              f"{res['async_over_lockstep']['max']:.2f})")
+        print(
+            f"{c}: lockstep {res['lockstep']['traj_per_s']['median']:.2f} traj/s "
+            f"({res['lockstep']['traj_per_s']['min']:.2f}-{res['lockstep']['traj_per_s']['max']:.2f}), busy "
+            f"{res['lockstep']['engine_busy']['median']:.2f}; async {res['async']['traj_per_s']['median']:.2f} traj/s "
+            f"({res['async']['traj_per_s']['min']:.2f}-{res['async']['traj_per_s']['max']:.2f}), busy "
+            f"{res['async']['engine_busy']['median']:.2f}; async/lockstep median "
+            f"{res['async_over_lockstep']['median']:.2f} (range {res['async_over_lockstep']['min']:.2f}-"
+            f"{res['async_over_lockstep']['max']:.2f})"
+        )
     print(f"load average before {out['load_average_before']}, after {out['load_average_after']}")
     write_raw(__file__, out, outputs=[save("rollout_async", out)])
 

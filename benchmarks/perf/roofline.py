@@ -71,8 +71,13 @@ print(json.dumps(out))
 
 def run_one(threads: int, args: argparse.Namespace) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(threads), str(args.tokens), str(args.mem_mb),
-                           str(args.seconds)], capture_output=True, text=True, env=env, timeout=args.timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, str(threads), str(args.tokens), str(args.mem_mb), str(args.seconds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=args.timeout,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"error: the {threads}-thread worker failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -105,24 +110,40 @@ def main(argv: list[str] | None = None) -> dict:
             for kernel in rs[0][group]:
                 vals = [x[group][kernel] for x in rs]
                 table.setdefault(f"{group}:{kernel}", {})[str(t)] = {
-                    "median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+                    "median": statistics.median(vals),
+                    "min": min(vals),
+                    "max": max(vals),
+                }
 
-    print(f"load average before {load_before}, after {load_after}; {args.rounds} interleaved rounds; "
-          f"{args.tokens} rows per product")
+    print(
+        f"load average before {load_before}, after {load_after}; {args.rounds} interleaved rounds; "
+        f"{args.tokens} rows per product"
+    )
     head = "".join(f"{str(t) + ' thr (range)':>26}" for t in args.threads)
     ratio = len(args.threads) > 1
     print(f"{'kernel':30}{head}" + (f"{'ratio':>8}" if ratio else ""))
     for key, per in table.items():
         unit = "GFLOP/s" if key.startswith("matmul") else "GB/s"
-        cells = "".join(f"{per[str(t)]['median']:>9.1f} ({per[str(t)]['min']:.1f}-{per[str(t)]['max']:.1f})".rjust(26)
-                        for t in args.threads)
+        cells = "".join(
+            f"{per[str(t)]['median']:>9.1f} ({per[str(t)]['min']:.1f}-{per[str(t)]['max']:.1f})".rjust(26)
+            for t in args.threads
+        )
         extra = f"{per[str(args.threads[-1])]['median'] / per[str(args.threads[0])]['median']:>8.2f}" if ratio else ""
         print(f"{key.split(':', 1)[1] + ' ' + unit:30}{cells}{extra}")
 
-    result = {"conditions": {"rounds": args.rounds, "threads": args.threads, "tokens": args.tokens,
-                             "mem_mb": args.mem_mb, "seconds": args.seconds,
-                             "load_before": load_before, "load_after": load_after},
-              "table": table, "runs": {str(t): rs for t, rs in runs.items()}}
+    result = {
+        "conditions": {
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "tokens": args.tokens,
+            "mem_mb": args.mem_mb,
+            "seconds": args.seconds,
+            "load_before": load_before,
+            "load_after": load_after,
+        },
+        "table": table,
+        "runs": {str(t): rs for t, rs in runs.items()},
+    }
     write_raw(__file__, result, label=args.label, argv=argv)
     return result
 

@@ -43,11 +43,14 @@ DEFAULT_OLD_REF = "e5dff7d"
 
 
 def load_old(ref: str):
-    src = subprocess.run(["git", "show", f"{ref}:agent_gym/sandbox.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+    src = subprocess.run(
+        ["git", "show", f"{ref}:agent_gym/sandbox.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     if "seccomp" in src:
-        raise SystemExit(f"{ref}:agent_gym/sandbox.py already has the seccomp filter: pass --old-ref "
-                         "a commit from before the namespace sandbox")
+        raise SystemExit(
+            f"{ref}:agent_gym/sandbox.py already has the seccomp filter: pass --old-ref "
+            "a commit from before the namespace sandbox"
+        )
     path = Path(tempfile.mkdtemp()) / "old_sandbox.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("old_sandbox", path)
@@ -84,19 +87,29 @@ def attacks(old) -> list[str]:
         for name in ("SYSV_SHM", "MEMFD"):
             r = mod.run_python(getattr(hostile, name), big)
             say(f"{label:>6} {name}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.status}")
-        flood = "import os\nn = 0\ntry:\n    while n < 30000:\n        os.mkdir(f'/tmp/d{n}')\n        n += 1\n" \
-                "except OSError as e:\n    print(e.strerror)\nprint('directories', n)"
+        flood = (
+            "import os\nn = 0\ntry:\n    while n < 30000:\n        os.mkdir(f'/tmp/d{n}')\n        n += 1\n"
+            "except OSError as e:\n    print(e.strerror)\nprint('directories', n)"
+        )
         say(f"{label:>6} inode flood: {mod.run_python(flood, big).stdout.strip().splitlines()[-1]}")
         r = mod.run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", big)
         say(f"{label:>6} self-SIGKILL: {r.status}, {r.detail}")
         helper = hostile.KEYRING_HELPER
         if mod is old:
-            helper = helper.replace("from agent_gym.sandbox import run_python",
-                                    f"import sys; sys.argv = ['x', '--old-ref', {old.__ref__!r}]; "
-                                    "from benchmarks.perf import sandbox_cost; "
-                                    "run_python = sandbox_cost.load_old(sys.argv[2]).run_python")
-        p = subprocess.run([sys.executable, "-c", helper], input=hostile.KEYRING_ATTACK, capture_output=True,
-                           text=True, timeout=60, cwd=ROOT)
+            helper = helper.replace(
+                "from agent_gym.sandbox import run_python",
+                f"import sys; sys.argv = ['x', '--old-ref', {old.__ref__!r}]; "
+                "from benchmarks.perf import sandbox_cost; "
+                "run_python = sandbox_cost.load_old(sys.argv[2]).run_python",
+            )
+        p = subprocess.run(
+            [sys.executable, "-c", helper],
+            input=hostile.KEYRING_ATTACK,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         say(f"{label:>6} keyring: {p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-300:]}")
     return lines
 
@@ -159,20 +172,28 @@ def main() -> None:
     overhead = {k: [per_call[k][i] - per_call["bare"][i] for i in range(args.rounds)] for k in ("old", "new")}
     ratio = [per_call["new"][i] / per_call["old"][i] for i in range(args.rounds)]
     res = {
-        "rounds": args.rounds, "calls_per_round": args.calls, "old_ref": args.old_ref,
-        "isolation": new.cgroup_plan().mode, "cgroup_plan": str(new.cgroup_plan()),
+        "rounds": args.rounds,
+        "calls_per_round": args.calls,
+        "old_ref": args.old_ref,
+        "isolation": new.cgroup_plan().mode,
+        "cgroup_plan": str(new.cgroup_plan()),
         "per_call_ms": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_call.items()},
         "overhead_ms": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in overhead.items()},
         "ratio_new_over_old": {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)},
-        "load_avg": {"min": min(loads), "max": max(loads)}, "cpus": os.cpu_count(),
+        "load_avg": {"min": min(loads), "max": max(loads)},
+        "cpus": os.cpu_count(),
     }
     for k, v in res["per_call_ms"].items():
         print(f"{k:>4}: {v['median']:7.1f} ms a call (range {v['min']:.1f}-{v['max']:.1f})")
     for k, v in res["overhead_ms"].items():
-        print(f"overhead {k}: {v['median']:6.1f} ms a call over a bare python start (range {v['min']:.1f}-{v['max']:.1f})")
+        print(
+            f"overhead {k}: {v['median']:6.1f} ms a call over a bare python start (range {v['min']:.1f}-{v['max']:.1f})"
+        )
     r = res["ratio_new_over_old"]
-    print(f"new / old: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f}); load average "
-          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; isolation {res['isolation']}")
+    print(
+        f"new / old: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f}); load average "
+        f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; isolation {res['isolation']}"
+    )
     if args.soak:
         from tests.agent_gym import test_sandbox_hostile as hostile  # the hostile programs and host checks of the tests
 
@@ -180,15 +201,24 @@ def main() -> None:
         before, after, reasons = hostile.soak(args.soak)
         took = time.monotonic() - t0
         leaks = {k: after[k] for k in ("processes", "files", "cgroups", "mount_point") if after[k]}
-        res["soak"] = {"calls": args.soak, "seconds": took, "reasons": reasons, "before": before, "after": after,
-                       "shmem_growth_mb": after["shmem_mb"] - before["shmem_mb"],
-                       "slab_unreclaimable_growth_mb": after["slab_unreclaimable_mb"] - before["slab_unreclaimable_mb"],
-                       "fd_growth": after["fds"] - before["fds"], "leaks": leaks,
-                       "load_avg_after": os.getloadavg()[0]}
-        print(f"soak: {args.soak} hostile calls in {took:.0f} s, ends {reasons}; host Shmem "
-              f"{before['shmem_mb']} -> {after['shmem_mb']} MiB, unreclaimable slab {before['slab_unreclaimable_mb']} -> "
-              f"{after['slab_unreclaimable_mb']} MiB, available {before['mem_available_mb']} -> "
-              f"{after['mem_available_mb']} MiB, descriptors {before['fds']} -> {after['fds']}, leaks {leaks or 'none'}")
+        res["soak"] = {
+            "calls": args.soak,
+            "seconds": took,
+            "reasons": reasons,
+            "before": before,
+            "after": after,
+            "shmem_growth_mb": after["shmem_mb"] - before["shmem_mb"],
+            "slab_unreclaimable_growth_mb": after["slab_unreclaimable_mb"] - before["slab_unreclaimable_mb"],
+            "fd_growth": after["fds"] - before["fds"],
+            "leaks": leaks,
+            "load_avg_after": os.getloadavg()[0],
+        }
+        print(
+            f"soak: {args.soak} hostile calls in {took:.0f} s, ends {reasons}; host Shmem "
+            f"{before['shmem_mb']} -> {after['shmem_mb']} MiB, unreclaimable slab {before['slab_unreclaimable_mb']} -> "
+            f"{after['slab_unreclaimable_mb']} MiB, available {before['mem_available_mb']} -> "
+            f"{after['mem_available_mb']} MiB, descriptors {before['fds']} -> {after['fds']}, leaks {leaks or 'none'}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -39,22 +39,38 @@ from benchmarks.report import save, spread  # noqa: E402
 
 def run(staleness: int, iterations: int, threads: int, tmp: Path) -> dict[str, float]:
     run_dir = tmp / f"run_{staleness}_{len(list(tmp.iterdir()))}"
-    cmd = [sys.executable, str(ROOT / "trainers" / "train_grpo.py"), "--config", str(ROOT / "configs" / "factchain_grpo.yaml"),
-           f"run.run_dir={run_dir}", "model.init_from=null", f"run.iterations={iterations}", "run.max_minutes=null",
-           f"eval.every={iterations}", "eval.tasks=8", "eval.sets={}", "run.tensorboard=false", "run.progress_bar=false",
-           f"run.checkpoint_every={iterations}", f"model.torch_threads={threads}", f"rollout.max_staleness={staleness}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "trainers" / "train_grpo.py"),
+        "--config",
+        str(ROOT / "configs" / "factchain_grpo.yaml"),
+        f"run.run_dir={run_dir}",
+        "model.init_from=null",
+        f"run.iterations={iterations}",
+        "run.max_minutes=null",
+        f"eval.every={iterations}",
+        "eval.tasks=8",
+        "eval.sets={}",
+        "run.tensorboard=false",
+        "run.progress_bar=false",
+        f"run.checkpoint_every={iterations}",
+        f"model.torch_threads={threads}",
+        f"rollout.max_staleness={staleness}",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({out.returncode}): {out.stderr[-3000:]}")
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     body = recs[1:]
-    return {"iteration_s_median": statistics.median(r["time/iteration_s"] for r in body),
-            "rollout_wait_s": sum(r["time/rollout_wait_s"] for r in body),
-            "generate_s": sum(r["time/generate_s"] for r in body),
-            "forward_backward_s": sum(r["time/forward_backward_s"] for r in body),
-            "wall_min": recs[-1]["time/elapsed_min"],
-            "staleness_max": max(r["rollout/staleness_max"] for r in recs),
-            "success_last": recs[-1].get("eval/success_rate", float("nan"))}
+    return {
+        "iteration_s_median": statistics.median(r["time/iteration_s"] for r in body),
+        "rollout_wait_s": sum(r["time/rollout_wait_s"] for r in body),
+        "generate_s": sum(r["time/generate_s"] for r in body),
+        "forward_backward_s": sum(r["time/forward_backward_s"] for r in body),
+        "wall_min": recs[-1]["time/elapsed_min"],
+        "staleness_max": max(r["rollout/staleness_max"] for r in recs),
+        "success_last": recs[-1].get("eval/success_rate", float("nan")),
+    }
 
 
 def main() -> None:
@@ -71,13 +87,30 @@ def main() -> None:
                 runs[f"staleness_{s}"].append(run(s, args.iterations, args.threads, Path(d)))
                 print(f"round {r} staleness {s}: {runs[f'staleness_{s}'][-1]}", flush=True)
     summary = {name: {k: spread(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
-    ratio = spread(b["iteration_s_median"] / a["iteration_s_median"]
-                   for a, b in zip(runs["staleness_0"], runs["staleness_1"]))
-    out = {"rounds": args.rounds, "iterations": args.iterations, "threads": args.threads,
-           "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
-           "iteration_time_ratio_1_over_0": ratio}
-    print(json.dumps({"summary": summary, "iteration_time_ratio_1_over_0": ratio,
-                      "load_before": load_before, "load_after": out["load_after"]}, indent=1))
+    ratio = spread(
+        b["iteration_s_median"] / a["iteration_s_median"] for a, b in zip(runs["staleness_0"], runs["staleness_1"])
+    )
+    out = {
+        "rounds": args.rounds,
+        "iterations": args.iterations,
+        "threads": args.threads,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "runs": runs,
+        "summary": summary,
+        "iteration_time_ratio_1_over_0": ratio,
+    }
+    print(
+        json.dumps(
+            {
+                "summary": summary,
+                "iteration_time_ratio_1_over_0": ratio,
+                "load_before": load_before,
+                "load_after": out["load_after"],
+            },
+            indent=1,
+        )
+    )
     write_raw(__file__, out, outputs=[save("staleness_overlap", out)])
 
 

@@ -76,8 +76,13 @@ def run_one(threads: int, extra_env: dict[str, str], timeout: float) -> float:
     env = {**os.environ, **extra_env}
     if not extra_env:
         env.pop("OMP_WAIT_POLICY", None)
-    out = subprocess.run([sys.executable, "-c", WORKER, str(ROOT), str(threads)], env=env, capture_output=True,
-                         text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER, str(ROOT), str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("SECONDS"):
             return float(line.split()[1])
@@ -106,13 +111,19 @@ def main() -> None:
             h.terminate()
             h.join(5)
     base = statistics.median(secs["1_thread"])
-    out = {"hogs": args.hogs, "rounds": args.rounds, "load_before": load_before, "load_after": os.getloadavg(),
-           "seconds_per_step": {k: {**spread(v), "all": v}
-                                for k, v in secs.items()},
-           "ratio_to_1_thread": {k: statistics.median(v) / base for k, v in secs.items()}}
+    out = {
+        "hogs": args.hogs,
+        "rounds": args.rounds,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "seconds_per_step": {k: {**spread(v), "all": v} for k, v in secs.items()},
+        "ratio_to_1_thread": {k: statistics.median(v) / base for k, v in secs.items()},
+    }
     for k, v in out["seconds_per_step"].items():
-        print(f"{k}: {v['median']:.3f} s per step [{v['min']:.3f}-{v['max']:.3f}], "
-              f"{out['ratio_to_1_thread'][k]:.2f}x of 1 thread")
+        print(
+            f"{k}: {v['median']:.3f} s per step [{v['min']:.3f}-{v['max']:.3f}], "
+            f"{out['ratio_to_1_thread'][k]:.2f}x of 1 thread"
+        )
     print(f"hogs {args.hogs}; load average before {load_before[0]:.2f}, after {out['load_after'][0]:.2f}")
     write_raw(__file__, out, outputs=[save("threads_under_load", out)])
 

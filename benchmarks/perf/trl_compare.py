@@ -108,6 +108,7 @@ def rendered_prompts(n: int) -> list[str]:
 
 # -- the two workers (each in a fresh process) --------------------------------------------------------------
 
+
 def worker_project(a: argparse.Namespace) -> tuple[list[float], dict[str, float]]:
     import gymnasium as gym
 
@@ -129,12 +130,32 @@ def worker_project(a: argparse.Namespace) -> tuple[list[float], dict[str, float]
 
     with tempfile.TemporaryDirectory() as tmp:
         batch = a.prompts * a.generations
-        cfg = TrainConfig(run_dir=tmp, seed=0, algo="grpo", iterations=a.warmup + a.steps, env_id=ENV_ID,
-                          eval_env_kwargs={}, model="tiny", torch_threads=a.threads, backend="hf",
-                          tasks_per_iter=a.prompts, group_size=a.generations, max_turn_tokens=a.max_tokens,
-                          temperature=1.0, top_p=1.0, ppo_epochs=1, minibatch_size=batch, lr=a.lr, kl_coef=0.0,
-                          eval_every=10**6, eval_tasks=1, checkpoint_every=10**6, log_trajectories=0,
-                          tensorboard=False, progress_bar=False)
+        cfg = TrainConfig(
+            run_dir=tmp,
+            seed=0,
+            algo="grpo",
+            iterations=a.warmup + a.steps,
+            env_id=ENV_ID,
+            eval_env_kwargs={},
+            model="tiny",
+            torch_threads=a.threads,
+            backend="hf",
+            tasks_per_iter=a.prompts,
+            group_size=a.generations,
+            max_turn_tokens=a.max_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            ppo_epochs=1,
+            minibatch_size=batch,
+            lr=a.lr,
+            kl_coef=0.0,
+            eval_every=10**6,
+            eval_tasks=1,
+            checkpoint_every=10**6,
+            log_trajectories=0,
+            tensorboard=False,
+            progress_bar=False,
+        )
         tr = build_trainer(cfg, trainer_cls=BenchTrainer)
         tr.setup()
         log = tr.logger.log
@@ -150,8 +171,10 @@ def worker_project(a: argparse.Namespace) -> tuple[list[float], dict[str, float]
             tr.train()
         finally:
             tr.cleanup()
-    workload = {"completion_tokens_mean": statistics.mean(m["rollout/agent_tokens_mean"] for m in logged),
-                "reward_mean": statistics.mean(m["rollout/reward_mean"] for m in logged)}
+    workload = {
+        "completion_tokens_mean": statistics.mean(m["rollout/agent_tokens_mean"] for m in logged),
+        "reward_mean": statistics.mean(m["rollout/reward_mean"] for m in logged),
+    }
     return [b - a_ for a_, b in zip(stamps, stamps[1:])], workload
 
 
@@ -177,36 +200,76 @@ def worker_trl(a: argparse.Namespace) -> tuple[list[float], dict[str, float]]:
             stamps.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=a.prompts * a.generations,
-                          num_generations=a.generations, max_completion_length=a.max_tokens,
-                          max_steps=a.warmup + a.steps, learning_rate=a.lr, lr_scheduler_type="constant",
-                          beta=0.0, temperature=1.0, top_p=1.0,
-                          logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-                          dataloader_num_workers=0, disable_tqdm=True, bf16=False, gradient_checkpointing=False)
-        trainer = GRPOTrainer(model=model, reward_funcs=[vowel_reward], args=args,
-                              train_dataset=Dataset.from_dict({"prompt": rendered_prompts(len(PROMPTS))}),
-                              processing_class=tok, callbacks=[Stamp()])
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=a.prompts * a.generations,
+            num_generations=a.generations,
+            max_completion_length=a.max_tokens,
+            max_steps=a.warmup + a.steps,
+            learning_rate=a.lr,
+            lr_scheduler_type="constant",
+            beta=0.0,
+            temperature=1.0,
+            top_p=1.0,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=True,
+            seed=0,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            bf16=False,
+            gradient_checkpointing=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[vowel_reward],
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": rendered_prompts(len(PROMPTS))}),
+            processing_class=tok,
+            callbacks=[Stamp()],
+        )
         trainer.train()
     logged = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    workload = {"completion_tokens_mean": statistics.mean(h["completions/mean_length"] for h in logged),
-                "reward_mean": statistics.mean(h["reward"] for h in logged)}
+    workload = {
+        "completion_tokens_mean": statistics.mean(h["completions/mean_length"] for h in logged),
+        "reward_mean": statistics.mean(h["reward"] for h in logged),
+    }
     return [b - a_ for a_, b in zip(stamps, stamps[1:])], workload
 
 
 # -- the parent: interleaved fresh processes ----------------------------------------------------------------
 
+
 def run_side(side: str, a: argparse.Namespace) -> tuple[list[float], dict[str, float]]:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--threads", str(a.threads),
-           "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompts", str(a.prompts),
-           "--generations", str(a.generations), "--max-tokens", str(a.max_tokens), "--lr", str(a.lr)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        side,
+        "--threads",
+        str(a.threads),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--prompts",
+        str(a.prompts),
+        "--generations",
+        str(a.generations),
+        "--max-tokens",
+        str(a.max_tokens),
+        "--lr",
+        str(a.lr),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     for line in out.stdout.splitlines():
         if line.startswith("STEP_SECONDS "):
             secs, workload = json.loads(line.split(" ", 1)[1])
             if len(secs) != a.warmup + a.steps:
                 raise RuntimeError(f"{side}: expected {a.warmup + a.steps} steps, timed {len(secs)}")
-            return secs[a.warmup:], workload
+            return secs[a.warmup :], workload
     raise RuntimeError(f"{side} worker failed (exit {out.returncode}): {out.stderr[-3000:]}")
 
 
@@ -247,25 +310,40 @@ def main() -> None:
             steps[side].append(s)
             workloads[side].append(w)
             per_round[side].append(statistics.median(s))
-            print(f"round {r}: {side} {per_round[side][-1]:.3f} s per step (median of {len(s)}; "
-                  f"{min(s):.3f}-{max(s):.3f}); {w['completion_tokens_mean']:.1f} completion tokens, reward "
-                  f"{w['reward_mean']:.3f}; load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"round {r}: {side} {per_round[side][-1]:.3f} s per step (median of {len(s)}; "
+                f"{min(s):.3f}-{max(s):.3f}); {w['completion_tokens_mean']:.1f} completion tokens, reward "
+                f"{w['reward_mean']:.3f}; load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     load_after = os.getloadavg()
     import trl
 
-    out = {"threads": a.threads, "omp_wait_policy": "PASSIVE", "rounds": a.rounds, "timed_steps": a.steps,
-           "warmup_steps": a.warmup, "prompts": a.prompts, "generations": a.generations,
-           "max_completion_tokens": a.max_tokens, "lr": a.lr, "trl_version": trl.__version__,
-           "load_before": load_before, "load_after": load_after,
-           "seconds_per_step": {k: {**spread(v), "per_round": v, "all_steps": steps[k]} for k, v in per_round.items()},
-           "workload_per_round": workloads,
-           "ratio_project_to_trl": statistics.median(per_round["project"]) / statistics.median(per_round["trl"]),
-           "ratio_per_round": [p / t for p, t in zip(per_round["project"], per_round["trl"])]}
+    out = {
+        "threads": a.threads,
+        "omp_wait_policy": "PASSIVE",
+        "rounds": a.rounds,
+        "timed_steps": a.steps,
+        "warmup_steps": a.warmup,
+        "prompts": a.prompts,
+        "generations": a.generations,
+        "max_completion_tokens": a.max_tokens,
+        "lr": a.lr,
+        "trl_version": trl.__version__,
+        "load_before": load_before,
+        "load_after": load_after,
+        "seconds_per_step": {k: {**spread(v), "per_round": v, "all_steps": steps[k]} for k, v in per_round.items()},
+        "workload_per_round": workloads,
+        "ratio_project_to_trl": statistics.median(per_round["project"]) / statistics.median(per_round["trl"]),
+        "ratio_per_round": [p / t for p, t in zip(per_round["project"], per_round["trl"])],
+    }
     for k, v in out["seconds_per_step"].items():
         print(f"{k}: {v['median']:.3f} s per step [{v['min']:.3f}-{v['max']:.3f}] over {a.rounds} rounds")
     rr = out["ratio_per_round"]
-    print(f"project/TRL: {out['ratio_project_to_trl']:.2f}x (per round {min(rr):.2f}-{max(rr):.2f}); threads "
-          f"{a.threads}, OMP_WAIT_POLICY=PASSIVE both; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(
+        f"project/TRL: {out['ratio_project_to_trl']:.2f}x (per round {min(rr):.2f}-{max(rr):.2f}); threads "
+        f"{a.threads}, OMP_WAIT_POLICY=PASSIVE both; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
+    )
     path = RESULTS / "trl_compare.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     saved = save("trl_compare", {**previous, f"threads_{a.threads}": out})

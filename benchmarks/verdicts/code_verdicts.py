@@ -74,10 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     he = gym.make("AgentR1/HumanEval-v0").unwrapped
     mbpp = gym.make("AgentR1/MBPP-v0").unwrapped
-    pairs = [(he, he.get_task(k)) for k in range(he.num_tasks())] + [(mbpp, mbpp.get_task(k))
-                                                                     for k in range(mbpp.num_tasks())]
-    report: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "solutions": len(pairs),
-                    "workers": args.workers, "cpus": os.cpu_count()}
+    pairs = [(he, he.get_task(k)) for k in range(he.num_tasks())] + [
+        (mbpp, mbpp.get_task(k)) for k in range(mbpp.num_tasks())
+    ]
+    report: dict = {
+        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
+        "solutions": len(pairs),
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+    }
     times: dict[str, list[float]] = {"one_process": [], "verdict_cold": [], "verdict_warm": []}
     passes: dict[str, list[int]] = {k: [] for k in times}
     for rnd in range(args.rounds):
@@ -88,13 +93,22 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append(round(took, 2))
             passes[name].append(n)
             print(f"round {rnd + 1} {name}: {n}/{len(pairs)} passed in {took:.1f} s", flush=True)
-    report["schemes"] = {k: {"passed": passes[k], "wall_s": times[k], "median_s": statistics.median(times[k]),
-                             "range_s": [min(times[k]), max(times[k])]} for k in times}
+    report["schemes"] = {
+        k: {
+            "passed": passes[k],
+            "wall_s": times[k],
+            "median_s": statistics.median(times[k]),
+            "range_s": [min(times[k]), max(times[k])],
+        }
+        for k in times
+    }
     forged: dict[str, dict[str, int]] = {}
     for trick, make in sorted(TRICKS.items()):
         row = {"one_process": 0, "verdict": 0, "answers": 0}
         for env, task in [(mbpp, mbpp.get_task(k)) for k in range(mbpp.num_tasks())] + [
-                (he, he.get_task(0)), (he, he.get_task(33))]:
+            (he, he.get_task(0)),
+            (he, he.get_task(33)),
+        ]:
             name = task["entry_point"] if env is he else code.MBPPEnv.test_spec(env, task)["names"][0]
             answer = make(name)
             row["answers"] += 1

@@ -42,15 +42,18 @@ from agent_gym import math_answer  # noqa: E402
 
 OLD_COMMIT = "e5dff7d"
 BATTERY = ROOT / "tests" / "fixtures" / "math_battery.jsonl"
-HANG_CASES = ["\\boxed{x^{10000}-1}", "(x+1)^{10000}", "(x+y+z)^{300}", "((((x+1)^2+1)^2+1)^2+1)^{50}",
-              "9^{9^{9^9}}"]
+HANG_CASES = ["\\boxed{x^{10000}-1}", "(x+1)^{10000}", "(x+y+z)^{300}", "((((x+1)^2+1)^2+1)^2+1)^{50}", "9^{9^{9^9}}"]
 
 
 def load_old_checker():
     """The ``check_answer`` from before math-verify, from git, as a module of its own (``None`` if unavailable)."""
     try:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:agent_gym/math_answer.py"],
-                             capture_output=True, text=True, check=True).stdout
+        src = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:agent_gym/math_answer.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     mod = types.ModuleType("old_math_answer")
@@ -111,13 +114,23 @@ def main(argv: list[str] | None = None) -> int:
             idx = [i for i, row in enumerate(rows) if cat in ("all", row["category"])]
             fp = [rows[i]["id"] for i in idx if verdicts[name][i] and not rows[i]["correct"]]
             fn = [rows[i]["id"] for i in idx if not verdicts[name][i] and rows[i]["correct"]]
-            per_cat[cat] = {"pairs": len(idx), "wrong_pairs": sum(not rows[i]["correct"] for i in idx),
-                            "right_pairs": sum(rows[i]["correct"] for i in idx), "fp": len(fp), "fn": len(fn),
-                            "fp_ids": fp, "fn_ids": fn}
+            per_cat[cat] = {
+                "pairs": len(idx),
+                "wrong_pairs": sum(not rows[i]["correct"] for i in idx),
+                "right_pairs": sum(rows[i]["correct"] for i in idx),
+                "fp": len(fp),
+                "fn": len(fn),
+                "fp_ids": fp,
+                "fn_ids": fn,
+            }
         per_check = [statistics.median(t) for t in times[name]]
-        table[name] = {"categories": per_cat, "median_ms": 1000 * statistics.median(per_check),
-                       "p99_ms": 1000 * pct(per_check, 0.99), "max_ms": 1000 * max(per_check),
-                       "total_s_per_round": [sum(t[k] for t in times[name]) for k in range(args.rounds)]}
+        table[name] = {
+            "categories": per_cat,
+            "median_ms": 1000 * statistics.median(per_check),
+            "p99_ms": 1000 * pct(per_check, 0.99),
+            "max_ms": 1000 * max(per_check),
+            "total_s_per_round": [sum(t[k] for t in times[name]) for k in range(args.rounds)],
+        }
 
     hangs = []
     for case in HANG_CASES:
@@ -126,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         hangs.append({"answer": case, "verdict": ok, "how": how, "wall_s": round(time.perf_counter() - t0, 2)})
 
     names = list(checkers)
-    print(f"battery: {len(rows)} pairs ({sum(r['correct'] for r in rows)} right, "
-          f"{sum(not r['correct'] for r in rows)} wrong), {args.rounds} rounds, "
-          f"load average {min(loads):.1f}-{max(loads):.1f}, {time.monotonic() - t_all:.0f} s")
+    print(
+        f"battery: {len(rows)} pairs ({sum(r['correct'] for r in rows)} right, "
+        f"{sum(not r['correct'] for r in rows)} wrong), {args.rounds} rounds, "
+        f"load average {min(loads):.1f}-{max(loads):.1f}, {time.monotonic() - t_all:.0f} s"
+    )
     header = "| category | pairs (right/wrong) | " + " | ".join(f"{n} FP/FN" for n in names) + " |"
     print(header)
     print("|" + "---|" * (2 + len(names)))
@@ -137,17 +152,27 @@ def main(argv: list[str] | None = None) -> int:
         cells = " | ".join(f"{table[n]['categories'][cat]['fp']}/{table[n]['categories'][cat]['fn']}" for n in names)
         label = "**all**" if cat == "all" else cat
         print(f"| {label} | {c0['pairs']} ({c0['right_pairs']}/{c0['wrong_pairs']}) | {cells} |")
-    print("| time per check, median / p99 (ms) | | " + " | ".join(
-        f"{table[n]['median_ms']:.1f} / {table[n]['p99_ms']:.0f}" for n in names) + " |")
+    print(
+        "| time per check, median / p99 (ms) | | "
+        + " | ".join(f"{table[n]['median_ms']:.1f} / {table[n]['p99_ms']:.0f}" for n in names)
+        + " |"
+    )
     for n in names:
         c = table[n]["categories"]["all"]
         print(f"{n}: FP {c['fp_ids']}  FN {c['fn_ids']}")
     print(f"hang cases under final (limit {math_answer.DEFAULT_TIMEOUT_S} s):")
     for h in hangs:
         print(f"  {h['answer']}: {h['verdict']} ({h['how']}) in {h['wall_s']} s")
-    out = {"battery": str(BATTERY.relative_to(ROOT)), "pairs": len(rows), "rounds": args.rounds,
-           "load_average": [min(loads), max(loads)], "checkers": table, "hang_cases": hangs,
-           "timeout_s": math_answer.DEFAULT_TIMEOUT_S, "cpu_count": os.cpu_count()}
+    out = {
+        "battery": str(BATTERY.relative_to(ROOT)),
+        "pairs": len(rows),
+        "rounds": args.rounds,
+        "load_average": [min(loads), max(loads)],
+        "checkers": table,
+        "hang_cases": hangs,
+        "timeout_s": math_answer.DEFAULT_TIMEOUT_S,
+        "cpu_count": os.cpu_count(),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"saved {args.out}")

@@ -50,9 +50,16 @@ def oracle(env_id: str, kwargs: dict, n: int | None, workers: int) -> dict:
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, range(n)))
     took = time.monotonic() - t0
-    out = {"env": env_id, "kwargs": kwargs, "problems": n, "successes": sum(s for _, s, _ in results),
-           "success_rate": sum(s for _, s, _ in results) / n, "failures": [i for i, s, _ in results if not s],
-           "wall_s": round(took, 1), "workers": workers}
+    out = {
+        "env": env_id,
+        "kwargs": kwargs,
+        "problems": n,
+        "successes": sum(s for _, s, _ in results),
+        "success_rate": sum(s for _, s, _ in results) / n,
+        "failures": [i for i, s, _ in results if not s],
+        "wall_s": round(took, 1),
+        "workers": workers,
+    }
     checked = [t for _, _, t in results if t is not None]
     if checked:
         out["tool_output_matches_gold"] = f"{sum(checked)}/{len(checked)}"
@@ -68,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/oracle_math_code.json")
     args = ap.parse_args(argv)
     math_kw = {"data_path": args.math_path} if args.math_path else {"num_tasks": args.math_tasks}
-    runs = [("AgentR1/Math-v0", math_kw), ("AgentR1/HumanEval-v0", {}),
-            ("AgentR1/MBPP-v0", {"data_path": args.mbpp_path} if args.mbpp_path else {})]
+    runs = [
+        ("AgentR1/Math-v0", math_kw),
+        ("AgentR1/HumanEval-v0", {}),
+        ("AgentR1/MBPP-v0", {"data_path": args.mbpp_path} if args.mbpp_path else {}),
+    ]
     report = {"load_avg_1m_before": round(os.getloadavg()[0], 1), "results": []}
     for env_id, kw in runs:
         r = oracle(env_id, kw, None, args.workers)

@@ -76,38 +76,48 @@ class FaultServer:
 
 def dribble(head: bytes, slow: bytes, gap: float = 1.0):
     """Send ``head`` at once, then ``slow`` one byte every ``gap`` seconds."""
+
     def write(conn, stop):
         conn.sendall(head)
         for b in slow:
             if stop.wait(gap):
                 return
             conn.sendall(bytes([b]))
+
     return write
 
 
 def drip(head: bytes, gap: float = 0.2):
     """Send ``head`` at once, then a valid-looking JSON body one byte every ``gap`` s, without end."""
+
     def write(conn, stop):
         conn.sendall(head)
         conn.sendall(b'{"result": [[')
         while not stop.wait(gap):
             conn.sendall(b" ")
+
     return write
 
 
 def flood(head: bytes, byte: bytes = b" "):
     """Send ``head`` at once, then 64 KiB blocks of ``byte`` as fast as the client reads, without end."""
+
     def write(conn, stop):
         conn.sendall(head)
         block = byte * 65536
         while not stop.is_set():
             conn.sendall(block)
+
     return write
 
 
 def answer(body: bytes, status: bytes = b"200 OK"):
     """One complete answer with a correct Content-Length."""
+
     def write(conn, stop):
-        conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     b"Connection: close\r\n\r\n%s" % (status, len(body), body))
+        conn.sendall(
+            b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (status, len(body), body)
+        )
+
     return write

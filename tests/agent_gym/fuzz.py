@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-WORDS = "the of Karimel mentor rival who is Paris capital 1902 born search lookup {} [] \" : , \\n".split()
+WORDS = 'the of Karimel mentor rival who is Paris capital 1902 born search lookup {} [] " : , \\n'.split()
 
 
 def random_args(schema: dict, rng: np.random.Generator, hints: list[str] | None = None) -> dict:
@@ -43,9 +43,13 @@ def fuzz_action(env, rng: np.random.Generator, task: dict | None = None) -> np.n
         if u.format.name == "search_r1":
             text = f"<search>{random_args(fn['parameters'], rng, hints).get('query', 'x')}</search>"
         else:
-            text = "<tool_call>" + json.dumps({"name": fn["name"], "arguments": random_args(fn["parameters"], rng, hints)}) + "</tool_call>"
+            text = (
+                "<tool_call>"
+                + json.dumps({"name": fn["name"], "arguments": random_args(fn["parameters"], rng, hints)})
+                + "</tool_call>"
+            )
     elif kind == 3:
-        text = "<tool_call>{\"name\": \"" + str(rng.choice(WORDS)) + "\", \"arguments\": {" + "</tool_call>"
+        text = '<tool_call>{"name": "' + str(rng.choice(WORDS)) + '", "arguments": {' + "</tool_call>"
     elif kind == 4:
         gold = (task or {}).get("answer", "x")
         text = f"<answer>{gold if rng.random() < 0.5 else rng.choice(WORDS)}</answer>"

@@ -23,8 +23,10 @@ def gold(env):
 
 @pytest.mark.timeout(60)
 def test_tags_by_default_text_and_reply_score_untagged_turns_without_format_reward():
-    envs = {src: gym.make("AgentR1/FactChain-v0", answer_source=src, rewards={"format": 0.25})
-            for src in ("tags", "text", "reply")}
+    envs = {
+        src: gym.make("AgentR1/FactChain-v0", answer_source=src, rewards={"format": 0.25})
+        for src in ("tags", "text", "reply")
+    }
     for env in envs.values():
         env.reset(options={"task_index": 3})
     g = gold(envs["tags"])
@@ -45,8 +47,9 @@ def test_tags_by_default_text_and_reply_score_untagged_turns_without_format_rewa
 def test_a_turn_with_a_tool_call_is_never_read_as_an_answer():
     env = gym.make("AgentR1/FactChain-v0", answer_source="reply")
     env.reset(options={"task_index": 0})
-    _, _, term, _, info = env.step(turn(env, '<tool_call>{"name": "lookup", "arguments": '
-                                             '{"entity": "nobody", "relation": "sibling"}}</tool_call>'))
+    _, _, term, _, info = env.step(
+        turn(env, '<tool_call>{"name": "lookup", "arguments": {"entity": "nobody", "relation": "sibling"}}</tool_call>')
+    )
     assert not term and "answer" not in info and len(info["tool_calls"]) == 1
 
 

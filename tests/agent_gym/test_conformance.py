@@ -20,7 +20,8 @@ _QA = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
 _QA_DIRS = {"HotpotQA": "hotpotqa", "2WikiMultiHopQA": "2wikimultihopqa", "MuSiQue": "musique"}
 CONFORMANCE_KWARGS: dict[str, dict] = {
     f"AgentR1/{name}{variant}-v0": {"data_path": str(_QA / d), "retriever_kwargs": {"cache": False}}
-    for name, d in _QA_DIRS.items() for variant in ("", "-NaiveRAG")
+    for name, d in _QA_DIRS.items()
+    for variant in ("", "-NaiveRAG")
 }
 
 
@@ -93,7 +94,7 @@ def test_token_invariants_under_fuzzed_actions(env_id):
         ids = obs["input_ids"]
         n, k = len(prev), len(action)
         # The new observation starts with the previous one followed by the action, verbatim.
-        assert np.array_equal(ids[:n], prev) and np.array_equal(ids[n:n + k], action)
+        assert np.array_equal(ids[:n], prev) and np.array_equal(ids[n : n + k], action)
         assert info["action_span"] == [n, n + k]
         assert info["obs_span"][0] == n + k and info["obs_span"][1] == len(ids)
         # The agent's decoded text is exactly what was parsed.

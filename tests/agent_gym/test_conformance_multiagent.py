@@ -34,7 +34,7 @@ def test_per_agent_token_invariants_under_fuzzed_actions(env_id):
         for a, act in actions.items():
             ids, n, k = obs[a]["input_ids"], len(prev[a]), len(act)
             # each agent's observation is its previous one followed by its own action, verbatim
-            assert np.array_equal(ids[:n], prev[a]) and np.array_equal(ids[n:n + k], act)
+            assert np.array_equal(ids[:n], prev[a]) and np.array_equal(ids[n : n + k], act)
             assert infos[a]["action_span"] == [n, n + k]
             assert abs(sum(infos[a]["reward_components"].values()) - rew[a]) < 1e-9
             statuses.update(c["status"] for c in infos[a]["tool_calls"])
@@ -59,8 +59,11 @@ def test_every_seat_starts_with_its_own_observation(env_id):
     """A policy shared by the seats must be able to tell them apart from the first token on: with
     the defaults, and with one system prompt string shared by the seats (the seat's identity is
     added to it), with and without the tool schemas in the prompt."""
-    for kwargs in ({}, {"system_prompt": "Work together.", "tools_in_prompt": False},
-                   {"system_prompt": "Work together."}):
+    for kwargs in (
+        {},
+        {"system_prompt": "Work together.", "tools_in_prompt": False},
+        {"system_prompt": "Work together."},
+    ):
         env = agent_gym.make_multiagent(env_id, parallel=True, **kwargs)
         for seed in range(3):
             obs, _ = env.reset(seed=seed)
@@ -75,8 +78,12 @@ def test_pettingzoo_max_cycles_test_with_the_defaults(env_id):
 
     from pettingzoo.test import max_cycles_test
 
-    max_cycles_test(SimpleNamespace(env=partial(agent_gym.make_multiagent, env_id),
-                                    parallel_env=partial(agent_gym.make_multiagent, env_id, parallel=True)))
+    max_cycles_test(
+        SimpleNamespace(
+            env=partial(agent_gym.make_multiagent, env_id),
+            parallel_env=partial(agent_gym.make_multiagent, env_id, parallel=True),
+        )
+    )
 
 
 @pytest.mark.timeout(120)
@@ -111,7 +118,10 @@ def test_pickle_and_deepcopy_mid_episode(env_id):
     assert results[0] == results[1] == results[2]
     assert results[0][1] == {"em": 1.0}
     # the copies are independent: the original's mailbox is not theirs
-    assert copies[0].mailbox is not env.mailbox and copies[0].seats["agent_1"].tools["receive"].mailbox is copies[0].mailbox
+    assert (
+        copies[0].mailbox is not env.mailbox
+        and copies[0].seats["agent_1"].tools["receive"].mailbox is copies[0].mailbox
+    )
 
     # the AEC view mid-episode
     aec.reset(seed=5)

@@ -79,7 +79,9 @@ def test_twowiki_official_layout_with_alias_file():
     assert t.golds == ["Quillhaven", "Quillhaven Town", "Quillhavener"]
     assert t.extra["evidences"][0] == ["The Glass Orchard", "director", "Marlow Vance"]
     # 2Wiki sentences have no leading space: joined with one.
-    assert t.context[2]["text"].startswith("Marlow Vance (14 March 1931 \u2013 2 May 1999) was a film director born in Quillhaven. He made")
+    assert t.context[2]["text"].startswith(
+        "Marlow Vance (14 March 1931 \u2013 2 May 1999) was a film director born in Quillhaven. He made"
+    )
     assert tasks[1].aliases == []
 
 
@@ -288,14 +290,17 @@ def _expect(path, where, key, what, dataset="hotpotqa"):
     return msg
 
 
-@pytest.mark.parametrize(("field", "value", "what"), [
-    ("aliases", "P", "expected a list of strings"),   # was split into ["P"]: EM 1 for gold Paris
-    ("answer", None, "is null"),                       # was the gold "None"
-    ("answer", ["Paris", "Lutetia"], "is a list"),     # was the gold "['Paris', 'Lutetia']"
-    ("answer", 1.5, "must be a string"),
-    ("aliases", ["ok", None], "is null"),
-    ("supporting_titles", "Paris", "expected a list of strings"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("aliases", "P", "expected a list of strings"),  # was split into ["P"]: EM 1 for gold Paris
+        ("answer", None, "is null"),  # was the gold "None"
+        ("answer", ["Paris", "Lutetia"], "is a list"),  # was the gold "['Paris', 'Lutetia']"
+        ("answer", 1.5, "must be a string"),
+        ("aliases", ["ok", None], "is null"),
+        ("supporting_titles", "Paris", "expected a list of strings"),
+    ],
+)
 def test_normalized_bad_gold_values_are_rejected(tmp_path, field, value, what):
     bad = {**NORMALIZED, field: value}
     path = _jsonl(tmp_path / "dev.jsonl", [NORMALIZED, "", bad])  # the bad row is on line 3
@@ -337,12 +342,15 @@ def test_scalar_jsonl_row_names_file_and_line(tmp_path, scalar):
     _expect(path, "line 2", None, "expected a JSON object")  # was AttributeError
 
 
-@pytest.mark.parametrize(("context", "key"), [
-    ([["Only a title"]], "context[0]"),                   # was "not enough values to unpack"
-    ([["T", ["ok"]], ["U", [1, 2]]], "context[1]"),
-    ("not a list", "context"),
-    ({"title": ["a", "b"], "sentences": [["x"]]}, "context"),
-])
+@pytest.mark.parametrize(
+    ("context", "key"),
+    [
+        ([["Only a title"]], "context[0]"),  # was "not enough values to unpack"
+        ([["T", ["ok"]], ["U", [1, 2]]], "context[1]"),
+        ("not a list", "context"),
+        ({"title": ["a", "b"], "sentences": [["x"]]}, "context"),
+    ],
+)
 def test_malformed_context_names_file_index_and_key(tmp_path, context, key):
     rows = [dict(r) for r in HOTPOT_ROWS]
     rows[1]["context"] = context
@@ -352,7 +360,9 @@ def test_malformed_context_names_file_index_and_key(tmp_path, context, key):
 
 
 def test_musique_string_aliases_and_bad_paragraphs(tmp_path):
-    path = _jsonl(tmp_path / "musique_ans_v1.0_dev.jsonl", [MUSIQUE_ROWS[0], {**MUSIQUE_ROWS[0], "answer_aliases": "Q"}])
+    path = _jsonl(
+        tmp_path / "musique_ans_v1.0_dev.jsonl", [MUSIQUE_ROWS[0], {**MUSIQUE_ROWS[0], "answer_aliases": "Q"}]
+    )
     _expect(path, "line 2", "answer_aliases", "expected a list of strings", "musique")
     bad = {**MUSIQUE_ROWS[0], "paragraphs": [{"idx": 0, "title": "T"}]}
     path = _jsonl(tmp_path / "musique_ans_v1.0_dev.jsonl", [bad])
@@ -442,15 +452,20 @@ def test_a_gold_with_visible_characters_that_normalizes_to_empty_stays_valid(tmp
     path.write_text(json.dumps(rows))
     task = load_qa("hotpotqa", data_path=path)[0]
     assert task.answer == "!!!" and normalize_answer(task.answer) == "" and exact_match("!!!", [task.answer]) == 0.0
-    assert load_qa("hotpotqa", data_path=_jsonl(tmp_path / "n.jsonl", [{**NORMALIZED, "aliases": ["!!!"]}]))[0].aliases == ["!!!"]
+    assert load_qa("hotpotqa", data_path=_jsonl(tmp_path / "n.jsonl", [{**NORMALIZED, "aliases": ["!!!"]}]))[
+        0
+    ].aliases == ["!!!"]
 
 
-@pytest.mark.parametrize(("row", "key", "what"), [
-    ({"id": "2", "title": "T", "text": None}, "text", "must be a string, got NoneType None"),  # was "None"
-    ({"id": "2", "title": None, "text": "x"}, "title", "must be a string"),
-    ({"id": "2", "contents": 5}, "contents", "must be a string, got int"),
-    ({"id": None, "title": "T", "text": "x"}, "id", "must be a string or an integer"),
-])
+@pytest.mark.parametrize(
+    ("row", "key", "what"),
+    [
+        ({"id": "2", "title": "T", "text": None}, "text", "must be a string, got NoneType None"),  # was "None"
+        ({"id": "2", "title": None, "text": "x"}, "title", "must be a string"),
+        ({"id": "2", "contents": 5}, "contents", "must be a string, got int"),
+        ({"id": None, "title": "T", "text": "x"}, "id", "must be a string or an integer"),
+    ],
+)
 def test_corpus_null_fields_are_refused_not_made_the_string_none(tmp_path, row, key, what):
     path = _jsonl(tmp_path / "corpus.jsonl", [{"id": "1", "title": "T", "text": "x"}, row])
     with pytest.raises(DatasetFormatError, match=rf"corpus.jsonl, line 2, key '{key}': {what}"):

@@ -10,8 +10,15 @@ from agent_gym.env import ToolEnv
 from agent_gym.tools import Tool, ToolResult, tool
 
 
-@tool(description="Echo the text.", parameters={"type": "object", "properties": {"text": {"type": "string"}},
-                                                 "required": ["text"], "additionalProperties": False})
+@tool(
+    description="Echo the text.",
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    },
+)
 def echo(text: str) -> str:
     return f"echo: {text}"
 
@@ -59,7 +66,9 @@ class TinyEnv(ToolEnv):
 
 def act(env, text, close=True):
     u = env.unwrapped
-    return u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+    return (
+        u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+    )
 
 
 def call(name, **args):
@@ -82,7 +91,9 @@ def test_every_failure_is_a_message_with_a_status():
         assert needle in env.messages[-1]["content"]
     # The budget of 2 calls is spent (echo and broken counted; unknown/parse errors are not).
     _, _, term, trunc, info = env.step(act(env, call("echo", text="b")))
-    assert [c["status"] for c in info["tool_calls"]] == ["budget"] and trunc and info["truncation_reason"] == "tool_budget"
+    assert (
+        [c["status"] for c in info["tool_calls"]] == ["budget"] and trunc and info["truncation_reason"] == "tool_budget"
+    )
     assert "tool budget of 2 calls" in env.render()
 
 
@@ -95,8 +106,15 @@ def test_timeout_status():
 
 
 def test_answer_rewards_and_components_add_up():
-    env = TinyEnv(rewards={"answer_weights": {"em": 1.0, "f1": 0.5}, "format": 0.1, "call_ok": 0.2,
-                           "call_invalid": -0.3, "no_action": -0.05})
+    env = TinyEnv(
+        rewards={
+            "answer_weights": {"em": 1.0, "f1": 0.5},
+            "format": 0.1,
+            "call_ok": 0.2,
+            "call_invalid": -0.3,
+            "no_action": -0.05,
+        }
+    )
     env.reset(options={"task_index": 1})
     _, r, *_, info = env.step(act(env, call("echo", text="x") + call("nope")))
     assert info["reward_components"] == {"tool": 0.2, "invalid": -0.3} and r == pytest.approx(-0.1)
@@ -106,7 +124,9 @@ def test_answer_rewards_and_components_add_up():
     assert term and not trunc and info["answer"] == "yo"
     assert info["reward_components"] == {"em": 1.0, "f1": 0.25, "format": 0.1} and r == pytest.approx(1.35)
     assert info["trajectory"].step_rewards == pytest.approx([-0.1, -0.05, 1.35])
-    assert info["trajectory"].reward_components == pytest.approx({"tool": 0.2, "invalid": -0.3, "no_action": -0.05, "em": 1.0, "f1": 0.25, "format": 0.1})
+    assert info["trajectory"].reward_components == pytest.approx(
+        {"tool": 0.2, "invalid": -0.3, "no_action": -0.05, "em": 1.0, "f1": 0.25, "format": 0.1}
+    )
     env.reset(options={"task_index": 1})  # empty tags are no well-formed answer: no format reward
     _, r, term, _, info = env.step(act(env, "<answer> \n </answer>"))
     assert term and info["answer"] == "" and info["reward_components"]["format"] == 0.0
@@ -147,19 +167,22 @@ def test_unclosed_turn_is_closed_by_env_outside_the_mask():
     obs2, *_, info = env.step(a)
     n = len(obs["input_ids"])
     assert info["closed_by_env"] and obs2["input_ids"][n + len(a)] == env.eot_id
-    assert env._loss_mask[n + len(a)] == 0 and all(env._loss_mask[n:n + len(a)])
+    assert env._loss_mask[n + len(a)] == 0 and all(env._loss_mask[n : n + len(a)])
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"tool_format": "xml"}, "unknown tool_format 'xml'"),
-    ({"max_turns": 0}, "max_turns must be a positive integer"),
-    ({"max_context_tokens": -5}, "max_context_tokens must be a positive integer"),
-    ({"tokenizer": "/no/such/dir"}, "tokenizer path '/no/such/dir' does not exist"),
-    ({"rewards": {"em_weight": 1}}, r"unknown reward key\(s\) \['em_weight'\]"),
-    ({"render_mode": "human"}, "render_mode must be None"),
-    ({"num_hops": 0}, "num_hops must be a positive integer"),
-    ({"question_style": "yoda"}, "question_style must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"tool_format": "xml"}, "unknown tool_format 'xml'"),
+        ({"max_turns": 0}, "max_turns must be a positive integer"),
+        ({"max_context_tokens": -5}, "max_context_tokens must be a positive integer"),
+        ({"tokenizer": "/no/such/dir"}, "tokenizer path '/no/such/dir' does not exist"),
+        ({"rewards": {"em_weight": 1}}, r"unknown reward key\(s\) \['em_weight'\]"),
+        ({"render_mode": "human"}, "render_mode must be None"),
+        ({"num_hops": 0}, "num_hops must be a positive integer"),
+        ({"question_style": "yoda"}, "question_style must be one of"),
+    ],
+)
 def test_bad_constructor_arguments_fail_at_make(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         gym.make("AgentR1/FactChain-v0", **kwargs)
@@ -196,6 +219,7 @@ def test_agent_gym_prefix_form_and_render():
 
 # -- step() is transactional, config is checked at construction --------------------------------------
 
+
 class Unprintable:
     def __str__(self):
         raise RuntimeError("no str")
@@ -212,14 +236,27 @@ def _const_tool(name, out=None, exc=None, timeout=None):
 
 def _state(env):
     u = env.unwrapped
-    return (list(u._ids), list(u._loss_mask), u.turn, u.tool_calls_used, u.invalid_streak, u._done,
-            len(u.transcript), len(u.messages), len(u.step_rewards))
+    return (
+        list(u._ids),
+        list(u._loss_mask),
+        u.turn,
+        u.tool_calls_used,
+        u.invalid_streak,
+        u._done,
+        len(u.transcript),
+        len(u.messages),
+        len(u.step_rewards),
+    )
 
 
 @pytest.mark.parametrize("timeout", [None, 1.0])
 def test_bad_tool_results_are_tool_errors_and_the_episode_goes_on(timeout):
-    tools = [_const_tool("unprintable", Unprintable(), timeout=timeout), _const_tool("listy", [1, 2], timeout=timeout),
-             _const_tool("leave", exc=SystemExit(2), timeout=timeout), echo]
+    tools = [
+        _const_tool("unprintable", Unprintable(), timeout=timeout),
+        _const_tool("listy", [1, 2], timeout=timeout),
+        _const_tool("leave", exc=SystemExit(2), timeout=timeout),
+        echo,
+    ]
     env = TinyEnv(tools=tools, max_invalid_calls=10)
     obs, _ = env.reset(options={"task_index": 0})
     for name in ("unprintable", "listy", "leave"):
@@ -283,14 +320,17 @@ def test_task_missing_a_key_is_refused_at_reset():
     assert term and info["answer_scores"]["em"] == 1.0
 
 
-@pytest.mark.parametrize("rewards,err,needle", [
-    ({"format": "a"}, TypeError, r"rewards.format must be a number, got 'a'"),
-    ({"call_ok": float("nan")}, ValueError, r"rewards.call_ok must be finite"),
-    ({"answer_weights": {"em": float("inf")}}, ValueError, r"rewards.answer_weights\['em'\] must be finite"),
-    ({"extra": {"hit": None}}, TypeError, r"rewards.extra\['hit'\] must be a number"),
-    ({"answer_weights": ["em"]}, TypeError, r"rewards.answer_weights must be a dict"),
-    ({"no_action": True}, TypeError, r"rewards.no_action must be a number"),
-])
+@pytest.mark.parametrize(
+    "rewards,err,needle",
+    [
+        ({"format": "a"}, TypeError, r"rewards.format must be a number, got 'a'"),
+        ({"call_ok": float("nan")}, ValueError, r"rewards.call_ok must be finite"),
+        ({"answer_weights": {"em": float("inf")}}, ValueError, r"rewards.answer_weights\['em'\] must be finite"),
+        ({"extra": {"hit": None}}, TypeError, r"rewards.extra\['hit'\] must be a number"),
+        ({"answer_weights": ["em"]}, TypeError, r"rewards.answer_weights must be a dict"),
+        ({"no_action": True}, TypeError, r"rewards.no_action must be a number"),
+    ],
+)
 def test_reward_config_is_checked_at_construction(rewards, err, needle):
     with pytest.raises(err, match=needle):
         TinyEnv(rewards=rewards)
@@ -421,10 +461,16 @@ def test_a_validation_that_raises_is_a_tool_error_and_the_episode_goes_on():
 def test_schema_regex_that_does_not_compile_is_refused_at_construction():
     """A draft-7 schema whose ``$defs`` (not a draft-7 keyword, so jsonschema's check_schema skips it)
     holds a bad regex: it was accepted, then every call to the tool raised ``re.error`` out of step."""
-    params = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
-              "properties": {"q": {"$ref": "#/$defs/word"}}, "$defs": {"word": {"type": "string", "pattern": "[a-"}}}
+    params = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"q": {"$ref": "#/$defs/word"}},
+        "$defs": {"word": {"type": "string", "pattern": "[a-"}},
+    }
     bad = tool(description="x", name="finder", parameters=params)(lambda q: q)
-    with pytest.raises(ValueError, match=r"tool 'finder' has an invalid regular expression '\[a-' at \$defs/word/pattern"):
+    with pytest.raises(
+        ValueError, match=r"tool 'finder' has an invalid regular expression '\[a-' at \$defs/word/pattern"
+    ):
         TinyEnv(tools=[echo, bad])
     # One that gets past construction anyway (changed afterwards) is the call's tool_error, not a crash.
     params["$defs"]["word"]["pattern"] = "[a-z]"
@@ -481,8 +527,12 @@ def test_episode_state_is_gathered_over_the_mro_and_checked_at_class_definition(
         episode_state = ("extra",)
 
     assert More._episode_state_all == ("seen", "extra") and Remembering._episode_state_all == ("seen",)
-    with pytest.raises(TypeError, match=r"Bad.episode_state must be a tuple of attribute names, got 'seen' "
-                                        r"\(write \('seen',\)\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"Bad.episode_state must be a tuple of attribute names, got 'seen' "
+        r"\(write \('seen',\)\)",
+    ):
+
         class Bad(TinyEnv):
             episode_state = "seen"
 

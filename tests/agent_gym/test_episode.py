@@ -26,11 +26,22 @@ def test_episode_is_typed_and_its_totals_match_the_steps():
     assert isinstance(ep, Episode) and term and not trunc
     assert ep.step_call_statuses == [["ok", "unknown_tool"], [], []]
     assert ep.call_statuses == {"ok": 1, "unknown_tool": 1}
-    assert ep.step_reward_components == [infos[0]["reward_components"], infos[1]["reward_components"],
-                                         info["reward_components"]]
-    assert ep.reward == pytest.approx(sum(ep.step_rewards)) == pytest.approx(-0.1 - 0.05 + 1.1)  # the F1 score has weight 0 by default
+    assert ep.step_reward_components == [
+        infos[0]["reward_components"],
+        infos[1]["reward_components"],
+        info["reward_components"],
+    ]
+    assert (
+        ep.reward == pytest.approx(sum(ep.step_rewards)) == pytest.approx(-0.1 - 0.05 + 1.1)
+    )  # the F1 score has weight 0 by default
     assert (ep.answer, ep.answer_scores, ep.success, ep.truncation_reason, ep.turns, ep.answered) == (
-        "yo", {"em": 1.0, "f1": 0.5}, True, None, 3, True)
+        "yo",
+        {"em": 1.0, "f1": 0.5},
+        True,
+        None,
+        3,
+        True,
+    )
     assert (ep.task_id, ep.task_index, ep.prompt_len) == ("t1", 1, env.prompt_len)
     # Plain values only: it pickles (async vector envs), deep-copies and serializes to JSON.
     assert pickle.loads(pickle.dumps(ep)) == ep and copy.deepcopy(ep) == ep
@@ -74,8 +85,9 @@ def test_the_env_decides_success_and_the_trainer_follows():
 @pytest.mark.timeout(60)
 def test_factchain_episodes_cross_processes():
     """An async vector env sends each Episode back through a pipe (pickle)."""
-    envs = gym.make_vec("AgentR1/FactChain-v0", num_envs=2, vectorization_mode="async",
-                         vector_kwargs={"shared_memory": False})
+    envs = gym.make_vec(
+        "AgentR1/FactChain-v0", num_envs=2, vectorization_mode="async", vector_kwargs={"shared_memory": False}
+    )
     try:
         envs.reset(seed=0)
         u = gym.make("AgentR1/FactChain-v0").unwrapped

@@ -103,13 +103,16 @@ def test_the_tokenizer_fingerprint_tells_tokenizers_apart():
     assert tokenizer_fingerprint(other_template) != tokenizer_fingerprint(build_bpe_tokenizer())
 
 
-@pytest.mark.parametrize("args, match", [
-    (dict(env_id=""), "env_id must be a registered env id string"),
-    (dict(env_id=ENV_ID, env_kwargs=[("max_turns", 3)]), "env_kwargs must be a mapping"),
-    (dict(env_id=ENV_ID, vocab_size=0), "vocab_size must be a positive integer"),
-    (dict(env_id=ENV_ID, vocab_size=True), "vocab_size must be a positive integer"),
-    (dict(env_id=ENV_ID, server="127.0.0.1:8000"), r"server must be an http\(s\):// URL"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (dict(env_id=""), "env_id must be a registered env id string"),
+        (dict(env_id=ENV_ID, env_kwargs=[("max_turns", 3)]), "env_kwargs must be a mapping"),
+        (dict(env_id=ENV_ID, vocab_size=0), "vocab_size must be a positive integer"),
+        (dict(env_id=ENV_ID, vocab_size=True), "vocab_size must be a positive integer"),
+        (dict(env_id=ENV_ID, server="127.0.0.1:8000"), r"server must be an http\(s\):// URL"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(args, match):
     env_id = args.pop("env_id")
     with pytest.raises(ValueError, match=match):
@@ -145,8 +148,9 @@ def test_a_served_factory_refuses_overrides_and_names_an_unreachable_server():
 
 
 def test_jsonable_is_what_json_carries():
-    assert jsonable({1: (np.int64(2), np.float32(0.5)), "a": {np.arange(2).dtype.name: np.arange(2)},
-                     "s": {3}, "o": object}) == {"1": [2, 0.5], "a": {"int64": [0, 1]}, "s": [3], "o": repr(object)}
+    assert jsonable(
+        {1: (np.int64(2), np.float32(0.5)), "a": {np.arange(2).dtype.name: np.arange(2)}, "s": {3}, "o": object}
+    ) == {"1": [2, 0.5], "a": {"int64": [0, 1]}, "s": [3], "o": repr(object)}
 
 
 def test_the_trainers_reconnect_key_reaches_the_remote_vector_env_and_a_negative_one_is_refused():

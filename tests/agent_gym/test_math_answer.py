@@ -17,16 +17,19 @@ from agent_gym.math_answer import answers_match, as_text, check_answer, extract_
 from envs.math import MathDataError
 
 
-@pytest.mark.parametrize("text, want", [
-    ("so \\boxed{5}.", "5"),
-    ("\\boxed{1} then \\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),  # the last one, nested braces
-    ("\\boxed{\\left\\{1, 2\\right\\}}", "\\left\\{1, 2\\right\\}"),
-    ("\\fbox{x^{2}}", "x^{2}"),
-    ("$\\boxed 7$", "7"),
-    ("\\boxed{unclosed {", None),
-    ("no box here", None),
-    ("\\boxed", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("so \\boxed{5}.", "5"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),  # the last one, nested braces
+        ("\\boxed{\\left\\{1, 2\\right\\}}", "\\left\\{1, 2\\right\\}"),
+        ("\\fbox{x^{2}}", "x^{2}"),
+        ("$\\boxed 7$", "7"),
+        ("\\boxed{unclosed {", None),
+        ("no box here", None),
+        ("\\boxed", None),
+    ],
+)
 def test_last_boxed(text, want):
     assert last_boxed(text) == want
 
@@ -38,58 +41,73 @@ def test_extract_answer_falls_back_to_the_text():
 
 # The reported cases, each of which the old checker got wrong.
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("pred, gold, want", [
-    ("999999", "1000000", False),                # integers compare exactly (old: relative tolerance 1e-6)
-    ("20030020", "20030010", False),
-    ("10^{-7}", "0", False),
-    ("3.14159", "\\pi", False),                  # a decimal is the exact number it writes
-    ("0.333333", "\\frac13", False),
-    ("5", "\\infty", False),                     # a finite number is not infinity
-    ("10^{100}", "\\infty", False),
-    ("-\\infty", "\\infty", False),
-    ("(2,5)", "[2,5]", False),                   # open and closed ends differ
-    ("[2,\\infty)", "(2,\\infty)", False),
-    ("(-\\infty, 3)", "(-\\infty,3]", False),
-    ("5\\text{ cm}", "5", True),                 # units dropped
-    ("\\$5", "5", True),
-    ("\\{3,1,2\\}", "\\{1,2,3\\}", True),         # sets in any order
-    ("Monday", "monday", True),                  # words, case-insensitively
-    ("0.\\overline{3}", "\\frac13", True),         # a repeating decimal is its fraction
-    ("1\\frac12", "\\frac32", True),              # a mixed number
-    ("x \\in [2,5]", "[2,5]", True),
-    ("\\boxed{0.5}", "\\frac{1}{2}", True),
-    ("\\text{Dynamo}", "\\text{Monday}", False),  # not a product of commuting letters
-])
+@pytest.mark.parametrize(
+    "pred, gold, want",
+    [
+        ("999999", "1000000", False),  # integers compare exactly (old: relative tolerance 1e-6)
+        ("20030020", "20030010", False),
+        ("10^{-7}", "0", False),
+        ("3.14159", "\\pi", False),  # a decimal is the exact number it writes
+        ("0.333333", "\\frac13", False),
+        ("5", "\\infty", False),  # a finite number is not infinity
+        ("10^{100}", "\\infty", False),
+        ("-\\infty", "\\infty", False),
+        ("(2,5)", "[2,5]", False),  # open and closed ends differ
+        ("[2,\\infty)", "(2,\\infty)", False),
+        ("(-\\infty, 3)", "(-\\infty,3]", False),
+        ("5\\text{ cm}", "5", True),  # units dropped
+        ("\\$5", "5", True),
+        ("\\{3,1,2\\}", "\\{1,2,3\\}", True),  # sets in any order
+        ("Monday", "monday", True),  # words, case-insensitively
+        ("0.\\overline{3}", "\\frac13", True),  # a repeating decimal is its fraction
+        ("1\\frac12", "\\frac32", True),  # a mixed number
+        ("x \\in [2,5]", "[2,5]", True),
+        ("\\boxed{0.5}", "\\frac{1}{2}", True),
+        ("\\text{Dynamo}", "\\text{Monday}", False),  # not a product of commuting letters
+    ],
+)
 def test_reported_verifier_cases(pred, gold, want):
     ok, how = check_answer(pred, gold, timeout=30.0)  # generous: the verdict is tested here, not the speed
     assert ok is want, how
     assert how in math_answer.STATUSES
 
 
-@pytest.mark.parametrize("raw, want", [
-    ("0.75", "(\\frac{3}{4})"),
-    ("7.00", "7"),
-    (".5", "(\\frac{1}{2})"),
-    ("0.\\overline{3}", "(\\frac{1}{3})"),
-    ("0.1\\bar{6}", "(\\frac{1}{6})"),
-    ("-2\\frac{1}{2}", "-(\\frac{5}{2})"),
-    ("1\\frac12", "(\\frac{3}{2})"),
-    ("x^2\\frac{1}{2}", "x^2\\frac{1}{2}"),       # an exponent followed by a fraction is not a mixed number
-    ("1.5e-3", "(\\frac{3}{2})\\times10^{-3}"),
-    ("\\$1,000", "\\$1000"),
-    ("(1,000)", "(1,000)"),                      # a pair, not a thousands separator
-    ("50\\%", "50"),
-    ("12.", "12"),
-    ("\\varnothing", "\\emptyset"),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("0.75", "(\\frac{3}{4})"),
+        ("7.00", "7"),
+        (".5", "(\\frac{1}{2})"),
+        ("0.\\overline{3}", "(\\frac{1}{3})"),
+        ("0.1\\bar{6}", "(\\frac{1}{6})"),
+        ("-2\\frac{1}{2}", "-(\\frac{5}{2})"),
+        ("1\\frac12", "(\\frac{3}{2})"),
+        ("x^2\\frac{1}{2}", "x^2\\frac{1}{2}"),  # an exponent followed by a fraction is not a mixed number
+        ("1.5e-3", "(\\frac{3}{2})\\times10^{-3}"),
+        ("\\$1,000", "\\$1000"),
+        ("(1,000)", "(1,000)"),  # a pair, not a thousands separator
+        ("50\\%", "50"),
+        ("12.", "12"),
+        ("\\varnothing", "\\emptyset"),
+    ],
+)
 def test_prepare_makes_numbers_exact(raw, want):
     assert prepare(raw) == want
 
 
-@pytest.mark.parametrize("raw, want", [
-    ("\\text{Monday}", "monday"), ("no  Solution", "no solution"), ("odd.", "odd"), ("B", None), ("x+y", None),
-    ("\\pi", None), ("5", None), ("\\text{(B)}", None),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("\\text{Monday}", "monday"),
+        ("no  Solution", "no solution"),
+        ("odd.", "odd"),
+        ("B", None),
+        ("x+y", None),
+        ("\\pi", None),
+        ("5", None),
+        ("\\text{(B)}", None),
+    ],
+)
 def test_as_text(raw, want):
     assert as_text(raw) == want
 
@@ -106,8 +124,12 @@ def test_expansions_that_hang_score_0_with_reason_timeout(pred):
 def test_the_limit_holds_in_threads_where_signal_timeouts_cannot_work():
     """Env steps may run on a thread pool (agent_gym/vector.py); math-verify's own timeouts use
     signal.alarm, which only works in the main thread."""
-    cases = [("(x+1)^{10000}", "x^2+1", 1.0), ("\\frac{2}{4}", "0.5", 30.0), ("\\sqrt{8}", "2\\sqrt{2}", 30.0),
-             ("(x+y+z)^{300}", "1", 1.0)]
+    cases = [
+        ("(x+1)^{10000}", "x^2+1", 1.0),
+        ("\\frac{2}{4}", "0.5", 30.0),
+        ("\\sqrt{8}", "2\\sqrt{2}", 30.0),
+        ("(x+y+z)^{300}", "1", 1.0),
+    ]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda c: check_answer(*c), cases))
     assert got[0] == (False, "timeout") and got[3] == (False, "timeout")
@@ -142,8 +164,14 @@ def test_a_forked_child_uses_workers_of_its_own():
 @pytest.mark.timeout(120)
 def test_hostile_answers_are_never_evaluated_as_python(tmp_path):
     marker = tmp_path / "pwned"
-    for pred in (f"__import__('os').system('touch {marker}')", "eval(1)", "(1).__class__", "1e9999999",
-                 "9" * 500, "x" * 400):
+    for pred in (
+        f"__import__('os').system('touch {marker}')",
+        "eval(1)",
+        "(1).__class__",
+        "1e9999999",
+        "9" * 500,
+        "x" * 400,
+    ):
         ok, how = check_answer(pred, "1", timeout=2.0)  # 1e9999999 is 10^{9999999}: a timeout
         assert ok is False and how in math_answer.STATUSES, how
     assert not marker.exists()
@@ -193,21 +221,24 @@ def test_math_env_pays_exact_integers_only(env):
     assert reward == 0.0
 
 
-@pytest.mark.parametrize("task, match", [
-    ({"question": "q", "answer": None}, "key 'answer' must be a number or a non-empty string"),
-    ({"question": "q", "answer": ""}, "key 'answer'"),
-    ({"question": "q", "answer": "   "}, "key 'answer'"),
-    ({"question": "q", "answer": "$ $"}, "key 'answer'"),
-    ({"question": "q", "answer": "\\boxed{ }"}, "key 'answer'"),
-    ({"question": "q", "answer": True}, "key 'answer'"),
-    ({"question": "q", "answer": ["1"]}, "key 'answer'"),
-    ({"question": "q", "solution": "no box"}, "no \\\\boxed"),
-    ({"question": "q", "solution": "so \\boxed{}"}, "empty \\\\boxed"),
-    ({"question": "", "answer": "1"}, "'problem' \\(or 'question'\\)"),
-    ({"answer": "1"}, "'problem' \\(or 'question'\\)"),
-    ({"question": "q"}, "missing key 'answer'"),
-    ("not a dict", "must be a dict"),
-])
+@pytest.mark.parametrize(
+    "task, match",
+    [
+        ({"question": "q", "answer": None}, "key 'answer' must be a number or a non-empty string"),
+        ({"question": "q", "answer": ""}, "key 'answer'"),
+        ({"question": "q", "answer": "   "}, "key 'answer'"),
+        ({"question": "q", "answer": "$ $"}, "key 'answer'"),
+        ({"question": "q", "answer": "\\boxed{ }"}, "key 'answer'"),
+        ({"question": "q", "answer": True}, "key 'answer'"),
+        ({"question": "q", "answer": ["1"]}, "key 'answer'"),
+        ({"question": "q", "solution": "no box"}, "no \\\\boxed"),
+        ({"question": "q", "solution": "so \\boxed{}"}, "empty \\\\boxed"),
+        ({"question": "", "answer": "1"}, "'problem' \\(or 'question'\\)"),
+        ({"answer": "1"}, "'problem' \\(or 'question'\\)"),
+        ({"question": "q"}, "missing key 'answer'"),
+        ("not a dict", "must be a dict"),
+    ],
+)
 def test_math_tasks_are_validated_alike_from_reset_options_and_from_files(env, tmp_path, task, match):
     with pytest.raises(MathDataError, match=match) as e:
         env.reset(options={"task": task})

@@ -28,8 +28,23 @@ DOCUMENTED = {"rows": 404, "false_positives": 0, "false_negatives": 1}  # docs/r
 def test_the_battery_covers_every_answer_type_both_ways():
     assert len(ROWS) >= 300 and len({r["id"] for r in ROWS}) == len(ROWS)
     kinds = Counter((r["category"], r["correct"]) for r in ROWS)
-    categories = {"integers", "large_integers", "fractions", "radicals", "pi_e", "infinity", "intervals", "sets",
-                  "tuples", "matrices", "equations", "units", "text", "percentages", "degrees"}
+    categories = {
+        "integers",
+        "large_integers",
+        "fractions",
+        "radicals",
+        "pi_e",
+        "infinity",
+        "intervals",
+        "sets",
+        "tuples",
+        "matrices",
+        "equations",
+        "units",
+        "text",
+        "percentages",
+        "degrees",
+    }
     assert {c for c, _ in kinds} == categories
     assert all(kinds[(c, label)] >= 5 for c in categories for label in (True, False)), kinds
     # With every row below passing, the checker's errors are exactly the known false negatives.
@@ -38,9 +53,19 @@ def test_the_battery_covers_every_answer_type_both_ways():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("row", [
-    pytest.param(r, id=r["id"], marks=[pytest.mark.xfail(reason=KNOWN_FALSE_NEGATIVES[r["id"]], strict=True)]
-                 if r["id"] in KNOWN_FALSE_NEGATIVES else []) for r in ROWS])
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(
+            r,
+            id=r["id"],
+            marks=[pytest.mark.xfail(reason=KNOWN_FALSE_NEGATIVES[r["id"]], strict=True)]
+            if r["id"] in KNOWN_FALSE_NEGATIVES
+            else [],
+        )
+        for r in ROWS
+    ],
+)
 def test_battery(row):
     ok, how = check_answer(row["pred"], row["gold"], timeout=30.0)  # generous: verdicts, not speed, are tested here
     assert ok is row["correct"], f"{row['pred']!r} vs gold {row['gold']!r}: {how}"

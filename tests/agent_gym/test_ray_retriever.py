@@ -27,11 +27,18 @@ def test_ray_kind_checks_its_arguments():
 def test_ray_kind_without_a_ray_session_says_so():
     """In a fresh process, so that no Ray session another test of this worker started is around
     (what this test sees must not depend on the order the tests ran in)."""
-    code = ("from agent_gym.retrievers import make_retriever\n"
-            "r = make_retriever('ray', inner='bm25', corpus=[{'id': 'a', 'title': 'A', 'text': 'a b c'}])\n"
-            "try:\n    r.search(['a'], 1)\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100,
-                         cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "from agent_gym.retrievers import make_retriever\n"
+        "r = make_retriever('ray', inner='bm25', corpus=[{'id': 'a', 'title': 'A', 'text': 'a b c'}])\n"
+        "try:\n    r.search(['a'], 1)\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
     assert "RuntimeError: retriever 'ray' needs a running Ray session" in out.stdout, out.stdout + out.stderr
 

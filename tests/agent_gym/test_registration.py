@@ -35,11 +35,13 @@ def test_the_builtin_table_registers_every_id_as_an_entry_point_string():
 def test_import_agent_gym_imports_no_env_module_and_gym_make_works():
     """``import agent_gym`` alone registers the ids without importing ``envs`` (the framework does
     not import its users), and ``gym.make`` imports the env's module when it is asked for."""
-    code = ("import sys, gymnasium as gym, agent_gym\n"
-            "before = sorted(m for m in sys.modules if m == 'envs' or m.startswith(('envs.', 'trainers', 'torch')))\n"
-            "env = gym.make('AgentR1/FactChain-v0')\n"
-            "vec = gym.make_vec('AgentR1/FactChain-v0', 2, vectorization_mode='vector_entry_point')\n"
-            "print(before, type(env.unwrapped).__module__, type(vec).__name__, 'envs.hotpotqa' in sys.modules)\n")
+    code = (
+        "import sys, gymnasium as gym, agent_gym\n"
+        "before = sorted(m for m in sys.modules if m == 'envs' or m.startswith(('envs.', 'trainers', 'torch')))\n"
+        "env = gym.make('AgentR1/FactChain-v0')\n"
+        "vec = gym.make_vec('AgentR1/FactChain-v0', 2, vectorization_mode='vector_entry_point')\n"
+        "print(before, type(env.unwrapped).__module__, type(vec).__name__, 'envs.hotpotqa' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "envs.factchain", "ToolVectorEnv", "False"], out.stdout

@@ -15,9 +15,24 @@ from agent_gym.env import ToolEnv
 from tests.agent_gym.test_conformance import ENV_IDS, make
 from tests.agent_gym.test_env import TinyEnv, call, echo
 
-_EPISODE_ATTRS = ("_ids", "_loss_mask", "prompt_len", "turn", "tool_calls_used", "invalid_streak", "step_spans",
-                  "step_rewards", "step_reward_components", "step_call_statuses", "transcript", "messages",
-                  "task", "task_index", "answer", "_done")
+_EPISODE_ATTRS = (
+    "_ids",
+    "_loss_mask",
+    "prompt_len",
+    "turn",
+    "tool_calls_used",
+    "invalid_streak",
+    "step_spans",
+    "step_rewards",
+    "step_reward_components",
+    "step_call_statuses",
+    "transcript",
+    "messages",
+    "task",
+    "task_index",
+    "answer",
+    "_done",
+)
 
 
 def snapshot(u: ToolEnv) -> dict:
@@ -63,12 +78,18 @@ def _bad_resets():
         "missing_key": (dict(options={"task": {"question": "q"}}), ValueError),
         "index_out_of_range_with_seed": (dict(seed=123, options={"task_index": 99}), ValueError),
         "unknown_option": (dict(seed=7, options={"bogus": 1}), ValueError),
-        "hook_raises": (dict(options={"task": {"id": "m", "question": "q", "answer": "a", "explode": "messages"}}),
-                        RuntimeError),
-        "subclass_reset_raises": (dict(seed=5, options={"task": {"id": "s", "question": "q", "answer": "a",
-                                                                 "explode": "after"}}), RuntimeError),
-        "keyboard_interrupt": (dict(options={"task": {"id": "k", "question": "q", "answer": "a",
-                                                      "explode": "interrupt"}}), KeyboardInterrupt),
+        "hook_raises": (
+            dict(options={"task": {"id": "m", "question": "q", "answer": "a", "explode": "messages"}}),
+            RuntimeError,
+        ),
+        "subclass_reset_raises": (
+            dict(seed=5, options={"task": {"id": "s", "question": "q", "answer": "a", "explode": "after"}}),
+            RuntimeError,
+        ),
+        "keyboard_interrupt": (
+            dict(options={"task": {"id": "k", "question": "q", "answer": "a", "explode": "interrupt"}}),
+            KeyboardInterrupt,
+        ),
     }
 
 
@@ -170,7 +191,6 @@ def test_every_registered_env_resets_transactionally(env_id):
     env.close()
 
 
-
 class LazyStateEnv(TinyEnv):
     """Creates its ``episode_state`` attribute during the first step (in a process hook)."""
 
@@ -206,8 +226,11 @@ def _failing_reset(u: ToolEnv, rng: np.random.Generator):
         u.max_context_tokens = len(u.renderer.prompt_ids(u.task_messages(u.get_task(k))))
         return dict(options={"task_index": k}), ValueError, lambda: setattr(u, "max_context_tokens", budget)
     if kind == 1:
-        return dict(seed=int(rng.integers(1 << 30)), options={"task_index": u.num_tasks() + int(rng.integers(5))}), \
-            ValueError, None
+        return (
+            dict(seed=int(rng.integers(1 << 30)), options={"task_index": u.num_tasks() + int(rng.integers(5))}),
+            ValueError,
+            None,
+        )
     if kind == 2:
         return dict(seed=int(rng.integers(1 << 30)), options={"oops": 1}), ValueError, None
     return dict(options={"task": {"question": 5}}), ValueError, None

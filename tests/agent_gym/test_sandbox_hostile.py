@@ -37,9 +37,13 @@ from agent_gym.sandbox import (
 )
 from agent_gym.tools import run_tool
 
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason=(
-    "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does), "
-    "pyseccomp and libseccomp2, and allow user namespaces"))
+pytestmark = pytest.mark.skipif(
+    not sandbox_available(),
+    reason=(
+        "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does), "
+        "pyseccomp and libseccomp2, and allow user namespaces"
+    ),
+)
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=128, max_procs=8)
 X86_64 = platform.machine() == "x86_64"
@@ -153,8 +157,11 @@ def test_hijacked_reaper_does_not_let_anything_outlive_the_call(mode):
 def test_ptrace_and_process_vm_on_the_reaper_are_denied(mode):
     r = run_python(PTRACE_REAPER, LIMITS)
     assert r.ok, r
-    assert eval(r.stdout) == {"ptrace_attach": "Operation not permitted", "ptrace_seize": "Operation not permitted",
-                              "process_vm_readv": "Operation not permitted"}
+    assert eval(r.stdout) == {
+        "ptrace_attach": "Operation not permitted",
+        "ptrace_seize": "Operation not permitted",
+        "process_vm_readv": "Operation not permitted",
+    }
     assert_nothing_left()
 
 
@@ -194,8 +201,10 @@ def test_orphaned_daemons_that_ignore_signals_end_with_the_call(mode):
     assert r.reason == "exit" and (r.leftovers in (0, 1, 2, 3) if mode == "cgroup" else r.leftovers is None), r
     assert_nothing_left()
     # a limit ends the call while the program and its three daemons run: counted before any kill
-    r = run_python(DAEMONS.replace("print('bye')", "print('bye', flush=True)\nwhile True:\n    pass"),
-                   SandboxLimits(wall_s=2, cpu_s=30, max_procs=16))
+    r = run_python(
+        DAEMONS.replace("print('bye')", "print('bye', flush=True)\nwhile True:\n    pass"),
+        SandboxLimits(wall_s=2, cpu_s=30, max_procs=16),
+    )
     assert r.reason == "wall" and r.stdout == "bye\n", r
     assert r.leftovers == (4 if mode == "cgroup" else None), r
     assert_nothing_left()
@@ -357,8 +366,14 @@ def test_callers_session_keyring_is_out_of_reach(mode):
     runtimes set up): the program can neither read it nor plant a key that a later call or the
     caller would see."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    p = subprocess.run([sys.executable, "-c", KEYRING_HELPER], input=KEYRING_ATTACK, capture_output=True,
-                       text=True, timeout=50, cwd=root)
+    p = subprocess.run(
+        [sys.executable, "-c", KEYRING_HELPER],
+        input=KEYRING_ATTACK,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=root,
+    )
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
     first, second = eval(got["first"]), eval(got["second"])
@@ -369,19 +384,31 @@ def test_callers_session_keyring_is_out_of_reach(mode):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name,code,reason,needle", [
-    ("self_sigkill", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "signal", "no limit was reached"),
-    ("child_kills_parent", "import os, signal, time\nif os.fork() == 0:\n    os.kill(os.getppid(), 9)\n"
-     "    os._exit(0)\ntime.sleep(10)", "signal", "no limit was reached"),
-    ("self_sigterm", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", "signal", "killed by SIGTERM"),
-    ("cpu", "while True:\n    pass", "cpu", "CPU time limit of 1 s"),
-    ("cpu_sigxcpu_ignored", "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
-     "cpu", "CPU time limit of 1 s (killed by SIGKILL)"),
-    ("wall", "import time\ntime.sleep(60)", "wall", "wall-clock limit of 3 s"),
-    ("output", "while True:\n    print('x' * 1000)", "output", "output limit"),
-    ("exit", "raise SystemExit(4)", "exit", "exit code 4"),
-    ("ok", "print(1)", "exit", ""),
-])
+@pytest.mark.parametrize(
+    "name,code,reason,needle",
+    [
+        ("self_sigkill", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "signal", "no limit was reached"),
+        (
+            "child_kills_parent",
+            "import os, signal, time\nif os.fork() == 0:\n    os.kill(os.getppid(), 9)\n"
+            "    os._exit(0)\ntime.sleep(10)",
+            "signal",
+            "no limit was reached",
+        ),
+        ("self_sigterm", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", "signal", "killed by SIGTERM"),
+        ("cpu", "while True:\n    pass", "cpu", "CPU time limit of 1 s"),
+        (
+            "cpu_sigxcpu_ignored",
+            "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
+            "cpu",
+            "CPU time limit of 1 s (killed by SIGKILL)",
+        ),
+        ("wall", "import time\ntime.sleep(60)", "wall", "wall-clock limit of 3 s"),
+        ("output", "while True:\n    print('x' * 1000)", "output", "output limit"),
+        ("exit", "raise SystemExit(4)", "exit", "exit code 4"),
+        ("ok", "print(1)", "exit", ""),
+    ],
+)
 def test_each_end_has_its_real_reason(mode, name, code, reason, needle):
     r = run_python(code, SandboxLimits(wall_s=3 if name == "wall" else 20, cpu_s=1))
     assert r.reason == reason and needle in r.detail, r
@@ -398,7 +425,8 @@ def test_the_filter_denies_what_the_docs_list():
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "sandbox.md")).read()
     missing = [n for n in DENIED_SYSCALLS if f"`{n}`" not in doc]
     assert missing == [], f"docs/sandbox.md does not list {missing}"
-    r = run_python(textwrap.dedent("""\
+    r = run_python(
+        textwrap.dedent("""\
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
         res = {}
@@ -415,7 +443,9 @@ def test_the_filter_denies_what_the_docs_list():
             os._exit(0)
         res['fork'] = os.waitpid(pid, 0)[1]
         print(res)
-        """), LIMITS)
+        """),
+        LIMITS,
+    )
     assert r.ok, r
     res = eval(r.stdout)
     assert res.pop("personality_linux") == 0 and res.pop("fork") == 0
@@ -458,10 +488,16 @@ def host_state() -> dict:
             files += [name] if os.lstat(os.path.join(tmp, name)).st_uid in mine else []
         except OSError:
             pass
-    return {"shmem_mb": mem["Shmem"], "slab_unreclaimable_mb": mem["SUnreclaim"],
-            "mem_available_mb": mem["MemAvailable"], "processes": sandbox_pids(zombies=False),
-            "files": files, "cgroups": own_cgroups(), "fds": len(os.listdir("/proc/self/fd")),
-            "mount_point": os.listdir(sandbox._mount_point())}
+    return {
+        "shmem_mb": mem["Shmem"],
+        "slab_unreclaimable_mb": mem["SUnreclaim"],
+        "mem_available_mb": mem["MemAvailable"],
+        "processes": sandbox_pids(zombies=False),
+        "files": files,
+        "cgroups": own_cgroups(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "mount_point": os.listdir(sandbox._mount_point()),
+    }
 
 
 def soak(n_calls: int, hijack_every: int = 50) -> tuple[dict, dict, dict[str, int]]:
@@ -501,7 +537,7 @@ def test_cgroups_left_by_a_dead_process_are_removed_at_detection():
     if plan.mode != "cgroup":
         pytest.skip("no usable cgroup here")
     parent = plan.kill or (plan.memory or plan.pids)[1]
-    dead = 2 ** 22 + 1  # above the largest pid_max (2**22): never a live process
+    dead = 2**22 + 1  # above the largest pid_max (2**22): never a live process
     stale = os.path.join(parent, f"agent_gym-{dead}-0")
     os.mkdir(stale)
     try:

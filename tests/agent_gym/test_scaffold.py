@@ -37,16 +37,21 @@ class Search(Tool):
 
 class Lookup(Tool):
     name, description = "lookup", "Two arguments."
-    parameters = {"type": "object", "properties": {"entity": {"type": "string"}, "relation": {"type": "string"}},
-                  "required": ["entity", "relation"]}
+    parameters = {
+        "type": "object",
+        "properties": {"entity": {"type": "string"}, "relation": {"type": "string"}},
+        "required": ["entity", "relation"],
+    }
 
     def execute(self, entity, relation):
         return "x"
 
 
 class QEnv(ToolEnv):
-    TASKS = [{"id": "q0", "question": "Where was Karimel born?", "answer": "Dorsil"},
-             {"id": "q1", "question": "Where was Vanquen born?", "answer": "Orlen"}]
+    TASKS = [
+        {"id": "q0", "question": "Where was Karimel born?", "answer": "Dorsil"},
+        {"id": "q1", "question": "Where was Vanquen born?", "answer": "Orlen"},
+    ]
 
     def __init__(self, tools=None, **kw):
         kw.setdefault("max_turns", 3)
@@ -77,8 +82,9 @@ def render(tok, env, messages, partial=None):
     """The template's own render (ids, text) of ``messages``, with ``partial`` as a partial assistant
     message (``continue_final_message``) when given, else with the generation prompt."""
     msgs = list(messages) + ([{"role": "assistant", "content": partial}] if partial is not None else [])
-    kw = dict(tools=env.renderer.tools, continue_final_message=partial is not None,
-              add_generation_prompt=partial is None)
+    kw = dict(
+        tools=env.renderer.tools, continue_final_message=partial is not None, add_generation_prompt=partial is None
+    )
     text = tok.apply_chat_template(msgs, tokenize=False, **kw)
     out = tok.apply_chat_template(msgs, tokenize=True, **kw)
     return list(out["input_ids"] if hasattr(out, "keys") else out), text
@@ -101,10 +107,17 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     # the stop string does); the env writes the rest of the call and the end-of-turn token.
     a1 = ids_of(tok, 'Karimel birthplace"')
     obs, r, term, trunc, info = env.step(np.array(a1))
-    assert not term and not trunc and info["tool_calls"] == [
-        {"name": "search", "arguments": {"query": "Karimel birthplace"}, "status": "ok"}]
-    assert info["scaffold_slot"] == {"slot": "call:search", "value": "Karimel birthplace", "stopped_at": 18,
-                                     "close_written": call.close[1:]}
+    assert (
+        not term
+        and not trunc
+        and info["tool_calls"] == [{"name": "search", "arguments": {"query": "Karimel birthplace"}, "status": "ok"}]
+    )
+    assert info["scaffold_slot"] == {
+        "slot": "call:search",
+        "value": "Karimel birthplace",
+        "stopped_at": 18,
+        "close_written": call.close[1:],
+    }
     assert info["action_text"] == 'Karimel birthplace"' and info["stop_strings"] == ['"', "\n"]
     content1 = call.prefix + 'Karimel birthplace"' + call.close[1:]
     assert info["turn_text"] == content1
@@ -112,10 +125,16 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     s, e = info["action_span"]
     assert new[:s] == ids and new[s:e] == a1
     close_ids = ids_of(tok, call.close[1:])
-    assert new[e:e + len(close_ids)] == close_ids and new[e + len(close_ids)] == env.eot_id
+    assert new[e : e + len(close_ids)] == close_ids and new[e + len(close_ids)] == env.eot_id
     messages += [{"role": "assistant", "content": content1}] + env.format.result_messages(
-        [type("O", (), {"result": ToolResult("Doc 1 (Title: Karimel birthplace) Karimel birthplace was born in "
-                                             "Dorsil.")})()])
+        [
+            type(
+                "O",
+                (),
+                {"result": ToolResult("Doc 1 (Title: Karimel birthplace) Karimel birthplace was born in Dorsil.")},
+            )()
+        ]
+    )
     full_ids, full_text = render(tok, env, messages, partial=call.prefix)
     assert tok.decode(new, skip_special_tokens=False) == full_text, name
 
@@ -127,14 +146,15 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     assert info["tool_calls"][0]["arguments"] == {"query": "Dorsil"} and info["scaffold_slot"]["close_written"] == ""
     assert info["scaffold"] == "answer" and info["stop_strings"] == ["<", "\n\n"]
     messages += [{"role": "assistant", "content": call.prefix + "Dorsil" + call.close}] + env.format.result_messages(
-        [type("O", (), {"result": ToolResult("Doc 1 (Title: Dorsil) Dorsil was born in Dorsil.")})()])
+        [type("O", (), {"result": ToolResult("Doc 1 (Title: Dorsil) Dorsil was born in Dorsil.")})()]
+    )
     new = obs["input_ids"].tolist()
     want_ids, want_text = render(tok, env, messages, partial="<answer>")
     assert tok.decode(new, skip_special_tokens=False) == want_text, name
     # Token for token after turn 1's close (whose boundary with the model's quote is the one place
     # where the template would tokenize the text differently).
     first_call_end = len(ids)
-    assert new[first_call_end:] == want_ids[len(want_ids) - (len(new) - first_call_end):], name
+    assert new[first_call_end:] == want_ids[len(want_ids) - (len(new) - first_call_end) :], name
 
     # Turn 3: the answer slot; the model stops at a blank line.
     a3 = ids_of(tok, "Dorsil\n\n")
@@ -145,10 +165,10 @@ def test_scaffolded_episode_is_the_templates_render_with_exact_masks(family):
     # The loss mask is 1 exactly on the model's ids: prefixes, closes and env tokens are 0.
     agent = [t for t, m in zip(ep.token_ids, ep.loss_mask) if m]
     assert agent == a1 + a2 + [env.eot_id] + a3
-    for (s, e) in ep.step_spans:
+    for s, e in ep.step_spans:
         assert all(ep.loss_mask[s:e])
     assert sum(ep.loss_mask) == len(a1) + len(a2) + 1 + len(a3)
-    assert tok.decode(ep.token_ids[ep.step_spans[2][1]:], skip_special_tokens=False).startswith("</answer>")
+    assert tok.decode(ep.token_ids[ep.step_spans[2][1] :], skip_special_tokens=False).startswith("</answer>")
 
 
 def test_a_stopping_token_that_carries_more_than_the_stop_string():
@@ -176,7 +196,7 @@ def test_a_turn_the_model_ends_itself_or_that_runs_out_of_length():
     obs, _, _, _, info = env.step(np.array(a))
     assert info["tool_calls"][0] == {"name": "search", "arguments": {"query": "Karimel"}, "status": "ok"}
     assert info["scaffold_slot"]["close_written"] == "" and info["scaffold_slot"]["stopped_at"] is None
-    assert obs["input_ids"][n:n + len(a)].tolist() == a and not info["closed_by_env"]
+    assert obs["input_ids"][n : n + len(a)].tolist() == a and not info["closed_by_env"]
     # Ran out of length (no stop string, no end-of-turn): the env closes the call and the turn.
     b = ids_of(env.tokenizer, "Dorsil and more")
     obs, _, _, _, info = env.step(np.array(b))
@@ -186,7 +206,9 @@ def test_a_turn_the_model_ends_itself_or_that_runs_out_of_length():
     assert info["tool_calls"][0]["arguments"] == {"query": "Dorsil and more"}
 
 
-@pytest.mark.parametrize("value, query", [("a\\q", "a\\q"), ("a\\b", "a\b"), ("caf\\u00e9", "café"), ("tab\there", "tab\there")])
+@pytest.mark.parametrize(
+    "value, query", [("a\\q", "a\\q"), ("a\\b", "a\b"), ("caf\\u00e9", "café"), ("tab\there", "tab\there")]
+)
 def test_a_call_argument_is_read_as_json_string_content_or_escaped(value, query):
     env = QEnv(scaffold=True)
     env.reset(seed=0, options={"task_index": 0})
@@ -206,7 +228,9 @@ def test_schedule_callable_and_free_turns():
     env = QEnv(scaffold={"turns": [None, "answer"]}, max_turns=3)
     _, info = env.reset(seed=0, options={"task_index": 0})
     assert info["stop_strings"] == [] and info["scaffold"] is None and env.scaffold_prefix == ""
-    _, _, _, _, info = env.step(env.encode_turn('<tool_call>{"name": "search", "arguments": {"query": "k"}}</tool_call>'))
+    _, _, _, _, info = env.step(
+        env.encode_turn('<tool_call>{"name": "search", "arguments": {"query": "k"}}</tool_call>')
+    )
     assert info["stop_strings"] == ["<", "\n\n"] and env.scaffold_prefix == "<answer>"
     assert env.scaffold_stop == ["<", "\n\n"]
     _, r, term, _, info = env.step(np.array(ids_of(env.tokenizer, "Dorsil</answer>")))
@@ -248,23 +272,29 @@ def test_drop_probability_is_seeded_and_settable_per_episode():
     assert 0.3 < dropped / total < 0.7, (dropped, total)
     assert all(x is None for s in range(5) for x in slots(env, s, scaffold_drop_prob=1.0))
     assert all(x is not None for s in range(5) for x in slots(env, s, scaffold_drop_prob=0.0))
-    assert QEnv(scaffold=True).reset(seed=3)[0]["input_ids"].tolist() == QEnv(scaffold=True).reset(seed=3)[0]["input_ids"].tolist()
+    assert (
+        QEnv(scaffold=True).reset(seed=3)[0]["input_ids"].tolist()
+        == QEnv(scaffold=True).reset(seed=3)[0]["input_ids"].tolist()
+    )
     with pytest.raises(ValueError, match="needs an env built with a scaffold"):
         QEnv().reset(options={"scaffold_drop_prob": 0.5})
     with pytest.raises(ValueError, match=r"drop_prob must be a number in \[0, 1\]"):
         env.reset(options={"scaffold_drop_prob": 2})
 
 
-@pytest.mark.parametrize("spec, err, needle", [
-    ({"turns": ["call:nosuch"]}, ValueError, "no tool 'nosuch'"),
-    ({"turns": ["callsearch"]}, ValueError, "is unknown; valid"),
-    ({"turns": "answer"}, TypeError, "must be a list"),
-    ({"turn": ["answer"]}, ValueError, "unknown scaffold key"),
-    ({"drop_prob": -0.1}, ValueError, "drop_prob"),
-    ({"turns": [{"prefix": "<a>", "stop": []}]}, ValueError, "missing"),
-    ({"turns": [{"prefix": "<a>", "stop": [], "close": "</a>"}]}, ValueError, "non-empty list"),
-    ("yes", TypeError, "must be a dict"),
-])
+@pytest.mark.parametrize(
+    "spec, err, needle",
+    [
+        ({"turns": ["call:nosuch"]}, ValueError, "no tool 'nosuch'"),
+        ({"turns": ["callsearch"]}, ValueError, "is unknown; valid"),
+        ({"turns": "answer"}, TypeError, "must be a list"),
+        ({"turn": ["answer"]}, ValueError, "unknown scaffold key"),
+        ({"drop_prob": -0.1}, ValueError, "drop_prob"),
+        ({"turns": [{"prefix": "<a>", "stop": []}]}, ValueError, "missing"),
+        ({"turns": [{"prefix": "<a>", "stop": [], "close": "</a>"}]}, ValueError, "non-empty list"),
+        ("yes", TypeError, "must be a dict"),
+    ],
+)
 def test_bad_scaffold_specs_fail_at_construction(spec, err, needle):
     with pytest.raises(err, match=needle):
         QEnv(scaffold=spec)
@@ -277,14 +307,25 @@ def test_a_call_slot_needs_one_argument_to_fill():
         QEnv(tools=[Lookup()], scaffold={"turns": ["call:lookup.entity"]})
     with pytest.raises(ValueError, match="no argument"):
         QEnv(scaffold={"turns": ["call:search.q"]})
-    own = {"slots": {"look": {"prefix": '<tool_call>{"name": "lookup", "arguments": {"relation": "mentor", '
-                                         '"entity": "', "stop": ['"'], "close": '"}}</tool_call>',
-                              "json_string": True}}, "turns": ["look", "answer"]}
+    own = {
+        "slots": {
+            "look": {
+                "prefix": '<tool_call>{"name": "lookup", "arguments": {"relation": "mentor", "entity": "',
+                "stop": ['"'],
+                "close": '"}}</tool_call>',
+                "json_string": True,
+            }
+        },
+        "turns": ["look", "answer"],
+    }
     env = QEnv(tools=[Lookup()], scaffold=own)
     env.reset(seed=0)
     _, _, _, _, info = env.step(np.array(ids_of(env.tokenizer, 'Karimel"')))
-    assert info["tool_calls"][0] == {"name": "lookup", "arguments": {"relation": "mentor", "entity": "Karimel"},
-                                     "status": "ok"}
+    assert info["tool_calls"][0] == {
+        "name": "lookup",
+        "arguments": {"relation": "mentor", "entity": "Karimel"},
+        "status": "ok",
+    }
 
 
 def test_a_callable_must_return_a_slot():
@@ -334,8 +375,9 @@ def test_a_prefilled_request_body():
     pytest.importorskip("openai")
     c = ChatClient(ClientConfig(base_url="http://127.0.0.1:9/v1", model="m", same_tokenizer=True))
     try:
-        req = c._request_body([{"role": "user", "content": "q"}], None, [7], 1, prefill="<answer>",
-                              stop=["</answer>", "\n"])
+        req = c._request_body(
+            [{"role": "user", "content": "q"}], None, [7], 1, prefill="<answer>", stop=["</answer>", "\n"]
+        )
     finally:
         c.close()
     assert req["body"]["messages"][-1] == {"role": "assistant", "content": "<answer>"}

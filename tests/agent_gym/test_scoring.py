@@ -75,18 +75,21 @@ def test_a_gold_that_normalizes_to_nothing_matches_nothing(name, pred):
 # Figures from the official scripts' logic (hotpot_evaluate_v1.py, 2wikimultihop_evaluate_v1.1.py,
 # MuSiQue metrics/answer.py), except for a gold that normalizes to nothing (above). The first rows
 # are the cases that were found broken (before 2026-11-22).
-@pytest.mark.parametrize(("pred", "golds", "em", "hotpot_f1", "musique_f1"), [
-    ("!!!", ["!!!"], 0.0, 0.0, 0.0),   # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!" (scripts: EM 1)
-    ("", ["!!!"], 0.0, 0.0, 0.0),      # empty prediction vs a gold that normalizes to "" (scripts: EM 1)
-    ("the", ["!!!"], 0.0, 0.0, 0.0),
-    ("Paris", ["!!!"], 0.0, 0.0, 0.0),
-    ("", ["Paris"], 0.0, 0.0, 0.0),
-    ("no city", ["Norway", "no"], 0.0, 0.0, 2 / 3),  # MuSiQue has no yes/no rule
-    ("yes no", ["yes"], 0.0, 0.0, 2 / 3),
-    ("no", ["no"], 1.0, 1.0, 1.0),
-    ("noanswer here", ["noanswer"], 0.0, 0.0, 2 / 3),
-    ("New York City Hall", ["New York City"], 0.0, 6 / 7, 6 / 7),
-])
+@pytest.mark.parametrize(
+    ("pred", "golds", "em", "hotpot_f1", "musique_f1"),
+    [
+        ("!!!", ["!!!"], 0.0, 0.0, 0.0),  # HotpotQA dev row 5a8b3d795542997f31a41cc1: gold "!!!" (scripts: EM 1)
+        ("", ["!!!"], 0.0, 0.0, 0.0),  # empty prediction vs a gold that normalizes to "" (scripts: EM 1)
+        ("the", ["!!!"], 0.0, 0.0, 0.0),
+        ("Paris", ["!!!"], 0.0, 0.0, 0.0),
+        ("", ["Paris"], 0.0, 0.0, 0.0),
+        ("no city", ["Norway", "no"], 0.0, 0.0, 2 / 3),  # MuSiQue has no yes/no rule
+        ("yes no", ["yes"], 0.0, 0.0, 2 / 3),
+        ("no", ["no"], 1.0, 1.0, 1.0),
+        ("noanswer here", ["noanswer"], 0.0, 0.0, 2 / 3),
+        ("New York City Hall", ["New York City"], 0.0, 6 / 7, 6 / 7),
+    ],
+)
 def test_official_scripts(pred, golds, em, hotpot_f1, musique_f1):
     for ds in ("hotpotqa", "2wikimultihopqa"):
         sc = official_scorers(ds)

@@ -28,6 +28,7 @@ def test_hash_split_is_stable_and_has_the_share():
     # Known values pin the hash across Python versions and machines (no hash() randomization).
     assert heldout_score("hotpotqa", "q0") == pytest.approx(heldout_score("hotpotqa", "q0"))
     import hashlib
+
     d = hashlib.sha256(b"hotpotqa:q0").digest()
     assert heldout_score("hotpotqa", "q0") == int.from_bytes(d[:8], "big") / 2.0**64
     with pytest.raises(ValueError, match="fraction must be in"):
@@ -44,9 +45,24 @@ def test_split_script_writes_parts_mixture_and_corpus(tmp_path):
     for path, rows in ((a, _rows(120, "h")), (b, _rows(60, "w")), (o, _rows(10, "m"))):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "split"
-    cmd = [sys.executable, str(ROOT / "scripts" / "split_qa.py"), "--out-dir", str(out), "--heldout", "0.25",
-           "--data", f"hotpotqa={a}", "--data", f"2wikimultihopqa={b}", "--ood", f"musique={o}",
-           "--corpus", f"hotpotqa={FIX / 'corpus.jsonl'}", "--corpus", f"2wikimultihopqa={FIX / 'corpus.jsonl'}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "split_qa.py"),
+        "--out-dir",
+        str(out),
+        "--heldout",
+        "0.25",
+        "--data",
+        f"hotpotqa={a}",
+        "--data",
+        f"2wikimultihopqa={b}",
+        "--ood",
+        f"musique={o}",
+        "--corpus",
+        f"hotpotqa={FIX / 'corpus.jsonl'}",
+        "--corpus",
+        f"2wikimultihopqa={FIX / 'corpus.jsonl'}",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     read = lambda p: [json.loads(x) for x in (out / p).read_text().splitlines()]  # noqa: E731
@@ -67,12 +83,19 @@ def test_split_script_writes_parts_mixture_and_corpus(tmp_path):
     import gymnasium as gym
 
     import agent_gym  # noqa: F401
-    env = gym.make("AgentR1/HotpotQA-v0", data_path=str(out / "hotpotqa_heldout.jsonl"),
-                   corpus_path=str(out / "corpus.jsonl"))
+
+    env = gym.make(
+        "AgentR1/HotpotQA-v0", data_path=str(out / "hotpotqa_heldout.jsonl"), corpus_path=str(out / "corpus.jsonl")
+    )
     assert env.unwrapped.num_tasks() == len(read("hotpotqa_heldout.jsonl"))
     env.close()
     bad = subprocess.run([*cmd[:4], "--data", "nosuch=x.jsonl"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "unknown dataset 'nosuch'" in bad.stderr
-    bad = subprocess.run([*cmd[:4], "--data", f"hotpotqa={tmp_path / 'missing.jsonl'}"], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    bad = subprocess.run(
+        [*cmd[:4], "--data", f"hotpotqa={tmp_path / 'missing.jsonl'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and "no such file" in bad.stderr

@@ -25,8 +25,16 @@ def test_no_env_word_is_among_the_corpus_words():
     env_words = {
         *factchain.RELATIONS,  # FactChain's relations
         *(s for s in factchain._SYLLABLES if len(s) > 2),  # its name syllables (the 2-letter ones are letter pairs)
-        "lookup", "search", "python", "send", "receive",  # the built-in envs' tool names
-        "entity", "relation", "query", "title", "code",  # and their argument keys
+        "lookup",
+        "search",
+        "python",
+        "send",
+        "receive",  # the built-in envs' tool names
+        "entity",
+        "relation",
+        "query",
+        "title",
+        "code",  # and their argument keys
     }
     common = {w.lower() for w in _COMMON_WORDS} | PROTOCOL
     assert not env_words & common, sorted(env_words & common)

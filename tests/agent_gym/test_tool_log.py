@@ -33,14 +33,19 @@ def test_record_then_replay_gives_the_same_episodes_without_running_the_tool(tmp
     rec = gym.make("AgentR1/FactChain-v0", tool_record=str(path), **KW).unwrapped
     scripts = {i: _oracle(rec, i) for i in (0, 1)}
     # A bad call (not recorded: the env answers it itself), then the oracle's lookups and answer.
-    plays = [(11, 0, ['<tool_call>{"name": "lookup"</tool_call>', *scripts[0]]), (12, 1, scripts[1]),
-             (13, 1, scripts[1])]
+    plays = [
+        (11, 0, ['<tool_call>{"name": "lookup"</tool_call>', *scripts[0]]),
+        (12, 1, scripts[1]),
+        (13, 1, scripts[1]),
+    ]
     recorded = [_play(rec, seed, i, turns) for seed, i, turns in plays]
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     hops = [sum(s == "ok" for s in sum(ep.step_call_statuses, [])) for ep in recorded]
     assert len(lines) == sum(hops) and hops[0] >= 2
-    assert [(r["task_id"], r["seed"], r["call"]) for r in lines[:2]] == [(recorded[0].task_id, 11, 0),
-                                                                         (recorded[0].task_id, 11, 1)]
+    assert [(r["task_id"], r["seed"], r["call"]) for r in lines[:2]] == [
+        (recorded[0].task_id, 11, 0),
+        (recorded[0].task_id, 11, 1),
+    ]
     assert {r["name"] for r in lines} == {"lookup"} and all(r["status"] == "ok" and r["content"] for r in lines)
 
     rep = gym.make("AgentR1/FactChain-v0", tool_replay=str(path), **KW).unwrapped
@@ -65,8 +70,9 @@ def test_replay_names_the_first_call_that_differs(tmp_path):
     with pytest.raises(ToolReplayMismatch) as e:
         rep.step(rep.encode_turn(other))
     msg = str(e.value)
-    assert msg.startswith(f"tool_replay: call 0 of task {first['task_id']!r} (reset seed 5) differs from {path} line 1: "
-                          f"recorded lookup(")
+    assert msg.startswith(
+        f"tool_replay: call 0 of task {first['task_id']!r} (reset seed 5) differs from {path} line 1: recorded lookup("
+    )
     assert first["arguments"]["entity"] + "x" in msg and "exact re-runs only" in msg
     rep.reset(seed=6, options={"task_index": 0})  # a seed the recording never saw
     with pytest.raises(ToolReplayMismatch, match=r"call 0 of task .* \(reset seed 6\) is not in"):

@@ -32,13 +32,19 @@ class Big(Tool):
 @pytest.mark.parametrize("timeout", [None, 1.0])
 def test_a_huge_result_is_cut_and_reported(timeout):
     text = "word " * 2_000_000  # 10 MB
-    env = TinyEnv(tools=[_returns("huge", text, timeout=timeout), echo], max_tool_output_chars=1000,
-                  max_context_tokens=4096)
+    env = TinyEnv(
+        tools=[_returns("huge", text, timeout=timeout), echo], max_tool_output_chars=1000, max_context_tokens=4096
+    )
     env.reset(options={"task_index": 0})
     *_, term, trunc, info = env.step(env.encode_turn(call("huge") + call("echo", text="short")))
     assert not (term or trunc)
-    assert info["tool_calls"][0] == {"name": "huge", "arguments": {}, "status": "ok", "truncated": True,
-                                     "output_chars": len(text)}
+    assert info["tool_calls"][0] == {
+        "name": "huge",
+        "arguments": {},
+        "status": "ok",
+        "truncated": True,
+        "output_chars": len(text),
+    }
     assert info["tool_calls"][1] == {"name": "echo", "arguments": {"text": "short"}, "status": "ok"}  # not cut
     shown = env.messages[-2]["content"]
     assert shown.startswith(text[:1000]) and not shown.startswith(text[:1001])
@@ -64,8 +70,11 @@ def test_error_messages_and_tool_result_objects_are_capped_too():
 
 
 def test_the_default_cap_applies_and_results_under_it_are_untouched():
-    env = TinyEnv(tools=[_returns("huge", "y" * 10_000_000), _returns("fits", "z" * 32_768)],
-                  max_context_tokens=32_768, max_invalid_calls=5)
+    env = TinyEnv(
+        tools=[_returns("huge", "y" * 10_000_000), _returns("fits", "z" * 32_768)],
+        max_context_tokens=32_768,
+        max_invalid_calls=5,
+    )
     assert env.max_tool_output_chars == 32_768
     env.reset(options={"task_index": 0})
     *_, info = env.step(env.encode_turn(call("fits")))
@@ -92,8 +101,7 @@ def test_the_parser_stops_after_max_calls_and_counts_the_rest(fmt, one):
 
 @pytest.mark.timeout(60)
 def test_a_turn_of_4000_empty_calls_runs_at_most_the_cap_and_reports_the_rest():
-    env = TinyEnv(max_context_tokens=32_768, max_tool_calls=16, max_invalid_calls=5,
-                  rewards={"call_invalid": -0.1})
+    env = TinyEnv(max_context_tokens=32_768, max_tool_calls=16, max_invalid_calls=5, rewards={"call_invalid": -0.1})
     assert env.max_calls_per_turn == 16 and "too_many_calls" in CALL_STATUSES
     env.reset(options={"task_index": 0})
     *_, r, term, trunc, info = env.step(env.encode_turn("<tool_call></tool_call>" * 4000))
@@ -147,8 +155,15 @@ def test_a_format_without_max_calls_is_capped_by_the_env():
     assert info["tool_calls"][-1]["skipped"] == 3
 
 
-@pytest.mark.parametrize("kw", [{"max_tool_output_chars": 0}, {"max_calls_per_turn": -1},
-                                {"max_tool_output_chars": "10"}, {"max_calls_per_turn": 2.5}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"max_tool_output_chars": 0},
+        {"max_calls_per_turn": -1},
+        {"max_tool_output_chars": "10"},
+        {"max_calls_per_turn": 2.5},
+    ],
+)
 def test_bad_caps_are_refused_at_construction(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         TinyEnv(**kw)
@@ -157,8 +172,11 @@ def test_bad_caps_are_refused_at_construction(kw):
 def test_a_step_rolled_back_restores_the_counters():
     from tests.agent_gym.test_env import _const_tool
 
-    env = TinyEnv(tools=[_returns("huge", "q" * 5000), _const_tool("stop", exc=KeyboardInterrupt)],
-                  max_tool_output_chars=100, max_calls_per_turn=2)
+    env = TinyEnv(
+        tools=[_returns("huge", "q" * 5000), _const_tool("stop", exc=KeyboardInterrupt)],
+        max_tool_output_chars=100,
+        max_calls_per_turn=2,
+    )
     env.reset(options={"task_index": 0})
     with pytest.raises(KeyboardInterrupt):
         env.step(env.encode_turn(call("huge") + call("stop") + call("huge")))

@@ -4,9 +4,15 @@ import time
 from agent_gym.tools import Tool, ToolResult, run_tool, tool
 
 
-@tool(description="Add two integers.",
-      parameters={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                  "required": ["a", "b"], "additionalProperties": False})
+@tool(
+    description="Add two integers.",
+    parameters={
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+)
 def add(a: int, b: int) -> str:
     return str(a + b)
 
@@ -38,8 +44,12 @@ def test_function_tool_runs_and_has_schema():
 
 
 def test_bad_arguments_are_reported_not_raised():
-    for args, needle in [({"a": 1}, "'b' is a required property"), ({"a": 1, "b": "x"}, "is not of type"),
-                         ({"a": 1, "b": 2, "c": 3}, "Additional properties"), (["a"], "JSON object")]:
+    for args, needle in [
+        ({"a": 1}, "'b' is a required property"),
+        ({"a": 1, "b": "x"}, "is not of type"),
+        ({"a": 1, "b": 2, "c": 3}, "Additional properties"),
+        (["a"], "JSON object"),
+    ]:
         status, res = run_tool(add, args)
         assert status == "bad_arguments" and not res.ok
         assert needle in res.content, res.content
@@ -115,10 +125,15 @@ class Unprintable:
 
 
 @pytest.mark.parametrize("timeout", [None, 1.0])
-@pytest.mark.parametrize("out,needle", [
-    ([1, 2], "its result is a list"), (None, "its result is a NoneType"), (Unprintable(), "its result is a Unprintable"),
-    (ToolResult(["x"]), "ToolResult.content is a list"),
-])
+@pytest.mark.parametrize(
+    "out,needle",
+    [
+        ([1, 2], "its result is a list"),
+        (None, "its result is a NoneType"),
+        (Unprintable(), "its result is a Unprintable"),
+        (ToolResult(["x"]), "ToolResult.content is a list"),
+    ],
+)
 def test_bad_return_values_are_tool_errors(out, needle, timeout):
     t = tool(description="returns junk", parameters={"type": "object", "properties": {}}, timeout=timeout)(lambda: out)
     status, res = run_tool(t, {})
@@ -143,13 +158,18 @@ def test_system_exit_is_a_tool_error_and_keyboard_interrupt_propagates(timeout):
     empty = {"type": "object", "properties": {}}
     status, res = run_tool(tool(description="x", parameters=empty, timeout=timeout)(leave), {})
     assert status == "tool_error" and "SystemExit: 3" in res.content
-    assert "unprintable BadMessage" in run_tool(tool(description="x", parameters=empty, timeout=timeout)(bad), {})[1].content
+    assert (
+        "unprintable BadMessage"
+        in run_tool(tool(description="x", parameters=empty, timeout=timeout)(bad), {})[1].content
+    )
     with pytest.raises(KeyboardInterrupt):
         run_tool(tool(description="x", parameters=empty, timeout=timeout)(stop), {})
 
 
 def test_invalid_schema_is_refused_by_check_schema():
-    t = tool(description="x", name="x", parameters={"type": "object", "properties": {"a": {"type": "strng"}}})(lambda a: a)
+    t = tool(description="x", name="x", parameters={"type": "object", "properties": {"a": {"type": "strng"}}})(
+        lambda a: a
+    )
     with pytest.raises(ValueError, match=r"tool 'x'.*invalid parameters schema at properties/a/type"):
         t.check_schema()
     add.check_schema()
@@ -169,8 +189,9 @@ class Lookup(Tool):
     table: dict = field(default_factory=lambda: {"a": "1"})
     name: str = "lookup"
     description: str = "Look a key up."
-    parameters: dict = field(default_factory=lambda: {
-        "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]})
+    parameters: dict = field(
+        default_factory=lambda: {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+    )
     timeout: float | None = 1.0
     release: threading.Event = field(default_factory=threading.Event)
 
@@ -189,8 +210,9 @@ def test_dataclass_tool_with_a_timeout_runs():
     assert run_tool(t, {"key": "a"}) == ("ok", ToolResult("1"))
     t.timeout = 0.05
     try:
-        assert [run_tool(t, {"key": "hang"})[0] for _ in range(MAX_ABANDONED_PER_TOOL + 1)] == \
-            ["timeout"] * (MAX_ABANDONED_PER_TOOL + 1)
+        assert [run_tool(t, {"key": "hang"})[0] for _ in range(MAX_ABANDONED_PER_TOOL + 1)] == ["timeout"] * (
+            MAX_ABANDONED_PER_TOOL + 1
+        )
         assert abandoned_calls(t) == MAX_ABANDONED_PER_TOOL
         assert "MAX_ABANDONED_PER_TOOL" in run_tool(t, {"key": "a"})[1].content
     finally:
@@ -205,31 +227,65 @@ def _schema_tool(parameters):
     return tool(description="x", name="finder", parameters=parameters)(lambda **kw: "")
 
 
-@pytest.mark.parametrize("parameters,where", [
-    # jsonschema's own check_schema does not look at these, yet validation runs them (re.error):
-    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",       # $defs is not a draft-7 keyword
-      "properties": {"q": {"$ref": "#/$defs/word"}}, "$defs": {"word": {"type": "string", "pattern": "[a-"}}},
-     "$defs/word/pattern"),
-    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"$ref": "#/x-shared/tag"}}},
-      "x-shared": {"tag": {"type": "string", "pattern": "(x"}}}, "x-shared/tag/pattern"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
-      "patternProperties": {"*x": {"type": "string"}}}, "patternProperties/*x"),
-    # ... and these it does reject, less precisely (no tool-level "regular expression" message):
-    ({"type": "object", "properties": {"q": {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": "a{2,1}"}]}}},
-     "properties/q/anyOf/1/pattern"),
-])
+@pytest.mark.parametrize(
+    "parameters,where",
+    [
+        # jsonschema's own check_schema does not look at these, yet validation runs them (re.error):
+        (
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "type": "object",  # $defs is not a draft-7 keyword
+                "properties": {"q": {"$ref": "#/$defs/word"}},
+                "$defs": {"word": {"type": "string", "pattern": "[a-"}},
+            },
+            "$defs/word/pattern",
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"$ref": "#/x-shared/tag"}}},
+                "x-shared": {"tag": {"type": "string", "pattern": "(x"}},
+            },
+            "x-shared/tag/pattern",
+        ),
+        (
+            {
+                "$schema": "http://json-schema.org/draft-04/schema#",
+                "type": "object",
+                "patternProperties": {"*x": {"type": "string"}},
+            },
+            "patternProperties/*x",
+        ),
+        # ... and these it does reject, less precisely (no tool-level "regular expression" message):
+        (
+            {
+                "type": "object",
+                "properties": {"q": {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": "a{2,1}"}]}},
+            },
+            "properties/q/anyOf/1/pattern",
+        ),
+    ],
+)
 def test_schema_regex_that_does_not_compile_is_refused_by_check_schema(parameters, where):
     """Before the fix a schema whose regex does not compile passed check_schema, then every call
     raised re.error inside step."""
-    with pytest.raises(ValueError, match=rf"tool 'finder' has an invalid regular expression .* at {re.escape(where)}: "):
+    with pytest.raises(
+        ValueError, match=rf"tool 'finder' has an invalid regular expression .* at {re.escape(where)}: "
+    ):
         _schema_tool(parameters).check_schema()
 
 
 def test_schema_regexes_that_compile_pass_and_names_are_not_regexes():
-    _schema_tool({"type": "object", "properties": {
-        "q": {"type": "string", "pattern": "^[a-z]+$"},
-        "pattern": {"type": "string", "enum": ["(", "["]},   # a property called "pattern"; enum values are data
-    }, "patternProperties": {"^x-": {"type": "string"}}}).check_schema()
+    _schema_tool(
+        {
+            "type": "object",
+            "properties": {
+                "q": {"type": "string", "pattern": "^[a-z]+$"},
+                "pattern": {"type": "string", "enum": ["(", "["]},  # a property called "pattern"; enum values are data
+            },
+            "patternProperties": {"^x-": {"type": "string"}},
+        }
+    ).check_schema()
 
 
 @pytest.mark.parametrize("timeout", [None, 1.0])

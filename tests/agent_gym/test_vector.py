@@ -120,9 +120,11 @@ def test_one_bad_slot_steps_no_wrapped_sub_env(kind):
     action space before any is stepped."""
     from agent_gym.wrappers import PaddedTokens, TextView
 
-    make = {"gym.make": lambda: gym.make("AgentR1/FactChain-v0"),
-            "PaddedTokens": lambda: PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=64),
-            "TextView": lambda: TextView(gym.make("AgentR1/FactChain-v0"))}[kind]
+    make = {
+        "gym.make": lambda: gym.make("AgentR1/FactChain-v0"),
+        "PaddedTokens": lambda: PaddedTokens(gym.make("AgentR1/FactChain-v0"), max_action_len=64),
+        "TextView": lambda: TextView(gym.make("AgentR1/FactChain-v0")),
+    }[kind]
     envs = ToolVectorEnv([make] * 3, info_format="list", num_threads=3)
     envs.reset(seed=0, options={"task_indices": [3], "group_size": 3})
     base = [e.unwrapped for e in envs.envs]
@@ -178,11 +180,14 @@ class _HookFails:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("threads", [0, 2])
 @pytest.mark.parametrize("failing", [0, 1])
-@pytest.mark.parametrize(("source", "exc"), [
-    ("hook", RuntimeError("hook failed")),
-    ("hook", KeyboardInterrupt()),
-    ("tool", KeyboardInterrupt()),  # a tool's other exceptions are tool_error results, not raised
-])
+@pytest.mark.parametrize(
+    ("source", "exc"),
+    [
+        ("hook", RuntimeError("hook failed")),
+        ("hook", KeyboardInterrupt()),
+        ("tool", KeyboardInterrupt()),  # a tool's other exceptions are tool_error results, not raised
+    ],
+)
 def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, source, exc):
     """Before the fix, when one slot raised while stepping (a subclass hook, a tool's
     KeyboardInterrupt), a sibling's finished episode was thrown away, the sibling stayed active and
@@ -220,7 +225,9 @@ def test_a_raising_slot_keeps_its_siblings_finished_episode(threads, failing, so
     err = vec.partial_step
     assert isinstance(err, VectorStepError)
     if isinstance(exc, RuntimeError):
-        assert raised.value is err and err.__cause__ is exc and f"sub-env {failing}: RuntimeError: hook failed" in str(err)
+        assert (
+            raised.value is err and err.__cause__ is exc and f"sub-env {failing}: RuntimeError: hook failed" in str(err)
+        )
     assert err.errors == {failing: exc}
     assert (list(envs[failing]._ids), envs[failing].turn) == before and vec.active[failing]
     if sequential_interrupt:  # slot 1 is never started after slot 0's interrupt: nothing to keep

@@ -24,8 +24,15 @@ from agent_gym.view import ViewerError, build_page_data, normalize, write_viewer
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("AGENT_GYM_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _scripted_records(n_oracle: int = 3, n_wrong: int = 2) -> list[dict]:
@@ -57,10 +64,24 @@ def run_dir(tmp_path_factory) -> Path:
     from trainers.config import TrainConfig
 
     run = tmp_path_factory.mktemp("viewer") / "run"
-    cfg = TrainConfig(run_dir=str(run), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, algo="grpo",
-                      iterations=2, tasks_per_iter=2, group_size=2, minibatch_size=4,
-                      max_turn_tokens=16, eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False,
-                      torch_threads=1, log_trajectories=4, env_kwargs={"tools_in_prompt": False})
+    cfg = TrainConfig(
+        run_dir=str(run),
+        env_id="AgentR1/FactChain-v0",
+        eval_env_kwargs={"split": "test"},
+        algo="grpo",
+        iterations=2,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=16,
+        eval_every=100,
+        eval_tasks=2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        log_trajectories=4,
+        env_kwargs={"tools_in_prompt": False},
+    )
     tr = build_trainer(cfg)
     tr.setup()
     try:
@@ -92,7 +113,9 @@ def test_page_data_matches_the_files(run_dir):
     for it, recs in zip(data["iterations"], files):
         assert len(it["trajectories"]) == len(recs)
         for t, rec in zip(it["trajectories"], recs):
-            assert "".join(t["tokens"]) == tok.decode(rec["token_ids"], skip_special_tokens=False) or "\ufffd" in "".join(t["tokens"])
+            assert "".join(t["tokens"]) == tok.decode(
+                rec["token_ids"], skip_special_tokens=False
+            ) or "\ufffd" in "".join(t["tokens"])
             assert t["roles"].count("A") == sum(rec["loss_mask"])
             prompt_len = rec.get("prompt_len", rec["step_spans"][0][0])
             assert t["roles"][:prompt_len] == "P" * prompt_len
@@ -106,8 +129,13 @@ def test_page_data_matches_the_files(run_dir):
 @pytest.mark.timeout(300)
 def test_cli_writes_one_self_contained_page(run_dir, tmp_path):
     out = tmp_path / "page.html"
-    r = subprocess.run([sys.executable, "-m", "agent_gym.view", str(run_dir / "trajectories"), "-o", str(out)],
-                       capture_output=True, text=True, timeout=240, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_gym.view", str(run_dir / "trajectories"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert "13 trajectories" in r.stdout  # 4 + 4 logged by the trainer, 5 scripted
     page = out.read_text()
@@ -142,7 +170,9 @@ def test_normalize_without_optional_fields():
     t = normalize({"token_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 0]}, list("abcde"))
     assert t["roles"] == "PPAAE" and t["mask_sum"] == 2 and t["steps"] == [] and t["success"] is None
     # Per-token advantages are shown; a list of the wrong length is dropped rather than misaligned.
-    assert normalize({"token_ids": [1, 2], "loss_mask": [0, 1], "advantages": [0.0, 0.5]}, ["a", "b"])["advantages"] == [0.0, 0.5]
+    assert normalize({"token_ids": [1, 2], "loss_mask": [0, 1], "advantages": [0.0, 0.5]}, ["a", "b"])[
+        "advantages"
+    ] == [0.0, 0.5]
     assert normalize({"token_ids": [1, 2], "loss_mask": [0, 1], "advantages": [0.5]}, ["a", "b"])["advantages"] is None
 
 
@@ -152,13 +182,20 @@ def test_normalize_without_optional_fields():
 @pytest.fixture(scope="module")
 def browser():
     if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        pytest.skip(f"chromium not found at {CHROMIUM}; install it with `apt-get install -y chromium` "
-                    "(make setup does) or set AGENT_GYM_CHROMIUM")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing; pip install playwright "
-                                   "(the dev extra: pip install -e .[dev])")
+        pytest.skip(
+            f"chromium not found at {CHROMIUM}; install it with `apt-get install -y chromium` "
+            "(make setup does) or set AGENT_GYM_CHROMIUM"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="playwright is missing; pip install playwright (the dev extra: pip install -e .[dev])",
+    )
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                              args=CHROMIUM_ARGS, timeout=60_000)
+        b = p.chromium.launch(
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            args=CHROMIUM_ARGS,
+            timeout=60_000,
+        )
         yield b
         b.close()
 

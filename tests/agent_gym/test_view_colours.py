@@ -24,24 +24,39 @@ from tests.agent_gym.test_view import CHROMIUM, CHROMIUM_ARGS
 MASK = [0, 1, 1, 1, 0, 1, 1]
 ADVANTAGES = [9.0, 2.0, -1.0, 0.5, 7.0, 0.0, -2.0]  # off-mask values are ignored (not trained on)
 RATIOS = [1.0, 1.1, 0.9, 1.3, 1.0, 1.0, 0.95]
-WANT_ADV = [None, "rgb(33,102,172)",    # A = 2: full blue (the largest |A| on the mask is 2)
-            "rgb(217,140,149)",         # A = -1: red at t = 0.5 (255 - 38.5, 255 - 115.5, 255 - 106)
-            "rgb(200,217,234)",         # A = 0.5: blue at t = 0.25 (255 - 55.5, 255 - 38.25, 255 - 20.75)
-            None, "rgb(255,255,255)",   # A = 0: trained, not pushed
-            "rgb(178,24,43)"]           # A = -2: full red
-WANT_RATIO = [None, "rgb(175,158,204)",  # r = 1.1: purple at t = 0.5 (255 - 80.5, 255 - 97.5, 255 - 51)
-              "rgb(243,176,128)",        # r = 0.9: orange at t = 0.5 (255 - 12.5, 255 - 79, 255 - 127)
-              "rgb(94,60,153)",          # r = 1.3: past the clip, full purple
-              None, "rgb(255,255,255)",  # r = 1: on-policy
-              "rgb(249,216,192)"]        # r = 0.95: orange at t = 0.25 (255 - 6.25, 255 - 39.5, 255 - 63.5)
+WANT_ADV = [
+    None,
+    "rgb(33,102,172)",  # A = 2: full blue (the largest |A| on the mask is 2)
+    "rgb(217,140,149)",  # A = -1: red at t = 0.5 (255 - 38.5, 255 - 115.5, 255 - 106)
+    "rgb(200,217,234)",  # A = 0.5: blue at t = 0.25 (255 - 55.5, 255 - 38.25, 255 - 20.75)
+    None,
+    "rgb(255,255,255)",  # A = 0: trained, not pushed
+    "rgb(178,24,43)",
+]  # A = -2: full red
+WANT_RATIO = [
+    None,
+    "rgb(175,158,204)",  # r = 1.1: purple at t = 0.5 (255 - 80.5, 255 - 97.5, 255 - 51)
+    "rgb(243,176,128)",  # r = 0.9: orange at t = 0.5 (255 - 12.5, 255 - 79, 255 - 127)
+    "rgb(94,60,153)",  # r = 1.3: past the clip, full purple
+    None,
+    "rgb(255,255,255)",  # r = 1: on-policy
+    "rgb(249,216,192)",
+]  # r = 0.95: orange at t = 0.25 (255 - 6.25, 255 - 39.5, 255 - 63.5)
 # t is rounded to 4 decimals first (|0.9 - 1| / 0.2 is 0.49999999999999989 in floats: 0.5).
 
 
 def _write_run(tmp_path):
     d = tmp_path / "run" / "trajectories"
     d.mkdir(parents=True)
-    rec = {"token_ids": [10, 11, 12, 13, 14, 15, 16], "tokens": list("pabcedf"), "loss_mask": MASK,
-           "advantages": ADVANTAGES, "ratios": RATIOS, "reward": 1.0, "success": True}
+    rec = {
+        "token_ids": [10, 11, 12, 13, 14, 15, 16],
+        "tokens": list("pabcedf"),
+        "loss_mask": MASK,
+        "advantages": ADVANTAGES,
+        "ratios": RATIOS,
+        "reward": 1.0,
+        "success": True,
+    }
     plain = {"token_ids": [10, 11, 12], "tokens": list("pxy"), "loss_mask": [0, 1, 1], "reward": 0.0, "success": False}
     (d / "iter_00000.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(plain) + "\n")
     return d
@@ -57,8 +72,11 @@ def test_colours_in_the_page_data(tmp_path):
     assert plain["adv_colours"] is None and plain["ratio_colours"] is None
     # The same colours are in the written HTML (the page's inline data).
     page = render_html(data)
-    payload = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.DOTALL)
-                         .group(1).replace("<\\/", "</"))
+    payload = json.loads(
+        re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.DOTALL)
+        .group(1)
+        .replace("<\\/", "</")
+    )
     assert payload["iterations"][0]["trajectories"][0]["adv_colours"] == WANT_ADV
 
 
@@ -70,13 +88,20 @@ def test_ratios_of_the_wrong_length_are_dropped():
 @pytest.fixture(scope="module")
 def browser():
     if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        pytest.skip(f"chromium not found at {CHROMIUM}; install it with `apt-get install -y chromium` "
-                    "(make setup does) or set AGENT_GYM_CHROMIUM")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing; pip install playwright "
-                                   "(the dev extra: pip install -e .[dev])")
+        pytest.skip(
+            f"chromium not found at {CHROMIUM}; install it with `apt-get install -y chromium` "
+            "(make setup does) or set AGENT_GYM_CHROMIUM"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="playwright is missing; pip install playwright (the dev extra: pip install -e .[dev])",
+    )
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                              args=CHROMIUM_ARGS, timeout=60_000)
+        b = p.chromium.launch(
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            args=CHROMIUM_ARGS,
+            timeout=60_000,
+        )
         yield b
         b.close()
 

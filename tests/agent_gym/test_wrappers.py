@@ -21,8 +21,10 @@ def test_chat_view_messages():
     msgs, _ = env.reset(seed=0)
     assert [m["role"] for m in msgs] == ["system", "user"]
     task = env.unwrapped.task
-    msgs, *_ = env.step('<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "%s"}}</tool_call>'
-                        % (task["path"][0], task["chain"][0]))
+    msgs, *_ = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "%s"}}</tool_call>'
+        % (task["path"][0], task["chain"][0])
+    )
     assert msgs[-1] == {"role": "tool", "content": task["path"][1]}
     msgs, r, term, *_ = env.step("<answer>no</answer>")
     assert term and msgs[-1] == {"role": "assistant", "content": "<answer>no</answer>"}
@@ -39,7 +41,7 @@ def test_padded_tokens_fixed_shapes():
     assert env.action_space.contains(a)
     obs2, r, term, trunc, info = env.step(a)
     n = int(obs["length"])
-    assert info["tool_calls"][0]["status"] == "ok" and np.array_equal(obs2["input_ids"][n:n + len(plan[0])], plan[0])
+    assert info["tool_calls"][0]["status"] == "ok" and np.array_equal(obs2["input_ids"][n : n + len(plan[0])], plan[0])
     assert env.observation_space.contains(obs2)
 
 

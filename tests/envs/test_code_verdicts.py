@@ -20,8 +20,10 @@ import agent_gym  # noqa: F401
 from agent_gym.sandbox import sandbox_available
 from envs.code import BUILTIN_MBPP, CodeDataError
 
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason=(
-    "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does)"))
+pytestmark = pytest.mark.skipif(
+    not sandbox_available(),
+    reason=("the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does)"),
+)
 FAST = {"wall_s": 5, "cpu_s": 2}
 
 # -- forging tricks: each an answer that does not solve the task ------------------------------------
@@ -38,6 +40,8 @@ os._exit(0)
 """
 EXIT_0 = "import os\nos._exit(0)"
 SYS_EXIT = "import sys\nsys.exit(0)"
+
+
 # a failed assertion ends the program through sys.excepthook: print the token from there, exit 0
 def excepthook(name: str) -> str:
     return f"""
@@ -124,10 +128,17 @@ def {name}(*args, **kwargs):
 """
 
 
-TRICKS = {"print_marker": lambda n: PRINT_MARKER, "os_exit_0": lambda n: EXIT_0, "sys_exit_0": lambda n: SYS_EXIT,
-          "excepthook": excepthook, "always_equal": always_equal,
-          "equal_subclass": equal_subclass, "patched_builtins": patched_builtins, "forged_reply": forged_reply,
-          "frame_snoop": frame_snoop}
+TRICKS = {
+    "print_marker": lambda n: PRINT_MARKER,
+    "os_exit_0": lambda n: EXIT_0,
+    "sys_exit_0": lambda n: SYS_EXIT,
+    "excepthook": excepthook,
+    "always_equal": always_equal,
+    "equal_subclass": equal_subclass,
+    "patched_builtins": patched_builtins,
+    "forged_reply": forged_reply,
+    "frame_snoop": frame_snoop,
+}
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +209,12 @@ def test_every_builtin_mbpp_solution_passes_and_wrong_answers_fail(mbpp):
         v = mbpp.verdict(t["answer"], t)
         assert v.passed, (t["id"], v.reason)
     t = mbpp.get_task(0)
-    for wrong in ("def reverse_words(s):\n    return s", "def reverse_words(s):\n    return 1/0",
-                  "def reverse_words(s):\n    while True: pass", "reverse_words = 3"):
+    for wrong in (
+        "def reverse_words(s):\n    return s",
+        "def reverse_words(s):\n    return 1/0",
+        "def reverse_words(s):\n    while True: pass",
+        "reverse_words = 3",
+    ):
         v = mbpp.verdict(wrong, t)
         assert not v.passed and v.reason
 
@@ -224,15 +239,19 @@ def test_a_correct_answer_that_differs_from_the_reference_is_judged_by_the_tests
     """Results that differ from the reference's but satisfy the tests (a float tolerance, another
     root) pass: the tests decide, not equality with the reference. Wrong ones fail."""
     t = humaneval.get_task(32)  # find_zero: any root within 1e-4 passes
-    bisect = ("def find_zero(xs):\n    f = lambda x: sum(c * x ** i for i, c in enumerate(xs))\n"
-              "    lo, hi = -1.0, 1.0\n    while f(lo) * f(hi) > 0:\n        lo, hi = lo * 3, hi * 3\n"
-              "    while hi - lo > 1e-12:\n        mid = (lo + hi) / 2\n"
-              "        lo, hi = (mid, hi) if f(mid) * f(lo) > 0 else (lo, mid)\n    return (lo + hi) / 2\n")
+    bisect = (
+        "def find_zero(xs):\n    f = lambda x: sum(c * x ** i for i, c in enumerate(xs))\n"
+        "    lo, hi = -1.0, 1.0\n    while f(lo) * f(hi) > 0:\n        lo, hi = lo * 3, hi * 3\n"
+        "    while hi - lo > 1e-12:\n        mid = (lo + hi) / 2\n"
+        "        lo, hi = (mid, hi) if f(mid) * f(lo) > 0 else (lo, mid)\n    return (lo + hi) / 2\n"
+    )
     v = humaneval.verdict(bisect, t)
     assert v.passed and v.tests_run is not None, v.reason  # not the reference's floats
     assert not humaneval.verdict("def find_zero(xs):\n    return 0.5\n", t).passed
     t4 = humaneval.get_task(4)  # mean_absolute_deviation: abs(candidate(xs) - y) < 1e-6
-    mad = "def mean_absolute_deviation(xs):\n    m = sum(xs) / len(xs)\n    return sum(abs(x - m) for x in xs) / len(xs)"
+    mad = (
+        "def mean_absolute_deviation(xs):\n    m = sum(xs) / len(xs)\n    return sum(abs(x - m) for x in xs) / len(xs)"
+    )
     v = humaneval.verdict(mad + " + 1e-9\n", t4)
     assert v.passed and v.tests_run is not None, v.reason
     assert not humaneval.verdict(mad + " + 1e-3\n", t4).passed
@@ -243,21 +262,32 @@ def test_results_cross_as_data_with_their_types():
     """Tuple against list, int against float, a set, a generator, a dict subclass, a namedtuple:
     the tests see the plain value the answer returned (a list is not equal to a tuple)."""
     env = gym.make("AgentR1/MBPP-v0", test_sandbox=FAST).unwrapped
-    task = {"question": "q", "answer": "def f(x):\n    return (x, x)\n",
-            "test_list": ["assert f(1) == (1, 1)", "assert f(2) != [2, 2]", "assert f(0.5) == (0.5, 0.5)"]}
+    task = {
+        "question": "q",
+        "answer": "def f(x):\n    return (x, x)\n",
+        "test_list": ["assert f(1) == (1, 1)", "assert f(2) != [2, 2]", "assert f(0.5) == (0.5, 0.5)"],
+    }
     env.reset(options={"task": task})
     assert env.verdict(task["answer"], task).passed
     assert not env.verdict("def f(x):\n    return [x, x]\n", task).passed
-    gen = ("import collections\ndef f(x):\n    P = collections.namedtuple('P', 'a b')\n    return P(x, x)\n")
+    gen = "import collections\ndef f(x):\n    P = collections.namedtuple('P', 'a b')\n    return P(x, x)\n"
     assert env.verdict(gen, task).passed  # a namedtuple is a tuple
-    t2 = {"question": "q", "answer": "def g(n):\n    return {i: i * i for i in range(n)}\n",
-          "test_list": ["assert g(3) == {0: 0, 1: 1, 2: 4}", "assert list(h(3)) == [0, 1, 2]",
-                        "assert set(h(2)) == {0, 1}"],
-          "challenge_test_list": []}
+    t2 = {
+        "question": "q",
+        "answer": "def g(n):\n    return {i: i * i for i in range(n)}\n",
+        "test_list": [
+            "assert g(3) == {0: 0, 1: 1, 2: 4}",
+            "assert list(h(3)) == [0, 1, 2]",
+            "assert set(h(2)) == {0, 1}",
+        ],
+        "challenge_test_list": [],
+    }
     t2["answer"] += "def h(n):\n    return list(range(n))\n"
     assert env.verdict(t2["answer"], t2).passed
-    lazy = ("import collections\ndef g(n):\n    return collections.OrderedDict((i, i * i) for i in range(n))\n"
-            "def h(n):\n    return (i for i in range(n))\n")
+    lazy = (
+        "import collections\ndef g(n):\n    return collections.OrderedDict((i, i * i) for i in range(n))\n"
+        "def h(n):\n    return (i for i in range(n))\n"
+    )
     assert env.verdict(lazy, t2).passed  # a dict subclass and a generator arrive as data
 
 
@@ -266,10 +296,15 @@ def test_non_data_results_only_go_back_to_the_answer():
     """A test that builds the answer's objects and passes them to its function (MBPP 601 does,
     with a Pair class) works; comparing a non-data result fails instead of trusting its __eq__."""
     env = gym.make("AgentR1/MBPP-v0", test_sandbox=FAST).unwrapped
-    ref = ("class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
-           "def longest(pairs):\n    return max(p.b - p.a for p in pairs)\n")
-    task = {"question": "q", "answer": ref,
-            "test_list": ["assert longest([Pair(1, 5), Pair(2, 3)]) == 4", "assert longest([Pair(0, 1)]) == 1"]}
+    ref = (
+        "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+        "def longest(pairs):\n    return max(p.b - p.a for p in pairs)\n"
+    )
+    task = {
+        "question": "q",
+        "answer": ref,
+        "test_list": ["assert longest([Pair(1, 5), Pair(2, 3)]) == 4", "assert longest([Pair(0, 1)]) == 1"],
+    }
     env.reset(options={"task": task})
     assert env.verdict(ref, task).passed
     assert not env.verdict(ref.replace("p.b - p.a", "p.a - p.b"), task).passed
@@ -282,8 +317,11 @@ def test_non_data_results_only_go_back_to_the_answer():
 
 
 def _mbpp(**kw):
-    task = {"question": "Add one.", "answer": "def add_one(x):\n    return x + 1\n",
-            "test_list": ["assert add_one(1) == 2", "assert add_one(-1) == 0"]}
+    task = {
+        "question": "Add one.",
+        "answer": "def add_one(x):\n    return x + 1\n",
+        "test_list": ["assert add_one(1) == 2", "assert add_one(-1) == 0"],
+    }
     task.update(kw)
     return task
 
@@ -309,8 +347,14 @@ BAD_MBPP = [
 def test_bad_mbpp_tasks_are_refused_by_reset_and_by_the_loader(tmp_path, mbpp, change, match):
     with pytest.raises(ValueError, match=match):
         mbpp.reset(options={"task": _mbpp(**change)})
-    row = {"task_id": 11, "text": "Add one.", "code": _mbpp()["answer"], "test_list": _mbpp()["test_list"],
-           "test_setup_code": "", "challenge_test_list": []}
+    row = {
+        "task_id": 11,
+        "text": "Add one.",
+        "code": _mbpp()["answer"],
+        "test_list": _mbpp()["test_list"],
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    }
     row.update({"code" if k == "answer" else k: v for k, v in change.items()})
     p = tmp_path / "mbpp.jsonl"
     p.write_text(json.dumps(row) + "\n")
@@ -343,9 +387,13 @@ BAD_HUMANEVAL = [
 
 
 def _he(**kw):
-    task = {"question": "def add_one(x):\n", "prompt": "def add_one(x):\n    \"\"\"x + 1\"\"\"\n",
-            "answer": "def add_one(x):\n    return x + 1\n", "entry_point": "add_one",
-            "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n"}
+    task = {
+        "question": "def add_one(x):\n",
+        "prompt": 'def add_one(x):\n    """x + 1"""\n',
+        "answer": "def add_one(x):\n    return x + 1\n",
+        "entry_point": "add_one",
+        "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n",
+    }
     task.update(kw)
     return task
 
@@ -356,8 +404,13 @@ def test_bad_humaneval_tasks_are_refused_by_reset_and_by_the_loader(tmp_path, hu
     with pytest.raises(ValueError, match=match):
         humaneval.reset(options={"task": _he(**change)})
     task = _he(**change)
-    row = {"task_id": "X/0", "prompt": task["prompt"], "entry_point": task["entry_point"], "test": task["test"],
-           "canonical_solution": "    return x + 1\n" if "answer" not in change else "\n" + task["answer"]}
+    row = {
+        "task_id": "X/0",
+        "prompt": task["prompt"],
+        "entry_point": task["entry_point"],
+        "test": task["test"],
+        "canonical_solution": "    return x + 1\n" if "answer" not in change else "\n" + task["answer"],
+    }
     if "answer" in change:
         row["prompt"] = ""
     p = tmp_path / "he.jsonl"
@@ -388,8 +441,11 @@ def test_a_valid_humaneval_task_through_reset_is_scored_by_its_tests(humaneval):
 def test_mbpp_tests_keep_using_the_modules_the_answer_imported(mbpp):
     """MBPP tests such as `assert math.isclose(f(1), 3.14, rel_tol=1e-3)` used the answer's own
     `import math`: the tests' namespace imports the module itself; the tolerance still decides."""
-    task = {"question": "q", "answer": "def area(r):\n    import math\n    return math.pi * r * r\n",
-            "test_list": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-3)", "assert area(0) == 0"]}
+    task = {
+        "question": "q",
+        "answer": "def area(r):\n    import math\n    return math.pi * r * r\n",
+        "test_list": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-3)", "assert area(0) == 0"],
+    }
     mbpp.reset(options={"task": task})
     assert mbpp.verdict("def area(r):\n    return 3.1416 * r * r\n", task).passed
     assert not mbpp.verdict("def area(r):\n    return 3 * r * r\n", task).passed
@@ -399,9 +455,14 @@ def test_mbpp_tests_keep_using_the_modules_the_answer_imported(mbpp):
 def test_exceptions_cross_by_name_and_cannot_end_a_tests_iteration(mbpp):
     """The answer's exception is raised in the tests by its built-in type (a test may expect it);
     StopIteration, which would quietly end a test's map() or next(), arrives as RuntimeError."""
-    task = {"question": "q", "answer": "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x\n",
-            "test_list": ["assert list(map(f, [1, 2])) == [1, 2]",
-                          "try:\n    f(-1)\n    assert False\nexcept ValueError:\n    pass"]}
+    task = {
+        "question": "q",
+        "answer": "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x\n",
+        "test_list": [
+            "assert list(map(f, [1, 2])) == [1, 2]",
+            "try:\n    f(-1)\n    assert False\nexcept ValueError:\n    pass",
+        ],
+    }
     mbpp.reset(options={"task": task})
     assert mbpp.verdict(task["answer"], task).passed
     assert not mbpp.verdict("def f(x):\n    raise TypeError(x)\n", task).passed

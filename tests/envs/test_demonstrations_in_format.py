@@ -18,8 +18,12 @@ from agent_gym.formats import get_format, list_formats
 from trainers.sft import demonstrations, play
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
-CALLS = [("lookup", {"entity": "Karimel", "relation": "rival"}), ("search", {"query": 'the "Nile" <b>'}),
-         ("python", {"code": "print(1 + 1)\n"}), ("send", {"to": "agent_1", "text": "hop 1: Dorsil"})]
+CALLS = [
+    ("lookup", {"entity": "Karimel", "relation": "rival"}),
+    ("search", {"query": 'the "Nile" <b>'}),
+    ("python", {"code": "print(1 + 1)\n"}),
+    ("send", {"to": "agent_1", "text": "hop 1: Dorsil"}),
+]
 
 
 @pytest.mark.timeout(30)
@@ -46,8 +50,11 @@ def test_factchain_demonstrations_use_the_env_format_and_succeed(fmt):
     for policy in ("oracle", "reversed", "protocol"):
         (ep,) = demonstrations(env, [3], policy)
         env.reset(options={"task_index": 3})
-        turns = (env.demonstration(env.task) if policy == "oracle"
-                 else getattr(env, f"{policy}_demonstration")(env.task, np.random.default_rng(0)))
+        turns = (
+            env.demonstration(env.task)
+            if policy == "oracle"
+            else getattr(env, f"{policy}_demonstration")(env.task, np.random.default_rng(0))
+        )
         assert all(t.startswith(opening) for t in turns[:-1]), (fmt, policy, turns)
         assert ep.token_ids, (fmt, policy)
     ep = play(env, 5, env.demonstration)

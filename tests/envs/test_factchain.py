@@ -25,7 +25,7 @@ def test_question_styles_name_the_same_chain():
         assert (a["answer"], a["chain"], a["path"]) == (b["answer"], b["chain"], b["path"])
         start, (r1, r2) = a["path"][0], a["chain"]
         assert a["question"] == f'Who is the {r2} of the {r1} of "{start}"?'
-        assert b["question"] == f'Who is "{start}"\'s {r1}\'s {r2}?'
+        assert b["question"] == f"Who is \"{start}\"'s {r1}'s {r2}?"
 
 
 def test_names_tokenize_alike_in_question_call_and_result():
@@ -44,7 +44,7 @@ def test_names_tokenize_alike_in_question_call_and_result():
             assert call == inner(f"\n{entity}\n")  # a tool result
             assert call == tok.tokenize(f"<answer>{entity}</answer>")[1:-1]
         start = inner(f'"{task["path"][0]}"')
-        assert any(q[i:i + len(start)] == start for i in range(len(q)))
+        assert any(q[i : i + len(start)] == start for i in range(len(q)))
     for r in env.relations:
         question, call = tok.tokenize(" " + r), inner(f'"{r}"')
         assert question[1:] == call[1:] and question[0] == "\u0120" + call[0]  # Ġ: the space
@@ -148,6 +148,7 @@ def test_sft_demo_policy_lookup_and_errors():
 def test_heldout_test_split_excludes_the_training_pool():
     """Without exclude_train_tasks the test split repeats some questions of a 64-question training
     pool (6 of the first 64 with the defaults); with it, none, and the answers still follow the KB."""
+
     def key(t):
         return t["path"][0], tuple(t["chain"])
 
@@ -177,7 +178,8 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
     env = _env(num_kbs=3, num_tasks=30)
     one = _env()
     assert [one.get_task(k) for k in range(0, 30, 3)] == [
-        {**env.get_task(k), "kb": 0} for k in range(0, 30, 3)]  # KB 0's tasks are the single-KB env's
+        {**env.get_task(k), "kb": 0} for k in range(0, 30, 3)
+    ]  # KB 0's tasks are the single-KB env's
     names = [set(env.kb_at(i)[0]) for i in range(3)]
     assert env.kb_at(0)[1] != env.kb_at(1)[1] and len(names[0] & names[1]) < 8
     for k in range(30):
@@ -187,8 +189,11 @@ def test_several_kbs_each_task_asked_and_looked_up_in_its_own():
         assert ep.success and ep.call_statuses == {"ok": 2}
     env.reset(options={"task_index": 1})
     only_kb0 = sorted(names[0] - names[1])[0]
-    _, _, _, _, info = env.step(env.encode_turn(
-        '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "rival"}}</tool_call>' % only_kb0))
+    _, _, _, _, info = env.step(
+        env.encode_turn(
+            '<tool_call>{"name": "lookup", "arguments": {"entity": "%s", "relation": "rival"}}</tool_call>' % only_kb0
+        )
+    )
     assert info["tool_calls"][0]["status"] == "tool_error"  # KB 0's entity is unknown in KB 1
     with pytest.raises(ValueError, match="num_kbs must be a positive integer"):
         _env(num_kbs=0)
@@ -268,9 +273,14 @@ def _bad_tasks(env):
         "chain string": ({"chain": "rival"}, r"'chain' must be a non-empty list"),
         "path short": ({"path": good["path"][:-1]}, r"'path' must be a list of 3 entity names"),
         "path None": ({"path": None}, r"'path' must be a list of 3 entity names"),
-        "path unknown start": ({"path": ["Nobody"] + good["path"][1:]}, r"'path' starts from 'Nobody', which is no entity"),
-        "path off the KB": ({"path": [good["path"][0], other, good["path"][2]]},
-                            rf"'path' says the {good['chain'][0]} of '{good['path'][0]}' is '{other}'"),
+        "path unknown start": (
+            {"path": ["Nobody"] + good["path"][1:]},
+            r"'path' starts from 'Nobody', which is no entity",
+        ),
+        "path off the KB": (
+            {"path": [good["path"][0], other, good["path"][2]]},
+            rf"'path' says the {good['chain'][0]} of '{good['path'][0]}' is '{other}'",
+        ),
         "kb out of range": ({"kb": 5}, r"'kb' must be a KB index in \[0, 1\)"),
         "kb bool": ({"kb": True}, r"'kb' must be a KB index"),
     }

@@ -14,13 +14,18 @@ import agent_gym  # noqa: F401  (registers the envs)
 from agent_gym.stats import sign_test
 from envs import factchain_order as m
 
-EXAMPLE = ('Example:\nQuestion: Who is the mentor of the rival of "Karimel"?\nYou: <tool_call>[{"name": "lookup", '
-           '"arguments": {"entity": "Karimel", "relation": "rival"}}]</tool_call>\n')
+EXAMPLE = (
+    'Example:\nQuestion: Who is the mentor of the rival of "Karimel"?\nYou: <tool_call>[{"name": "lookup", '
+    '"arguments": {"entity": "Karimel", "relation": "rival"}}]</tool_call>\n'
+)
 
 
 def _text(task: dict, relations: list[str]) -> str:
-    calls = "".join(f'<tool_call>[{{"name": "lookup", "arguments": {{"entity": "{task["path"][0]}", '
-                    f'"relation": "{r}"}}}}]</tool_call>\n<tool_response>\nX\n</tool_response>\n' for r in relations)
+    calls = "".join(
+        f'<tool_call>[{{"name": "lookup", "arguments": {{"entity": "{task["path"][0]}", '
+        f'"relation": "{r}"}}}}]</tool_call>\n<tool_response>\nX\n</tool_response>\n'
+        for r in relations
+    )
     return f"system\n{EXAMPLE}user\n{task['question']}\nassistant\n{calls}<answer>X</answer>"
 
 

@@ -71,9 +71,12 @@ def test_pettingzoo_max_cycles_test_with_the_defaults():
     assert {s.max_invalid_calls for s in env.seats.values()} == {5}
     # the single-agent limit is still there when asked for: then a seat leaves after 3 failed turns
     with pytest.raises(AssertionError):
-        max_cycles_test(types.SimpleNamespace(env=functools.partial(factchain_team.env, max_invalid_calls=3),
-                                              parallel_env=functools.partial(factchain_team.parallel_env,
-                                                                             max_invalid_calls=3)))
+        max_cycles_test(
+            types.SimpleNamespace(
+                env=functools.partial(factchain_team.env, max_invalid_calls=3),
+                parallel_env=functools.partial(factchain_team.parallel_env, max_invalid_calls=3),
+            )
+        )
 
 
 @pytest.mark.timeout(120)
@@ -120,17 +123,22 @@ def test_every_way_to_make_the_seats_indistinguishable_is_refused():
         assert not np.array_equal(obs["agent_0"]["input_ids"], obs["agent_1"]["input_ids"])
     # a dict of prompts is used as given: identical ones are refused when the episode would start
     env = factchain_team.parallel_env(system_prompt={"agent_0": "Same.", "agent_1": "Same."}, **compact)
-    with pytest.raises(ValueError, match=r"agents 'agent_0' and 'agent_1' start with the same observation "
-                                         r"\(\d+ identical token ids\).*Give each seat its own system prompt"):
+    with pytest.raises(
+        ValueError,
+        match=r"agents 'agent_0' and 'agent_1' start with the same observation "
+        r"\(\d+ identical token ids\).*Give each seat its own system prompt",
+    ):
         env.reset(seed=0)
     assert env.agents == []
     with pytest.raises(RuntimeError, match="call reset"):
         env.step({})
     # three seats, two of them alike: the pair is named
-    env = factchain_team.parallel_env(num_agents=3, system_prompt={"agent_0": "A.", "agent_1": "B.", "agent_2": "B."},
-                                      **compact)
+    env = factchain_team.parallel_env(
+        num_agents=3, system_prompt={"agent_0": "A.", "agent_1": "B.", "agent_2": "B."}, **compact
+    )
     with pytest.raises(ValueError, match="agents 'agent_1' and 'agent_2'"):
         env.reset(seed=0)
+
     # a subclass whose opening messages leave the seat out: refused the same way
     class Anonymous(factchain_team.FactChainTeamEnv):
         def seat_messages(self, agent, system_prompt, task):
@@ -176,8 +184,12 @@ def test_without_messages_the_second_hop_is_unknowable(penv):
     a0, a1 = penv.seats["agent_0"], penv.seats["agent_1"]
     from envs.factchain import lookup_turn
 
-    _, _, _, _, infos = penv.step({"agent_0": a0.encode_turn(lookup_turn(task["path"][1], task["chain"][1])),
-                                   "agent_1": a1.encode_turn(lookup_turn(task["path"][0], task["chain"][0]))})
+    _, _, _, _, infos = penv.step(
+        {
+            "agent_0": a0.encode_turn(lookup_turn(task["path"][1], task["chain"][1])),
+            "agent_1": a1.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
+        }
+    )
     for a in ("agent_0", "agent_1"):
         assert [c["status"] for c in infos[a]["tool_calls"]] == ["tool_error"]
         assert "not in your part" in penv.seats[a].transcript[-1][1]
@@ -191,15 +203,20 @@ def test_messages_arrive_next_cycle_and_only_to_the_recipient(penv):
 
     penv.reset(options={"task_index": 0})
     a0, a1 = penv.seats["agent_0"], penv.seats["agent_1"]
-    penv.step({"agent_0": a0.encode_turn(call("send", to="agent_1", text="hello")),
-               "agent_1": a1.encode_turn(call("receive"))})
+    penv.step(
+        {
+            "agent_0": a0.encode_turn(call("send", to="agent_1", text="hello")),
+            "agent_1": a1.encode_turn(call("receive")),
+        }
+    )
     assert a1.transcript[-1] == ("tool", "No new messages.")
     penv.step({"agent_0": a0.encode_turn(call("receive")), "agent_1": a1.encode_turn(call("receive"))})
     assert a1.transcript[-1] == ("tool", "agent_0: hello")
     assert a0.transcript[-1] == ("tool", "No new messages.")
     # a message to oneself is not a valid recipient
-    _, _, _, _, infos = penv.step({"agent_0": a0.encode_turn(call("send", to="agent_0", text="x")),
-                                   "agent_1": a1.encode_turn(call("receive"))})
+    _, _, _, _, infos = penv.step(
+        {"agent_0": a0.encode_turn(call("send", to="agent_0", text="x")), "agent_1": a1.encode_turn(call("receive"))}
+    )
     assert infos["agent_0"]["tool_calls"][0]["status"] == "bad_arguments"
 
 
@@ -235,7 +252,9 @@ def test_per_agent_loss_masks_are_exactly_each_agents_turns(penv):
         else:
             assert penv.task["path"][1] in masked and "<answer>" in masked
     # The two contexts differ: each agent sees its own turns and tool results only.
-    assert eps["agent_0"].token_ids[:eps["agent_0"].prompt_len] != eps["agent_1"].token_ids[:eps["agent_1"].prompt_len]
+    assert (
+        eps["agent_0"].token_ids[: eps["agent_0"].prompt_len] != eps["agent_1"].token_ids[: eps["agent_1"].prompt_len]
+    )
 
 
 def test_aec_and_parallel_agree():
@@ -293,11 +312,19 @@ def test_an_agent_that_leaves_on_its_own_leaves_the_others_playing():
     task, a0, a1 = env.task, env.seats["agent_0"], env.seats["agent_1"]
     from envs.factchain import lookup_turn
 
-    _, _, term, trunc, infos = env.step({"agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
-                                         "agent_1": a1.encode_turn("no idea")})
+    _, _, term, trunc, infos = env.step(
+        {
+            "agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
+            "agent_1": a1.encode_turn("no idea"),
+        }
+    )
     assert env.agents == ["agent_0", "agent_1"] and infos["agent_0"]["tool_calls"][0]["status"] == "ok"
-    _, _, term, trunc, infos = env.step({"agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
-                                         "agent_1": a1.encode_turn("still nothing")})
+    _, _, term, trunc, infos = env.step(
+        {
+            "agent_0": a0.encode_turn(lookup_turn(task["path"][0], task["chain"][0])),
+            "agent_1": a1.encode_turn("still nothing"),
+        }
+    )
     assert trunc["agent_1"] and infos["agent_1"]["truncation_reason"] == "invalid_calls"
     assert infos["agent_1"]["trajectory"].truncation_reason == "invalid_calls" and not term["agent_0"]
     assert env.agents == ["agent_0"]
@@ -318,23 +345,37 @@ def test_a_failed_team_reset_changes_nothing_and_step_refuses(where):
     first, second = env.possible_agents
     env.step({a: env.seats[a].encode_turn("thinking") for a in env.agents})
     before = {a: list(env.seats[a]._ids) for a in env.possible_agents}
-    state = (env.task_index, env.cycle, list(env.agents), list(env.mailbox.log), env.mailbox.cycle,
-             env.np_random.bit_generator.state)
+    state = (
+        env.task_index,
+        env.cycle,
+        list(env.agents),
+        list(env.mailbox.log),
+        env.mailbox.cycle,
+        env.np_random.bit_generator.state,
+    )
     if where == "second_seat":
+
         def boom(task):
             raise RuntimeError("seat broke")
+
         env.seats[second].task_messages = boom
         options, err = {"task_index": 1}, RuntimeError
     elif where == "on_reset":
         env.on_reset = lambda task: (_ for _ in ()).throw(ValueError("on_reset broke"))
         options, err = {"task_index": 1}, ValueError
     else:
-        options, err = {"task_index": 10 ** 9}, ValueError
+        options, err = {"task_index": 10**9}, ValueError
     with pytest.raises(err):
         env.reset(options=options)
     assert {a: list(env.seats[a]._ids) for a in env.possible_agents} == before
-    assert (env.task_index, env.cycle, list(env.agents), list(env.mailbox.log), env.mailbox.cycle,
-            env.np_random.bit_generator.state) == state
+    assert (
+        env.task_index,
+        env.cycle,
+        list(env.agents),
+        list(env.mailbox.log),
+        env.mailbox.cycle,
+        env.np_random.bit_generator.state,
+    ) == state
     with pytest.raises(RuntimeError, match="reset"):
         env.step({a: env.seats[a].encode_turn("x") for a in env.agents})
     for a in env.possible_agents:  # the seats refuse too

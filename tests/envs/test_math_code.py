@@ -23,8 +23,10 @@ from envs.math import FAMILIES, MathDataError, synthetic_task
 from trainers.sft import play
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason=(
-    "the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does)"))
+pytestmark = pytest.mark.skipif(
+    not sandbox_available(),
+    reason=("the sandbox does not run here: install bubblewrap (apt-get install -y bubblewrap; make setup does)"),
+)
 FAST_TESTS = {"wall_s": 5, "cpu_s": 2}
 
 
@@ -92,13 +94,16 @@ def test_math_python_tool_errors_are_observations(math_env):
 
 def test_math_loads_the_official_layout_and_jsonl(tmp_path):
     root = tmp_path / "MATH"
-    for split, subject, n, prob, sol in [("test", "algebra", 1, "Solve $x+1=3$.", "So $x=\\boxed{2}$."),
-                                         ("test", "geometry", 7, "Area?", "It is $\\boxed{\\frac{9}{2}}$."),
-                                         ("train", "algebra", 3, "Other.", "$\\boxed{0}$")]:
+    for split, subject, n, prob, sol in [
+        ("test", "algebra", 1, "Solve $x+1=3$.", "So $x=\\boxed{2}$."),
+        ("test", "geometry", 7, "Area?", "It is $\\boxed{\\frac{9}{2}}$."),
+        ("train", "algebra", 3, "Other.", "$\\boxed{0}$"),
+    ]:
         d = root / split / subject
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{n}.json").write_text(json.dumps({"problem": prob, "level": "Level 2", "type": subject.title(),
-                                                 "solution": sol}))
+        (d / f"{n}.json").write_text(
+            json.dumps({"problem": prob, "level": "Level 2", "type": subject.title(), "solution": sol})
+        )
     env = gym.make("AgentR1/Math-v0", data_path=str(root), python_tool=False).unwrapped
     assert env.num_tasks() == 2 and [env.get_task(k)["answer"] for k in range(2)] == ["2", "\\frac{9}{2}"]
     assert env.get_task(0)["id"] == "algebra/1" and env.get_task(1)["level"] == "Level 2"
@@ -106,19 +111,26 @@ def test_math_loads_the_official_layout_and_jsonl(tmp_path):
     assert answer(env, "\\boxed{4.5}")["trajectory"].success
     assert gym.make("AgentR1/Math-v0", data_path=str(root), split="train", python_tool=False).unwrapped.num_tasks() == 1
     jl = tmp_path / "math.jsonl"
-    jl.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n\n"
-                  + json.dumps({"question": "2+2?", "solution": "\\boxed{4}", "id": "q2"}) + "\n")
+    jl.write_text(
+        json.dumps({"problem": "1+1?", "answer": "2"})
+        + "\n\n"
+        + json.dumps({"question": "2+2?", "solution": "\\boxed{4}", "id": "q2"})
+        + "\n"
+    )
     env = gym.make("AgentR1/Math-v0", data_path=str(jl), python_tool=False, limit=1).unwrapped
     assert env.num_tasks() == 1 and env.get_task(0)["answer"] == "2"
 
 
-@pytest.mark.parametrize("row, match", [
-    ({"answer": "2"}, r"line 1: missing or empty key 'problem'"),
-    ({"problem": "p"}, r"line 1: missing key 'answer'"),
-    ({"problem": "p", "solution": "no box"}, r"line 1: key 'solution' has no \\boxed"),
-    ({"problem": "p", "answer": ""}, r"line 1: key 'answer' must be a number or a non-empty string"),
-    ([1, 2], r"line 1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ({"answer": "2"}, r"line 1: missing or empty key 'problem'"),
+        ({"problem": "p"}, r"line 1: missing key 'answer'"),
+        ({"problem": "p", "solution": "no box"}, r"line 1: key 'solution' has no \\boxed"),
+        ({"problem": "p", "answer": ""}, r"line 1: key 'answer' must be a number or a non-empty string"),
+        ([1, 2], r"line 1: expected a JSON object"),
+    ],
+)
 def test_math_loader_errors_name_file_row_and_key(tmp_path, row, match):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps(row) + "\n")
@@ -181,9 +193,14 @@ def test_mbpp_builtin_oracle_passes_and_wrong_code_fails():
 
 
 def _mbpp_row(task_id, **kw):
-    row = {"task_id": task_id, "text": "Write a function to add one.", "code": "def add_one(x):\n    return x + 1",
-           "test_list": ["assert add_one(1) == 2", "assert add_one(-1) == 0"], "test_setup_code": "",
-           "challenge_test_list": []}
+    row = {
+        "task_id": task_id,
+        "text": "Write a function to add one.",
+        "code": "def add_one(x):\n    return x + 1",
+        "test_list": ["assert add_one(1) == 2", "assert add_one(-1) == 0"],
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    }
     row.update(kw)
     return row
 
@@ -192,17 +209,21 @@ def _mbpp_row(task_id, **kw):
 def test_mbpp_official_file_splits_and_errors(tmp_path):
     p = tmp_path / "mbpp.jsonl"
     p.write_text("\n".join(json.dumps(_mbpp_row(i)) for i in (5, 11, 12, 600, 700)) + "\n")
-    sizes = {s: gym.make("AgentR1/MBPP-v0", data_path=str(p), split=s).unwrapped.num_tasks()
-             for s in ("prompt", "test", "validation", "train", "all")}
+    sizes = {
+        s: gym.make("AgentR1/MBPP-v0", data_path=str(p), split=s).unwrapped.num_tasks()
+        for s in ("prompt", "test", "validation", "train", "all")
+    }
     assert sizes == {"prompt": 1, "test": 2, "validation": 1, "train": 1, "all": 5}
     env = gym.make("AgentR1/MBPP-v0", data_path=str(p), limit=1).unwrapped
     assert env.num_tasks() == 1 and play(env, 0, env.demonstration).success
     with pytest.raises(ValueError, match="split must be one of"):
         gym.make("AgentR1/MBPP-v0", data_path=str(p), split="dev")
-    for row, match in [(_mbpp_row(1, code=3), "line 1: key 'code' must be a str"),
-                       (_mbpp_row(1, test_list=[]), "line 1: key 'test_list' must be a non-empty list"),
-                       ({"task_id": 1, "code": "x"}, "line 1: missing key 'text'"),
-                       (_mbpp_row("a"), "line 1: key 'task_id' must be an integer")]:
+    for row, match in [
+        (_mbpp_row(1, code=3), "line 1: key 'code' must be a str"),
+        (_mbpp_row(1, test_list=[]), "line 1: key 'test_list' must be a non-empty list"),
+        ({"task_id": 1, "code": "x"}, "line 1: missing key 'text'"),
+        (_mbpp_row("a"), "line 1: key 'task_id' must be an integer"),
+    ]:
         p.write_text(json.dumps(row) + "\n")
         with pytest.raises(CodeDataError, match=match):
             gym.make("AgentR1/MBPP-v0", data_path=str(p), split="all")
@@ -229,8 +250,24 @@ def test_strip_fence():
 @pytest.mark.timeout(300)
 def test_evaluate_oracle_cli_on_math(tmp_path):
     out = tmp_path / "eval"
-    r = subprocess.run([sys.executable, "trainers/evaluate.py", "--env", "AgentR1/Math-v0", "--policy", "oracle",
-                        "--tasks", "4", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=280)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "trainers/evaluate.py",
+            "--env",
+            "AgentR1/Math-v0",
+            "--policy",
+            "oracle",
+            "--tasks",
+            "4",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"] == 4 and summary["eval/success_rate"] == 1.0, summary

@@ -13,12 +13,19 @@ def make(**kw):
     return gym.make("AgentR1/HotpotQA-NaiveRAG-v0", data_path=HOTPOT, retriever_kwargs=NO_CACHE, **kw)
 
 
-@pytest.mark.parametrize("text,want", [
-    ("The answer is: 2009.", "2009"), ("No, Scott Derrickson and Ed Wood were not.", "no"), ("yes", "yes"),
-    ("Answer: **Chief of Protocol**\nbecause ...", "Chief of Protocol"),
-    ("The capital of France is Paris. It is large.", "The capital of France is Paris"),
-    ("I think the final answer is Quillhaven", "Quillhaven"), ("   ", None), ("Dr. No is a film", "Dr"),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("The answer is: 2009.", "2009"),
+        ("No, Scott Derrickson and Ed Wood were not.", "no"),
+        ("yes", "yes"),
+        ("Answer: **Chief of Protocol**\nbecause ...", "Chief of Protocol"),
+        ("The capital of France is Paris. It is large.", "The capital of France is Paris"),
+        ("I think the final answer is Quillhaven", "Quillhaven"),
+        ("   ", None),
+        ("Dr. No is a film", "Dr"),
+    ],
+)
 def test_answer_from_text(text, want):
     assert answer_from_text(text) == want
 

@@ -33,7 +33,9 @@ def make(env_id="AgentR1/HotpotQA-v0", **kw):
 
 def act(env, text, close=True):
     u = env.unwrapped
-    return u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+    return (
+        u.encode_turn(text) if close else np.asarray(u.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+    )
 
 
 def call(name, **args):
@@ -69,8 +71,9 @@ def test_search_returns_titled_passages_and_the_episode_scores_the_answer():
 
 
 def test_dead_retrieval_server_is_a_tool_error_not_a_crash():
-    env = make(retriever=closed_port_url(), retriever_kwargs={"timeout_s": 1.0, "retries": 0},
-               rewards={"call_invalid": -0.1})
+    env = make(
+        retriever=closed_port_url(), retriever_kwargs={"timeout_s": 1.0, "retries": 0}, rewards={"call_invalid": -0.1}
+    )
     env.reset(options={"task_index": 0})
     _, r, term, trunc, info = env.step(act(env, call("search", query="Marlow Vance")))
     assert [c["status"] for c in info["tool_calls"]] == ["tool_error"] and not (term or trunc)
@@ -95,10 +98,13 @@ def test_http_retriever_works_then_fails_when_the_server_stops():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("head", [
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
-    b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
+    ],
+)
 def test_a_server_dripping_a_body_without_content_length_is_a_tool_error(head):
     """Before the fix a step was still running at 30 s against a 4.1 s bound. The server (a real
     loopback one, tests/agent_gym/fault_server.py) answers with no Content-Length and sends
@@ -114,8 +120,9 @@ def test_a_server_dripping_a_body_without_content_length_is_a_tool_error(head):
 
 
 def test_naive_rag_survives_a_dead_server_at_reset():
-    env = make("AgentR1/HotpotQA-NaiveRAG-v0", retriever=closed_port_url(),
-               retriever_kwargs={"timeout_s": 1.0, "retries": 0})
+    env = make(
+        "AgentR1/HotpotQA-NaiveRAG-v0", retriever=closed_port_url(), retriever_kwargs={"timeout_s": 1.0, "retries": 0}
+    )
     obs, info = env.reset(options={"task_index": 0})
     assert "RetrieverError" in info["retrieval_error"] and info["retrieved_titles"] == []
     assert "retrieval failed" in text_of(env, obs["input_ids"])
@@ -257,8 +264,11 @@ def test_formatter_never_tokenizes_a_spaceless_huge_passage_whole(kind):
         assert len(tok.tok.encode(got, add_special_tokens=False)) <= 512 and got.endswith(" ...")
         assert huge.title in titles and titles == [p.title for p in group][: len(titles)]
     if kind == "words_then_run":  # the words before the run are shown, the run is not
-        assert got.endswith("(Title: Quillhaven) " + "the lighthouse keepers of quillhaven " * 11
-                            + "the lighthouse keepers of quillhaven ...")
+        assert got.endswith(
+            "(Title: Quillhaven) "
+            + "the lighthouse keepers of quillhaven " * 11
+            + "the lighthouse keepers of quillhaven ..."
+        )
     else:  # no space before the cut: only the title shows
         assert got.endswith("Doc 2 (Title: Quillhaven) ...")
 
@@ -318,8 +328,7 @@ def test_supporting_hit_is_logged_even_at_weight_zero():
 
 
 def test_process_and_format_rewards_add_up():
-    env = make(rewards={"call_ok": 0.05, "call_invalid": -0.2, "format": 0.1,
-                        "extra": {"supporting_hit": 0.25}})
+    env = make(rewards={"call_ok": 0.05, "call_invalid": -0.2, "format": 0.1, "extra": {"supporting_hit": 0.25}})
     env.reset(options={"task_index": 2})  # "Is Quillhaven a coastal town?" -> yes
     _, r, *_, info = env.step(act(env, call("search", query="Quillhaven") + call("nope")))
     assert info["reward_components"] == {"tool": 0.05, "invalid": -0.2, "supporting_hit": 0.25}
@@ -369,14 +378,19 @@ def test_explicit_answer_weights_override_the_metric():
 
 
 def test_search_r1_format():
-    env = make("AgentR1/MuSiQue-v0", data_path=str(FIXTURES / "musique"), tool_format="search_r1",
-               rewards={"extra": {"supporting_hit": 1.0}})
+    env = make(
+        "AgentR1/MuSiQue-v0",
+        data_path=str(FIXTURES / "musique"),
+        tool_format="search_r1",
+        rewards={"extra": {"supporting_hit": 1.0}},
+    )
     u = env.unwrapped
     obs, info = env.reset(options={"task_index": 0})
     assert list(u.tools) == ["search"] and "<search> query </search>" in u.system_prompt
     _, r, term, trunc, info = env.step(act(env, "I will look it up. <search>The Glass Orchard director</search>"))
-    assert info["tool_calls"] == [{"name": "search", "arguments": {"query": "The Glass Orchard director"},
-                                   "status": "ok"}]
+    assert info["tool_calls"] == [
+        {"name": "search", "arguments": {"query": "The Glass Orchard director"}, "status": "ok"}
+    ]
     msg = u.messages[-1]
     assert msg["role"] == "user" and msg["content"].startswith("<information>Doc 1 (Title: ")
     assert msg["content"].endswith("</information>") and r >= 1.0
@@ -384,11 +398,14 @@ def test_search_r1_format():
     assert term and r == 1.0
 
 
-@pytest.mark.parametrize("env_id,sub", [
-    ("AgentR1/HotpotQA-NaiveRAG-v0", "hotpotqa"),
-    ("AgentR1/2WikiMultiHopQA-NaiveRAG-v0", "2wikimultihopqa"),
-    ("AgentR1/MuSiQue-NaiveRAG-v0", "musique"),
-])
+@pytest.mark.parametrize(
+    "env_id,sub",
+    [
+        ("AgentR1/HotpotQA-NaiveRAG-v0", "hotpotqa"),
+        ("AgentR1/2WikiMultiHopQA-NaiveRAG-v0", "2wikimultihopqa"),
+        ("AgentR1/MuSiQue-NaiveRAG-v0", "musique"),
+    ],
+)
 def test_naive_rag_observation_holds_the_passages(env_id, sub):
     env = make(env_id, data_path=str(FIXTURES / sub))
     u = env.unwrapped
@@ -417,22 +434,29 @@ def test_naive_rag_turn_without_answer_ends_the_episode():
 # -- construction errors ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs,exc,needle", [
-    ({"data_path": "/no/such/hotpot.json"}, FileNotFoundError, "data_path '/no/such/hotpot.json' does not exist"),
-    ({"data_path": str(FIXTURES / "musique")}, FileNotFoundError, r"no 'dev' file in directory"),
-    ({"corpus_path": "/no/corpus.jsonl"}, FileNotFoundError, "corpus_path '/no/corpus.jsonl' does not exist"),
-    ({"answer_metric": "bleu"}, ValueError, "unknown answer_metric 'bleu'; valid: em, f1, substring"),
-    ({"topk": 0}, ValueError, "topk must be a positive integer, got 0"),
-    ({"topk": "3"}, ValueError, "topk must be a positive integer, got '3'"),
-    ({"max_result_tokens": -1}, ValueError, "max_result_tokens must be a positive integer"),
-    ({"limit": 0}, ValueError, "limit must be a positive integer"),
-    ({"retriever": "faiss"}, ValueError, "unknown retriever kind 'faiss'; valid kinds: bm25"),
-    ({"retriever": 3}, ValueError, "retriever must be a kind name"),
-    ({"rewards": {"extra": {"supporting_hits": 1.0}}}, ValueError, r"unknown rewards extra key\(s\) \['supporting_hits'\]"),
-    ({"rewards": {"answer_weights": {"bleu": 1.0}}}, ValueError, r"unknown answer_weights key\(s\) \['bleu'\]"),
-    ({"lookup_tool": True, "tool_format": "search_r1"}, ValueError, "lookup_tool=True needs tool_format='hermes'"),
-    ({"tool_format": "xml"}, ValueError, "unknown tool_format 'xml'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,needle",
+    [
+        ({"data_path": "/no/such/hotpot.json"}, FileNotFoundError, "data_path '/no/such/hotpot.json' does not exist"),
+        ({"data_path": str(FIXTURES / "musique")}, FileNotFoundError, r"no 'dev' file in directory"),
+        ({"corpus_path": "/no/corpus.jsonl"}, FileNotFoundError, "corpus_path '/no/corpus.jsonl' does not exist"),
+        ({"answer_metric": "bleu"}, ValueError, "unknown answer_metric 'bleu'; valid: em, f1, substring"),
+        ({"topk": 0}, ValueError, "topk must be a positive integer, got 0"),
+        ({"topk": "3"}, ValueError, "topk must be a positive integer, got '3'"),
+        ({"max_result_tokens": -1}, ValueError, "max_result_tokens must be a positive integer"),
+        ({"limit": 0}, ValueError, "limit must be a positive integer"),
+        ({"retriever": "faiss"}, ValueError, "unknown retriever kind 'faiss'; valid kinds: bm25"),
+        ({"retriever": 3}, ValueError, "retriever must be a kind name"),
+        (
+            {"rewards": {"extra": {"supporting_hits": 1.0}}},
+            ValueError,
+            r"unknown rewards extra key\(s\) \['supporting_hits'\]",
+        ),
+        ({"rewards": {"answer_weights": {"bleu": 1.0}}}, ValueError, r"unknown answer_weights key\(s\) \['bleu'\]"),
+        ({"lookup_tool": True, "tool_format": "search_r1"}, ValueError, "lookup_tool=True needs tool_format='hermes'"),
+        ({"tool_format": "xml"}, ValueError, "unknown tool_format 'xml'"),
+    ],
+)
 def test_bad_constructor_arguments_fail_at_make(kwargs, exc, needle):
     with pytest.raises(exc, match=needle):
         make(**kwargs)
@@ -468,9 +492,15 @@ ORACLE = [
 @pytest.fixture(scope="module", params=ORACLE, ids=[o[1] for o in ORACLE])
 def oracle_env(request, shared_data):
     env_id, sub, rows = request.param
-    env = gym.make(env_id, data_path=str(shared_data / sub / "dev_sample.jsonl"),
-                   corpus_path=str(shared_data / sub / "corpus.jsonl"), retriever_kwargs=NO_CACHE,
-                   lookup_tool=True, max_turns=4, rewards={"extra": {"supporting_hit": 1.0}})
+    env = gym.make(
+        env_id,
+        data_path=str(shared_data / sub / "dev_sample.jsonl"),
+        corpus_path=str(shared_data / sub / "corpus.jsonl"),
+        retriever_kwargs=NO_CACHE,
+        lookup_tool=True,
+        max_turns=4,
+        rewards={"extra": {"supporting_hit": 1.0}},
+    )
     assert env.unwrapped.num_tasks() == rows
     return env
 
@@ -502,33 +532,43 @@ def test_oracle_gets_every_row_right_and_a_wrong_answer_scores_zero(oracle_env):
         assert term and info["answer_scores"]["em"] == 1.0 and r == 1.0, (task["id"], task["answer"], info)
         # A wrong answer: another row's gold that matches none of this row's golds.
         golds = {normalize_answer(g) for g in [task["answer"], *task["aliases"]]}
-        wrong = next(a for a in answers[i + 1:] + answers[:i] if normalize_answer(a) not in golds)
+        wrong = next(a for a in answers[i + 1 :] + answers[:i] if normalize_answer(a) not in golds)
         env.reset(options={"task_index": i})
         _, r, term, _, info = env.step(act(env, f"<answer>{wrong}</answer>"))
         assert term and r == 0.0 and info["answer_scores"]["em"] == 0.0, (task["id"], wrong)
-    print(f"\n{u.env_id}: {n} rows, EM 1.0 on all; supporting titles found by searching the title: "
-          f"{searched}/{total} ({searched / total:.1%}), the rest by lookup")
+    print(
+        f"\n{u.env_id}: {n} rows, EM 1.0 on all; supporting titles found by searching the title: "
+        f"{searched}/{total} ({searched / total:.1%}), the rest by lookup"
+    )
 
 
 # -- official scoring per dataset ------------------------------------------------------------
 
 
 def _one_row_file(tmp_path, answer, aliases):
-    row = {"id": "x1", "question": "Which one?", "answer": answer, "aliases": aliases,
-           "supporting_titles": ["Norway"],
-           "context": [{"title": "Norway", "text": "Norway is a country with no city called Quill."}],
-           "type": "2hop"}
+    row = {
+        "id": "x1",
+        "question": "Which one?",
+        "answer": answer,
+        "aliases": aliases,
+        "supporting_titles": ["Norway"],
+        "context": [{"title": "Norway", "text": "Norway is a country with no city called Quill."}],
+        "type": "2hop",
+    }
     p = tmp_path / "dev.jsonl"
     p.write_text(json.dumps(row) + "\n")
     return str(p)
 
 
-@pytest.mark.parametrize(("env_id", "f1"), [
-    ("AgentR1/MuSiQue-v0", 2 / 3),        # MuSiQue's metric: no yes/no rule
-    ("AgentR1/HotpotQA-v0", 0.0),         # HotpotQA's script: a "no" gold only matches "no"
-    ("AgentR1/2WikiMultiHopQA-v0", 0.0),
-    ("AgentR1/MuSiQue-NaiveRAG-v0", 2 / 3),
-])
+@pytest.mark.parametrize(
+    ("env_id", "f1"),
+    [
+        ("AgentR1/MuSiQue-v0", 2 / 3),  # MuSiQue's metric: no yes/no rule
+        ("AgentR1/HotpotQA-v0", 0.0),  # HotpotQA's script: a "no" gold only matches "no"
+        ("AgentR1/2WikiMultiHopQA-v0", 0.0),
+        ("AgentR1/MuSiQue-NaiveRAG-v0", 2 / 3),
+    ],
+)
 def test_each_env_scores_with_its_official_script(tmp_path, env_id, f1):
     env = make(env_id, data_path=_one_row_file(tmp_path, "Norway", ["no"]), answer_metric="f1")
     env.reset(options={"task_index": 0})
@@ -550,9 +590,12 @@ def test_a_gold_that_normalizes_to_nothing_pays_nothing(tmp_path, env_id):
 # -- pickle and deepcopy ----------------------------------------------------------------------
 
 QA_IDS = {
-    "AgentR1/HotpotQA-v0": "hotpotqa", "AgentR1/2WikiMultiHopQA-v0": "2wikimultihopqa",
-    "AgentR1/MuSiQue-v0": "musique", "AgentR1/HotpotQA-NaiveRAG-v0": "hotpotqa",
-    "AgentR1/2WikiMultiHopQA-NaiveRAG-v0": "2wikimultihopqa", "AgentR1/MuSiQue-NaiveRAG-v0": "musique",
+    "AgentR1/HotpotQA-v0": "hotpotqa",
+    "AgentR1/2WikiMultiHopQA-v0": "2wikimultihopqa",
+    "AgentR1/MuSiQue-v0": "musique",
+    "AgentR1/HotpotQA-NaiveRAG-v0": "hotpotqa",
+    "AgentR1/2WikiMultiHopQA-NaiveRAG-v0": "2wikimultihopqa",
+    "AgentR1/MuSiQue-NaiveRAG-v0": "musique",
 }
 
 
@@ -569,8 +612,11 @@ def test_qa_env_pickles_and_deep_copies_mid_episode(env_id):
     if tool_env:
         env.step(act(env, call("search", query="Marlow Vance film director")))
     clones = [pickle.loads(pickle.dumps(env)), copy.deepcopy(env)]
-    steps = [call("search", query="Quillhaven lighthouse"), "<answer>Quillhaven</answer>"] if tool_env \
+    steps = (
+        [call("search", query="Quillhaven lighthouse"), "<answer>Quillhaven</answer>"]
+        if tool_env
         else ["<answer>Quillhaven</answer>"]
+    )
     for text in steps:
         want = env.step(act(env, text))
         for c in clones:
@@ -604,8 +650,14 @@ def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path, env_id):
     with RetrievalServer(make_retriever("bm25", corpus=str(served), cache=False)) as server:
         with pytest.raises(ValueError, match="lookup_tool=True needs the corpus the retriever searches"):
             make(env_id, data_path=data, retriever=server.url, retriever_kwargs={"timeout_s": 5.0}, lookup_tool=True)
-        env = make(env_id, data_path=data, retriever=server.url, retriever_kwargs={"timeout_s": 5.0},
-                   lookup_tool=True, corpus_path=str(served))
+        env = make(
+            env_id,
+            data_path=data,
+            retriever=server.url,
+            retriever_kwargs={"timeout_s": 5.0},
+            lookup_tool=True,
+            corpus_path=str(served),
+        )
         env.reset(options={"task_index": 0})
         _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
         assert info["tool_calls"][0]["status"] == "tool_error"
@@ -617,8 +669,12 @@ def test_lookup_with_an_http_retriever_needs_its_corpus(tmp_path, env_id):
 @pytest.mark.parametrize("env_id", TOOL_QA_IDS)
 def test_lookup_reads_the_corpus_the_retriever_was_given(tmp_path, env_id):
     docs = load_corpus(_corpus_without(tmp_path, {"Marlow Vance"}))
-    env = make(env_id, data_path=str(FIXTURES / QA_IDS[env_id]), lookup_tool=True,
-               retriever_kwargs={"corpus": docs, "cache": False})
+    env = make(
+        env_id,
+        data_path=str(FIXTURES / QA_IDS[env_id]),
+        lookup_tool=True,
+        retriever_kwargs={"corpus": docs, "cache": False},
+    )
     env.reset(options={"task_index": 0})
     _, _, _, _, info = env.step(act(env, call("lookup", title="Marlow Vance")))
     assert info["tool_calls"][0]["status"] == "tool_error"  # in the split's context, not in the corpus
@@ -638,8 +694,12 @@ def test_evaluate_oracle_policy_on_every_qa_env(env_id, tmp_path):
     kwargs = json.dumps({"data_path": str(FIXTURES / QA_IDS[env_id]), "retriever_kwargs": NO_CACHE})
     tasks = make(env_id, data_path=str(FIXTURES / QA_IDS[env_id])).unwrapped.tasks
     n = len(tasks)
-    assert evaluate.main(["--env", env_id, "--policy", "oracle", "--tasks", str(n), "--env-kwargs", kwargs,
-                          "--out", str(tmp_path)]) == 0
+    assert (
+        evaluate.main(
+            ["--env", env_id, "--policy", "oracle", "--tasks", str(n), "--env-kwargs", kwargs, "--out", str(tmp_path)]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tasks"] == n and summary["eval/em"] == 1.0 and summary["eval/success_rate"] == 1.0
     if "NaiveRAG" not in env_id:  # one search per supporting title, every one answered
@@ -673,17 +733,20 @@ def test_sft_demonstrations_from_a_qa_env():
 
 
 @pytest.mark.parametrize("env_id", ["AgentR1/HotpotQA-v0", "AgentR1/MuSiQue-NaiveRAG-v0"])
-@pytest.mark.parametrize("bad,key,needle", [
-    ({"aliases": "P"}, "aliases", r"is the string 'P', expected a list of strings; write \['P'\]"),
-    ({"answer": None}, "answer", "is null"),
-    ({"answer": ["Paris", "Lutetia"]}, "answer", "is a list"),
-    ({"answer": 1.5}, "answer", "must be a string, got float"),
-    ({"aliases": ["Lutetia", None]}, "aliases[1]", "is null"),
-    ({"supporting_titles": "Paris"}, "supporting_titles", "is the string 'Paris'"),
-    ({"answer": ""}, "answer", "is blank"),  # before: EM 1 for every answer normalizing to ""
-    ({"answer": "  \n"}, "answer", "is blank"),
-    ({"aliases": ["Lutetia", " "]}, "aliases[1]", "is blank"),
-])
+@pytest.mark.parametrize(
+    "bad,key,needle",
+    [
+        ({"aliases": "P"}, "aliases", r"is the string 'P', expected a list of strings; write \['P'\]"),
+        ({"answer": None}, "answer", "is null"),
+        ({"answer": ["Paris", "Lutetia"]}, "answer", "is a list"),
+        ({"answer": 1.5}, "answer", "must be a string, got float"),
+        ({"aliases": ["Lutetia", None]}, "aliases[1]", "is null"),
+        ({"supporting_titles": "Paris"}, "supporting_titles", "is the string 'Paris'"),
+        ({"answer": ""}, "answer", "is blank"),  # before: EM 1 for every answer normalizing to ""
+        ({"answer": "  \n"}, "answer", "is blank"),
+        ({"aliases": ["Lutetia", " "]}, "aliases[1]", "is blank"),
+    ],
+)
 def test_a_bad_task_given_at_reset_is_refused_and_the_env_is_unchanged(env_id, bad, key, needle):
     # Before: aliases "P" was split into characters (answer "P" scored EM 1 for gold Paris), and a
     # None answer raised TypeError at every step instead of at reset.

@@ -17,8 +17,15 @@ class Server:
     appended to ``log``; ``start`` waits for ``/health``, and may be called again after ``stop`` or
     ``kill`` (the same port: a restarted server)."""
 
-    def __init__(self, log: Path, env_kwargs: dict[str, Any], port: int | None = None, *, env_id: str = ENV_ID,
-                 max_concurrent_envs: int | None = None):
+    def __init__(
+        self,
+        log: Path,
+        env_kwargs: dict[str, Any],
+        port: int | None = None,
+        *,
+        env_id: str = ENV_ID,
+        max_concurrent_envs: int | None = None,
+    ):
         self.log, self.env_kwargs, self.env_id = Path(log), dict(env_kwargs), env_id
         self.port = port if port is not None else free_port()
         self.max_concurrent_envs = max_concurrent_envs
@@ -26,8 +33,14 @@ class Server:
         self.proc = None
 
     def start(self, deadline_s: float = 180.0) -> Server:
-        self.proc = start_server(self.port, self.env_kwargs, self.log, deadline_s, env_id=self.env_id,
-                                 max_concurrent_envs=self.max_concurrent_envs)
+        self.proc = start_server(
+            self.port,
+            self.env_kwargs,
+            self.log,
+            deadline_s,
+            env_id=self.env_id,
+            max_concurrent_envs=self.max_concurrent_envs,
+        )
         return self
 
     def stop(self) -> None:

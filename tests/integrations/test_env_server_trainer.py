@@ -15,7 +15,9 @@ import math
 
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
+pytest.importorskip(
+    "openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)"
+)
 pytest.importorskip("torch")
 
 from agent_gym.env_client import RemoteVectorEnv  # noqa: E402
@@ -27,10 +29,26 @@ TRAIN_ENV_KWARGS = {k: v for k, v in ENV_KWARGS.items() if k != "vocab_size"}  #
 def _cfg(run_dir, **kw):
     from trainers.config import TrainConfig
 
-    base = dict(run_dir=str(run_dir), env_id=ENV_ID, env_kwargs=dict(TRAIN_ENV_KWARGS), algo="grpo", iterations=1,
-                seed=3, tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=16, temperature=1.0,
-                eval_every=1, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1,
-                gc_freeze=False)
+    base = dict(
+        run_dir=str(run_dir),
+        env_id=ENV_ID,
+        env_kwargs=dict(TRAIN_ENV_KWARGS),
+        algo="grpo",
+        iterations=1,
+        seed=3,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=16,
+        temperature=1.0,
+        eval_every=1,
+        eval_tasks=2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        checkpoint_every=1,
+        gc_freeze=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -76,8 +94,11 @@ def test_an_unreachable_env_server_fails_at_set_up_naming_it(tmp_path):
 
     url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     tr = build_trainer(_cfg(tmp_path, env_server=url))
-    with pytest.raises(ConnectionError, match=rf"env server {url} is unreachable .*python -m agent_gym.serve "
-                                              rf"{ENV_ID}.*or unset env_server"):
+    with pytest.raises(
+        ConnectionError,
+        match=rf"env server {url} is unreachable .*python -m agent_gym.serve "
+        rf"{ENV_ID}.*or unset env_server",
+    ):
         tr.setup()
 
 
@@ -86,8 +107,11 @@ def test_a_server_of_other_envs_is_refused_naming_the_difference(server, tmp_pat
     from trainers.compose import build_trainer
 
     tr = build_trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={"max_turns": 3}))
-    with pytest.raises(ValueError, match=r"serves other envs than this run would build: env kwargs .*server "
-                                         r"\{'max_turns': 4\}, here \{'max_turns': 3\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"serves other envs than this run would build: env kwargs .*server "
+        r"\{'max_turns': 4\}, here \{'max_turns': 3\}",
+    ):
         tr.setup()
     tr = build_trainer(_cfg(tmp_path, env_server=server.url, env_kwargs={**TRAIN_ENV_KWARGS, "vocab_size": 4096}))
     with pytest.raises(ValueError, match=r"vocab_size: server 2112, here 4096"):
@@ -99,10 +123,17 @@ def test_a_server_whose_envs_encode_with_another_tokenizer_is_refused(server):
     from agent_gym.factory import EnvFactory
     from agent_gym.tokenizer import build_bpe_tokenizer, load_tokenizer
 
-    same = EnvFactory(ENV_ID, TRAIN_ENV_KWARGS, load_tokenizer(None), vocab_size=ENV_KWARGS["vocab_size"], server=server.url)
+    same = EnvFactory(
+        ENV_ID, TRAIN_ENV_KWARGS, load_tokenizer(None), vocab_size=ENV_KWARGS["vocab_size"], server=server.url
+    )
     assert same.check_server()["num_tasks"] == same.local().make().unwrapped.num_tasks()
-    other = EnvFactory(ENV_ID, TRAIN_ENV_KWARGS, build_bpe_tokenizer(vocab_size=1024),
-                       vocab_size=ENV_KWARGS["vocab_size"], server=server.url)
+    other = EnvFactory(
+        ENV_ID,
+        TRAIN_ENV_KWARGS,
+        build_bpe_tokenizer(vocab_size=1024),
+        vocab_size=ENV_KWARGS["vocab_size"],
+        server=server.url,
+    )
     with pytest.raises(ValueError, match="tokenizer: the server's env encodes with a different tokenizer"):
         other.make_vector(2)
     assert server.wait_open_envs(0) == 0  # refused before any session was opened
@@ -116,13 +147,18 @@ def test_the_server_takes_its_env_from_a_sectioned_trainer_config(tmp_path):
 
     from agent_gym.serve import parse_args
 
-    sectioned = {"run": {"run_dir": "runs/x"}, "model": {"name": "tiny"},
-                 "rollout": {"env_id": ENV_ID, "env_kwargs": dict(TRAIN_ENV_KWARGS), "env_server": "http://127.0.0.1:1"}}
+    sectioned = {
+        "run": {"run_dir": "runs/x"},
+        "model": {"name": "tiny"},
+        "rollout": {"env_id": ENV_ID, "env_kwargs": dict(TRAIN_ENV_KWARGS), "env_server": "http://127.0.0.1:1"},
+    }
     flat = {"env_id": ENV_ID, "env_kwargs": dict(TRAIN_ENV_KWARGS), "lr": 1e-3}
     for name, cfg in (("sectioned", sectioned), ("flat", flat)):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        _, env_id, kwargs = parse_args(["--config", str(path), "--env-kwargs", f"{{vocab_size: {ENV_KWARGS['vocab_size']}}}"])
+        _, env_id, kwargs = parse_args(
+            ["--config", str(path), "--env-kwargs", f"{{vocab_size: {ENV_KWARGS['vocab_size']}}}"]
+        )
         assert (env_id, kwargs) == (ENV_ID, ENV_KWARGS), name
 
 

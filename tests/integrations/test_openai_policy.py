@@ -92,8 +92,9 @@ class TinyChatServer:
     def answer(self, body: dict) -> dict:
         from trainers.backends import SamplingConfig
 
-        text = self.tok.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=False,
-                                            add_generation_prompt=True)
+        text = self.tok.apply_chat_template(
+            body["messages"], tools=body.get("tools"), tokenize=False, add_generation_prompt=True
+        )
         ids = self.tok.encode(text, add_special_tokens=False)
         stop = body.get("stop_token_ids") or [self.tok.eos_token_id]
         sampling = SamplingConfig(max_new_tokens=int(body["max_tokens"]), temperature=0.0, stop_token_ids=stop)
@@ -105,11 +106,18 @@ class TinyChatServer:
         if finish == "stop":
             out = out[:-1]
         reply = self.tok.decode(out, skip_special_tokens=bool(body.get("skip_special_tokens", True)))
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": finish,
-                             "message": {"role": "assistant", "content": reply}}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(g.token_ids),
-                          "total_tokens": len(ids) + len(g.token_ids)}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": reply}}],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(g.token_ids),
+                "total_tokens": len(ids) + len(g.token_ids),
+            },
+        }
 
     def close(self):
         self.httpd.shutdown()
@@ -188,19 +196,27 @@ class FaultProxy:
                 self.log.append((question, mode))
                 if mode == "pass":
                     status, data = self._forward(head, body)
-                    sock.sendall(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                                 % (status, len(data)) + data)
+                    sock.sendall(
+                        b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                        % (status, len(data))
+                        + data
+                    )
                 elif mode in ("500", "429"):
                     data = json.dumps({"error": {"message": f"injected {mode}"}}).encode()
                     extra = b"Retry-After: 0\r\n" if mode == "429" else b""
-                    sock.sendall(b"HTTP/1.1 %s X\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
-                                 % (mode.encode(), extra, len(data)) + data)
+                    sock.sendall(
+                        b"HTTP/1.1 %s X\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+                        % (mode.encode(), extra, len(data))
+                        + data
+                    )
                 elif mode == "drop":
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     return
                 elif mode == "drop_body":
-                    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-                                 + b'{"choices": [')
+                    sock.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                        + b'{"choices": ['
+                    )
                     return
                 elif mode == "stall":
                     self.closing.wait()
@@ -347,9 +363,28 @@ def _assert_same_conversations(want: dict[str, dict], got: dict[str, dict], tok)
 
 
 def _openai_args(url: str, out: Path, tasks: int, *extra: str, env_kwargs=None, turn_tokens=TURN_TOKENS) -> list[str]:
-    return ["--env", ENV, "--env-kwargs", json.dumps(env_kwargs or ENV_KWARGS), "--openai-base-url", url,
-            "--model", "tiny-served", "--tasks", str(tasks), "--max-turn-tokens", str(turn_tokens), "--out", str(out),
-            "--openai-same-tokenizer", "--request-timeout", "1.5", "--max-retries", "3", *extra]
+    return [
+        "--env",
+        ENV,
+        "--env-kwargs",
+        json.dumps(env_kwargs or ENV_KWARGS),
+        "--openai-base-url",
+        url,
+        "--model",
+        "tiny-served",
+        "--tasks",
+        str(tasks),
+        "--max-turn-tokens",
+        str(turn_tokens),
+        "--out",
+        str(out),
+        "--openai-same-tokenizer",
+        "--request-timeout",
+        "1.5",
+        "--max-retries",
+        "3",
+        *extra,
+    ]
 
 
 # -- core tests ---------------------------------------------------------------------------------
@@ -359,7 +394,7 @@ def _openai_args(url: str, out: Path, tasks: int, *extra: str, env_kwargs=None, 
 def test_backoff_grows_with_jitter_and_cap():
     rng = random.Random(0)
     for attempt in range(8):
-        d = min(10.0, 0.5 * 2 ** attempt)
+        d = min(10.0, 0.5 * 2**attempt)
         delays = [backoff_delay(attempt, 0.5, 10.0, rng) for _ in range(200)]
         assert all(d / 2 <= x <= d for x in delays)
         assert len({round(x, 6) for x in delays}) > 100  # jittered, not one value
@@ -378,16 +413,38 @@ def test_served_model_through_faults_matches_in_process(tmp_path, sft_server, qu
     from tests.trainers.sft_fixture import COMPACT_ENV
 
     env_kwargs = {**COMPACT_ENV, "max_turns": 4}
-    faults = {questions[0]: ["500"], questions[1]: ["429"], questions[2]: ["drop"], questions[3]: ["drop_body"],
-              questions[4]: ["stall"]}
+    faults = {
+        questions[0]: ["500"],
+        questions[1]: ["429"],
+        questions[2]: ["drop"],
+        questions[3]: ["drop_body"],
+        questions[4]: ["stall"],
+    }
     proxy = FaultProxy(sft_server.httpd.server_address, _plan(faults))
     try:
         ref = tmp_path / "ref"
-        assert _evaluate("--env", ENV, "--env-kwargs", json.dumps(env_kwargs), "--model", sft_server.model_dir,
-                         "--tasks", "12", "--max-turn-tokens", "40", "--out", str(ref)) == 0
+        assert (
+            _evaluate(
+                "--env",
+                ENV,
+                "--env-kwargs",
+                json.dumps(env_kwargs),
+                "--model",
+                sft_server.model_dir,
+                "--tasks",
+                "12",
+                "--max-turn-tokens",
+                "40",
+                "--out",
+                str(ref),
+            )
+            == 0
+        )
         out = tmp_path / "served"
-        assert _evaluate(*_openai_args(proxy.url, out, 12, "--concurrency", "4", env_kwargs=env_kwargs,
-                                       turn_tokens=40)) == 0
+        assert (
+            _evaluate(*_openai_args(proxy.url, out, 12, "--concurrency", "4", env_kwargs=env_kwargs, turn_tokens=40))
+            == 0
+        )
     finally:
         proxy.close()
     want, got = _trajectories(ref), _trajectories(out)
@@ -453,8 +510,10 @@ def test_not_retried_on_client_errors_and_bounded_on_refused_connections():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = ChatClient(ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=2, max_retries=2,
-                                backoff_base=0.01), sleep=sleeps.append)
+    c = ChatClient(
+        ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=2, max_retries=2, backoff_base=0.01),
+        sleep=sleeps.append,
+    )
     with pytest.raises(RequestFailed, match="connection error") as e:
         c.complete([{"role": "user", "content": "hi"}])
     assert e.value.attempts == 3 and len(sleeps) == 2 and sleeps[1] >= sleeps[0] / 2
@@ -477,8 +536,10 @@ def test_not_retried_on_client_errors_and_bounded_on_refused_connections():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        c = ChatClient(ClientConfig(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", model="m",
-                                    max_retries=3), sleep=sleeps.append)
+        c = ChatClient(
+            ClientConfig(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", model="m", max_retries=3),
+            sleep=sleeps.append,
+        )
         with pytest.raises(RequestFailed, match="HTTP 404.*model not found") as e:
             c.complete([{"role": "user", "content": "hi"}])
         assert e.value.attempts == 1 and seen == [1]
@@ -507,8 +568,15 @@ def test_retry_after_is_honoured_and_a_server_without_seed_is_asked_again():
                 code, extra, out = 400, {}, {"error": {"message": "Unrecognized request argument supplied: seed"}}
             else:
                 code, extra = 200, {}
-                out = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": "<answer>x</answer>"}}]}
+                out = {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "<answer>x</answer>"},
+                        }
+                    ]
+                }
             data = json.dumps(out).encode()
             self.send_response(code)
             for k, v in extra.items():
@@ -523,8 +591,15 @@ def test_retry_after_is_honoured_and_a_server_without_seed_is_asked_again():
     try:
         for cap, want in ((30.0, 7.0), (5.0, 5.0)):
             seen.clear()
-            c = ChatClient(ClientConfig(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", model="m",
-                                        backoff_base=0.01, backoff_max=cap), sleep=sleeps.append)
+            c = ChatClient(
+                ClientConfig(
+                    base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1",
+                    model="m",
+                    backoff_base=0.01,
+                    backoff_max=cap,
+                ),
+                sleep=sleeps.append,
+            )
             r = c.complete([{"role": "user", "content": "hi"}], seed=3)
             c.close()
             assert r.text == "<answer>x</answer>" and r.attempts == 3
@@ -553,19 +628,57 @@ def test_vllm_serve_matches_in_process_vllm_backend(tmp_path):
     env_kwargs = json.dumps({**COMPACT_ENV, "max_turns": 4})
     n = 50
     ref = tmp_path / "ref"
-    assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--model", model, "--backend", "vllm",
-                     "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(ref)) == 0
+    assert (
+        _evaluate(
+            "--env",
+            ENV,
+            "--env-kwargs",
+            env_kwargs,
+            "--model",
+            model,
+            "--backend",
+            "vllm",
+            "--tasks",
+            str(n),
+            "--max-turn-tokens",
+            "40",
+            "--out",
+            str(ref),
+        )
+        == 0
+    )
 
     with vllm_openai_server(model, "sft") as url:
         out = tmp_path / "served"
-        assert _evaluate("--env", ENV, "--env-kwargs", env_kwargs, "--openai-base-url", url,
-                         "--model", "sft", "--tasks", str(n), "--max-turn-tokens", "40", "--out", str(out),
-                         "--openai-same-tokenizer", "--concurrency", "4") == 0
+        assert (
+            _evaluate(
+                "--env",
+                ENV,
+                "--env-kwargs",
+                env_kwargs,
+                "--openai-base-url",
+                url,
+                "--model",
+                "sft",
+                "--tasks",
+                str(n),
+                "--max-turn-tokens",
+                "40",
+                "--out",
+                str(out),
+                "--openai-same-tokenizer",
+                "--concurrency",
+                "4",
+            )
+            == 0
+        )
     want, got = _trajectories(ref), _trajectories(out)
     assert len(got) == n
     from transformers import AutoTokenizer
 
     counts = _assert_same_conversations(want, got, AutoTokenizer.from_pretrained(model))
     assert sum(w["success"] for w in want.values()) > 0  # the SFT model answers some: EM is not all zeros
-    print(f"\nvllm serve vs in-process vLLM: {n} rows, {dict(counts)}, "
-          f"successes {sum(w['success'] for w in want.values())}")
+    print(
+        f"\nvllm serve vs in-process vLLM: {n} rows, {dict(counts)}, "
+        f"successes {sum(w['success'] for w in want.values())}"
+    )

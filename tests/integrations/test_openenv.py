@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
+pytest.importorskip(
+    "openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)"
+)
 
 import gymnasium as gym  # noqa: E402
 
@@ -195,7 +197,7 @@ def test_a_client_that_drops_mid_episode_frees_its_session(server):
     with connect(server.url.replace("http", "ws") + "/ws", open_timeout=30) as ws:
         ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
         assert json.loads(ws.recv(timeout=30))["type"] == "observation"
-        ws.send(json.dumps({"type": "step", "data": {"text": "<tool_call>{\"name\": \"lookup\""}}))
+        ws.send(json.dumps({"type": "step", "data": {"text": '<tool_call>{"name": "lookup"'}}))
         step = json.loads(ws.recv(timeout=30))
         assert step["type"] == "observation" and not step["data"]["done"]  # mid-episode
         assert server.open_envs() == 1
@@ -309,8 +311,13 @@ def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
     tok = load_tokenizer(None)
     model = build_tiny_qwen2(tok, seed=0)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    rollout = ServerRollout(ENV_ID, env_kwargs={k: v for k, v in ENV_KWARGS.items() if k != "vocab_size"},
-                            tokenizer=tok, max_turn_tokens=12, seed=0)
+    rollout = ServerRollout(
+        ENV_ID,
+        env_kwargs={k: v for k, v in ENV_KWARGS.items() if k != "vocab_size"},
+        tokenizer=tok,
+        max_turn_tokens=12,
+        seed=0,
+    )
     episodes, seen = [], []
 
     def rollout_func(prompts, trainer):
@@ -323,16 +330,39 @@ def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
 
     class Recording(GRPOTrainer):
         def _compute_loss(self, model, inputs):
-            seen.append({k: inputs[k].detach().clone() for k in ("prompt_ids", "prompt_mask", "completion_ids",
-                                                                 "completion_mask", "tool_mask")})
+            seen.append(
+                {
+                    k: inputs[k].detach().clone()
+                    for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")
+                }
+            )
             return super()._compute_loss(model, inputs)
 
-    args = GRPOConfig(output_dir=str(Path(server.log).parent / "trl"), per_device_train_batch_size=4,
-                      num_generations=2, max_steps=2, learning_rate=1e-3, beta=0.0, logging_steps=1,
-                      report_to="none", save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
-                      disable_tqdm=True, bf16=False, gradient_checkpointing=False)
-    trainer = Recording(model=model, reward_funcs=[env_reward, shaping], args=args, train_dataset=rollout.dataset(range(8)),
-                        processing_class=tok, rollout_func=rollout_func)
+    args = GRPOConfig(
+        output_dir=str(Path(server.log).parent / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=2,
+        learning_rate=1e-3,
+        beta=0.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    trainer = Recording(
+        model=model,
+        reward_funcs=[env_reward, shaping],
+        args=args,
+        train_dataset=rollout.dataset(range(8)),
+        processing_class=tok,
+        rollout_func=rollout_func,
+    )
     trainer.train()
     rollout.remote.close()
     assert len(seen) == 2 and len(episodes) == 8
@@ -340,11 +370,21 @@ def test_trl_grpo_trains_through_rollout_func_on_the_server(server):
     for b in seen:
         for i in range(b["completion_ids"].shape[0]):
             real = b["completion_mask"][i].bool()
-            trained_rows.append((tuple(b["prompt_ids"][i][b["prompt_mask"][i].bool()].tolist()),
-                                 tuple(b["completion_ids"][i][real].tolist()),
-                                 tuple(int(m) for m in (b["completion_mask"][i] * b["tool_mask"][i])[real].tolist())))
-    env_rows = [(tuple(ep.token_ids[:ep.prompt_len]), tuple(ep.token_ids[ep.prompt_len:]),
-                 tuple(ep.loss_mask[ep.prompt_len:])) for ep in episodes]
+            trained_rows.append(
+                (
+                    tuple(b["prompt_ids"][i][b["prompt_mask"][i].bool()].tolist()),
+                    tuple(b["completion_ids"][i][real].tolist()),
+                    tuple(int(m) for m in (b["completion_mask"][i] * b["tool_mask"][i])[real].tolist()),
+                )
+            )
+    env_rows = [
+        (
+            tuple(ep.token_ids[: ep.prompt_len]),
+            tuple(ep.token_ids[ep.prompt_len :]),
+            tuple(ep.loss_mask[ep.prompt_len :]),
+        )
+        for ep in episodes
+    ]
     assert sorted(trained_rows) == sorted(env_rows)
     assert any(0 in m for _, _, m in env_rows)  # env tokens inside completions, masked out of the loss
     assert any(not torch.equal(v.detach(), before[k]) for k, v in model.named_parameters())

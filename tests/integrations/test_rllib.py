@@ -17,8 +17,13 @@ import agent_gym  # noqa: F401
 from agent_gym.integrations.rllib import TokenStepEnv, answer_vocab, check_env_config, make_token_step_env
 from envs.factchain import oracle_turns
 
-EASY = {"num_hops": 1, "num_entities": 4, "num_relations": 1, "tools_in_prompt": False,
-        "rewards": {"no_action": -0.1, "format": 0.1}}
+EASY = {
+    "num_hops": 1,
+    "num_entities": 4,
+    "num_relations": 1,
+    "tools_in_prompt": False,
+    "rewards": {"no_action": -0.1, "format": 0.1},
+}
 
 
 def _base():
@@ -45,7 +50,7 @@ def test_token_steps_reproduce_the_whole_turn_episode():
     turns = [ref.unwrapped.encode_turn(t) for t in oracle_turns(task)]
     ref_rewards = []
     for ids in turns:
-        obs_ref, r, *_ , info_ref = ref.step(ids)
+        obs_ref, r, *_, info_ref = ref.step(ids)
         ref_rewards.append(r)
 
     env = TokenStepEnv(_base(), max_turn_tokens=64)
@@ -109,11 +114,15 @@ def test_answer_vocab_and_bad_inputs():
     _, (_, r, term, _, info) = _play(env, [ids])
     assert term and info["trajectory"].success and r == pytest.approx(1.1)
     assert set(answer_vocab(env)) == set(env.action_ids.tolist())
-    two = make_token_step_env({"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 2}, "vocab": "answer"})
+    two = make_token_step_env(
+        {"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 2}, "vocab": "answer"}
+    )
     second_kb_ids = {i for name in two.unwrapped.kb_at(1)[0] for i in tok.encode(name, add_special_tokens=False)}
     assert second_kb_ids <= set(two.action_ids.tolist()) and not second_kb_ids <= set(env.action_ids.tolist())
     with pytest.raises(ValueError, match="num_kbs=5000 is more than 1000"):
-        make_token_step_env({"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 5000}, "vocab": "answer"})
+        make_token_step_env(
+            {"env_id": "AgentR1/FactChain-v0", "env_kwargs": {**EASY, "num_kbs": 5000}, "vocab": "answer"}
+        )
     with pytest.raises(ValueError, match="one integer"):
         env.step(len(env.action_ids))
     with pytest.raises(ValueError, match="one integer"):
@@ -121,7 +130,7 @@ def test_answer_vocab_and_bad_inputs():
     with pytest.raises(ValueError, match="stop token"):
         TokenStepEnv(_base(), action_ids=[5, 6])
     with pytest.raises(ValueError, match="vocab_size"):
-        TokenStepEnv(_base(), action_ids=[2, 10 ** 6])
+        TokenStepEnv(_base(), action_ids=[2, 10**6])
     with pytest.raises(ValueError, match="max_turn_tokens"):
         TokenStepEnv(_base(), max_turn_tokens=0)
     with pytest.raises(ValueError, match="unknown env_config"):
@@ -147,14 +156,23 @@ def ppo_run():
     import torch
 
     from agent_gym.integrations.rllib import build_ppo_config, init_ray
+
     torch.set_num_threads(1)
     # 4 logical CPUs (not cores): the fixture's 2 runners hold one each while the CLI test's
     # algo starts 2 more on the same cluster; with 2 its actors would wait forever.
     assert init_ray(num_cpus=4)
     algo = None
     try:
-        config = build_ppo_config("AgentR1/FactChain-v0", EASY, max_turn_tokens=8, num_env_runners=2,
-                                  rollout_fragment_length=FRAGMENT, num_epochs=2, minibatch_size=64, seed=0)
+        config = build_ppo_config(
+            "AgentR1/FactChain-v0",
+            EASY,
+            max_turn_tokens=8,
+            num_env_runners=2,
+            rollout_fragment_length=FRAGMENT,
+            num_epochs=2,
+            minibatch_size=64,
+            seed=0,
+        )
         algo = config.build_algo()
         before = algo.learner_group.get_weights()
         results = [algo.train() for _ in range(2)]
@@ -199,7 +217,8 @@ def test_ppo_changed_the_weights_and_synced_the_runners(ppo_run):
     assert algo.env_runner_group.num_remote_env_runners() == 2
     remote = algo.env_runner_group.foreach_env_runner(
         lambda r: (os.getpid(), {k: v.detach().cpu().numpy() for k, v in r.module.state_dict().items()}),
-        local_env_runner=False)
+        local_env_runner=False,
+    )
     pids = {pid for pid, _ in remote}
     assert len(pids) == 2 and os.getpid() not in pids
     for _, state in remote:
@@ -221,13 +240,21 @@ def test_rllib_episodes_are_the_env_tokens(ppo_run):
                 continue
             info = ep.get_infos(-1)
             traj = info["trajectory"]
-            out.append((np.asarray(ep.get_actions()).tolist(), float(np.sum(ep.get_rewards())), traj.token_ids,
-                        traj.loss_mask, traj.reward))
+            out.append(
+                (
+                    np.asarray(ep.get_actions()).tolist(),
+                    float(np.sum(ep.get_rewards())),
+                    traj.token_ids,
+                    traj.loss_mask,
+                    traj.reward,
+                )
+            )
         return out
 
     env = make_token_step_env({"env_id": "AgentR1/FactChain-v0", "env_kwargs": EASY, "max_turn_tokens": 8})
-    episodes = [e for per_runner in algo.env_runner_group.foreach_env_runner(sample, local_env_runner=False)
-                for e in per_runner]
+    episodes = [
+        e for per_runner in algo.env_runner_group.foreach_env_runner(sample, local_env_runner=False) for e in per_runner
+    ]
     assert episodes
     for actions, ret, token_ids, loss_mask, env_return in episodes:
         agent_ids = [t for t, m in zip(token_ids, loss_mask) if m]
@@ -242,9 +269,29 @@ def test_cli_runs_one_iteration_and_rejects_bad_arguments(ppo_run, tmp_path, cap
     from agent_gym.integrations.rllib import main
 
     out = tmp_path / "rllib.jsonl"
-    assert main(["--env", "AgentR1/FactChain-v0", "--env-kwargs", json.dumps(EASY), "--iterations", "1",
-                 "--max-turn-tokens", "8", "--rollout-fragment-length", "32", "--num-epochs", "1",
-                 "--vocab", "answer", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--env",
+                "AgentR1/FactChain-v0",
+                "--env-kwargs",
+                json.dumps(EASY),
+                "--iterations",
+                "1",
+                "--max-turn-tokens",
+                "8",
+                "--rollout-fragment-length",
+                "32",
+                "--num-epochs",
+                "1",
+                "--vocab",
+                "answer",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (line,) = out.read_text().splitlines()
     s = json.loads(line)
     assert s["iteration"] == 1 and math.isfinite(s["episode_return_mean"]) and math.isfinite(s["episode_len_mean"])

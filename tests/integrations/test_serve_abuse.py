@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
+pytest.importorskip(
+    "openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)"
+)
 
 from tests.integrations.serve_server import free_port, session_table, start_server, stop_server  # noqa: E402
 
@@ -62,8 +64,12 @@ def _wait_empty(url: str, deadline_s: float = 20.0) -> dict:
 @pytest.mark.timeout(120)
 def test_a_stateless_http_step_is_a_409_naming_the_websocket_session(server):
     url, _, log = server
-    for body in (json.dumps({"action": {"text": "<answer>Paris</answer>"}}).encode(),
-                 json.dumps({"action": {"token_ids": [1, 2, 3]}}).encode(), b"{}", b"not json"):
+    for body in (
+        json.dumps({"action": {"text": "<answer>Paris</answer>"}}).encode(),
+        json.dumps({"action": {"token_ids": [1, 2, 3]}}).encode(),
+        b"{}",
+        b"not json",
+    ):
         status, payload = _post(url + "/step", body)
         assert status == 409, (body, payload)
         assert payload["code"] == "NO_EPISODE"
@@ -152,7 +158,7 @@ def test_a_normal_close_or_a_dropped_client_logs_no_traceback(server):
         assert json.loads(ws.recv(timeout=RECV_S))["id"] == 1
     table = _wait_empty(url)
     assert table["open_envs"] == 0 and table["sessions"] == 0
-    added = log.read_text(errors="replace")[len(before):]
+    added = log.read_text(errors="replace")[len(before) :]
     assert "Traceback" not in added and "ERROR" not in added and "Exception" not in added, added[-3000:]
 
 
@@ -162,9 +168,25 @@ def test_soak_50_sessions_leaves_no_session_and_no_traceback(tmp_path):
     sessions, 5 at a time; the session table and the open envs are back to 0, the server's threads
     back to its idle count, nothing logged."""
     env = {**os.environ, "AGENT_GYM_RESULTS_DIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults" / "serve_soak.py"), "--sessions", "50",
-                        "--every", "10", "--concurrency", "5", "--label", "test"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "faults" / "serve_soak.py"),
+            "--sessions",
+            "50",
+            "--every",
+            "10",
+            "--concurrency",
+            "5",
+            "--label",
+            "test",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     [path] = (tmp_path / "serve_soak").glob("*.json")
     res = json.loads(path.read_text())["result"]
@@ -178,20 +200,23 @@ def test_soak_50_sessions_leaves_no_session_and_no_traceback(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_help_and_an_unknown_id_answer_before_openenv_is_imported():
-    probe = ("import sys\n"
-             "from agent_gym import serve\n"
-             "for argv in (['--help'], ['AgentR1/Nope-v0']):\n"
-             "    try:\n"
-             "        serve.main(argv)\n"
-             "    except SystemExit as e:\n"
-             "        print(repr(e.code)[:60])\n"
-             "print(sorted(m for m in ('openenv', 'gradio', 'uvicorn', 'fastapi', 'pydantic') if m in sys.modules))\n")
+    probe = (
+        "import sys\n"
+        "from agent_gym import serve\n"
+        "for argv in (['--help'], ['AgentR1/Nope-v0']):\n"
+        "    try:\n"
+        "        serve.main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        print(repr(e.code)[:60])\n"
+        "print(sorted(m for m in ('openenv', 'gradio', 'uvicorn', 'fastapi', 'pydantic') if m in sys.modules))\n"
+    )
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert lines[-3] == "0" and "unknown env id 'AgentR1/Nope-v0'" in lines[-2] and lines[-1] == "[]", r.stdout
-    r = subprocess.run([sys.executable, "-m", "agent_gym.serve", "--help"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=90)
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_gym.serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=90
+    )
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m agent_gym.serve") and not r.stderr
     # The server's and clients' names live in their own modules; agent_gym.serve is the command line only.
     from agent_gym import env_client, serve

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)")
+pytest.importorskip(
+    "openenv.core.env_server", reason="openenv-core is not installed (pip install -e '.[openenv]'; make setup does)"
+)
 
 import agent_gym  # noqa: E402,F401
 from agent_gym.env_client import AgentGymClient, RemoteVectorEnv  # noqa: E402
@@ -84,10 +86,12 @@ def test_a_batch_larger_than_the_server_allows_is_refused_up_front_with_the_numb
     with pytest.raises(EnvServerFullError) as e:
         RemoteVectorEnv(s.url, LIMIT + 4)
     msg = str(e.value)
-    assert msg == (f"env server {s.url} cannot open the 8 sessions this run needs (one per env): it allows {LIMIT} "
-                   f"at once (python -m agent_gym.serve --max-concurrent-envs {LIMIT}) and 0 are open. Restart it with "
-                   "--max-concurrent-envs 8 or more, or need fewer sessions: a trainer opens "
-                   f"rollout.tasks_per_iter * rollout.group_size of them, so make that at most {LIMIT}")
+    assert msg == (
+        f"env server {s.url} cannot open the 8 sessions this run needs (one per env): it allows {LIMIT} "
+        f"at once (python -m agent_gym.serve --max-concurrent-envs {LIMIT}) and 0 are open. Restart it with "
+        "--max-concurrent-envs 8 or more, or need fewer sessions: a trainer opens "
+        f"rollout.tasks_per_iter * rollout.group_size of them, so make that at most {LIMIT}"
+    )
     assert (e.value.needed, e.value.limit, e.value.open) == (8, LIMIT, 0)
     assert describe(e.value) == msg  # a command prints it as its one line
     assert s.wait_open_envs(0) == 0  # refused before any session opened
@@ -96,9 +100,12 @@ def test_a_batch_larger_than_the_server_allows_is_refused_up_front_with_the_numb
     held = _hold(s.url, 3)
     try:
         assert s.wait_open_envs(3) == 3
-        with pytest.raises(EnvServerFullError, match=rf"cannot open the 2 sessions this run needs \(one per env\): "
-                                                     rf"it allows {LIMIT} at once .* and 3 are open\. Restart it with "
-                                                     r"--max-concurrent-envs 5 or more, .* make that at most 1$"):
+        with pytest.raises(
+            EnvServerFullError,
+            match=rf"cannot open the 2 sessions this run needs \(one per env\): "
+            rf"it allows {LIMIT} at once .* and 3 are open\. Restart it with "
+            r"--max-concurrent-envs 5 or more, .* make that at most 1$",
+        ):
             RemoteVectorEnv(s.url, 2)
         with RemoteVectorEnv(s.url, 1) as one:  # what fits is not refused
             obs, _ = one.reset(seed=[0])
@@ -118,6 +125,7 @@ def test_a_session_refused_for_capacity_names_the_limit_not_a_restart(small_serv
     assert s.wait_open_envs(0) == 0
     held = _hold(s.url, LIMIT)
     try:
+
         async def one_reset():
             c = AgentGymClient(base_url=s.url, message_timeout_s=30)
             await c.connect()
@@ -127,9 +135,12 @@ def test_a_session_refused_for_capacity_names_the_limit_not_a_restart(small_serv
             finally:
                 await c.close()
 
-        with pytest.raises(EnvServerFullError, match=rf"env server {s.url} refused a session: it is at its limit of "
-                                                     rf"{LIMIT} sessions \({LIMIT} open\)\. Restart it with a larger "
-                                                     r"--max-concurrent-envs, or need fewer sessions") as e:
+        with pytest.raises(
+            EnvServerFullError,
+            match=rf"env server {s.url} refused a session: it is at its limit of "
+            rf"{LIMIT} sessions \({LIMIT} open\)\. Restart it with a larger "
+            r"--max-concurrent-envs, or need fewer sessions",
+        ) as e:
             asyncio.run(one_reset())
         assert "stopped or restarted" not in str(e.value)
 
@@ -146,9 +157,12 @@ def test_a_session_refused_for_capacity_names_the_limit_not_a_restart(small_serv
         assert s.wait_open_envs(0) == 0
         vec = Racing(s.url, 2)  # room for 2 when it looked; 1 left when it connected
         try:
-            with pytest.raises(EnvServerFullError, match=rf"env server {s.url} refused 1 of the 2 sessions this run "
-                                                         rf"opened: it is at its limit of {LIMIT} sessions \({LIMIT} "
-                                                         r"open\)\. Restart it with a larger --max-concurrent-envs"):
+            with pytest.raises(
+                EnvServerFullError,
+                match=rf"env server {s.url} refused 1 of the 2 sessions this run "
+                rf"opened: it is at its limit of {LIMIT} sessions \({LIMIT} "
+                r"open\)\. Restart it with a larger --max-concurrent-envs",
+            ):
                 vec.reset(seed=[0, 1])
         finally:
             vec.close()
@@ -176,7 +190,8 @@ def test_a_trainer_whose_batch_the_server_cannot_hold_ends_in_one_line_before_it
         f"error: env server {s.url} cannot open the 8 sessions this run needs (one per env): it allows {LIMIT} at once "
         f"(python -m agent_gym.serve --max-concurrent-envs {LIMIT}) and 0 are open. Restart it with "
         "--max-concurrent-envs 8 or more, or need fewer sessions: a trainer opens "
-        f"rollout.tasks_per_iter * rollout.group_size of them, so make that at most {LIMIT}"], err[-3000:]
+        f"rollout.tasks_per_iter * rollout.group_size of them, so make that at most {LIMIT}"
+    ], err[-3000:]
     assert not (run_dir / "metrics.jsonl").exists()  # it stopped at set-up
     assert s.wait_open_envs(0) == 0
 
@@ -216,12 +231,17 @@ def test_a_killed_server_ends_the_step_at_once_naming_it_and_reconnect_s_bounds_
         assert e.value.url == s.url
         msg = str(e.value)
         assert msg.startswith(f"env server {s.url} is gone (")
-        assert msg.endswith("): its sessions and the episodes in them are lost. Restart it (python -m agent_gym.serve "
-                            "with the same env, env kwargs and port) and start those episodes again")
+        assert msg.endswith(
+            "): its sessions and the episodes in them are lost. Restart it (python -m agent_gym.serve "
+            "with the same env, env kwargs and port) and start those episodes again"
+        )
         assert describe(e.value) == msg
         t0 = time.monotonic()
-        with pytest.raises(EnvServerGoneError, match=r"is gone \(.*\) and did not come back within reconnect_s=3\.0 s: "
-                                                     "its sessions and the episodes in them are lost"):
+        with pytest.raises(
+            EnvServerGoneError,
+            match=r"is gone \(.*\) and did not come back within reconnect_s=3\.0 s: "
+            "its sessions and the episodes in them are lost",
+        ):
             waiting.step(answer)
         took = time.monotonic() - t0
         assert 3 <= took < 10, took
@@ -283,25 +303,47 @@ def test_reconnect_replays_the_episodes_in_flight_on_a_restarted_server(tmp_path
 
 def _train(*args: str) -> subprocess.Popen:
     """``python trainers/train_grpo.py ARGS`` as users run it (stdout and stderr piped)."""
-    return subprocess.Popen([sys.executable, str(ROOT / "trainers" / "train_grpo.py"), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "trainers" / "train_grpo.py"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
-def _train_config(tmp_path: Path, run_dir: Path, url: str, iterations: int = 6, tasks_per_iter: int = 2,
-                  group_size: int = 2) -> Path:
+def _train_config(
+    tmp_path: Path, run_dir: Path, url: str, iterations: int = 6, tasks_per_iter: int = 2, group_size: int = 2
+) -> Path:
     """A GRPO run of the tiny model on the server at ``url`` (FactChain, max_turns 4), checkpointed every iteration."""
     import yaml
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "run": {"run_dir": str(run_dir), "seed": 3, "iterations": iterations, "checkpoint_every": 1,
-                "tensorboard": False, "progress_bar": False},
-        "model": {"name": "tiny", "torch_threads": 1},
-        "rollout": {"env_id": ENV_ID, "env_kwargs": {"max_turns": 4}, "tasks_per_iter": tasks_per_iter,
-                    "group_size": group_size, "max_turn_tokens": 16, "env_server": url},
-        "algorithm": {"algo": "grpo", "minibatch_size": 4},
-        "eval": {"every": 100, "tasks": 2},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run": {
+                    "run_dir": str(run_dir),
+                    "seed": 3,
+                    "iterations": iterations,
+                    "checkpoint_every": 1,
+                    "tensorboard": False,
+                    "progress_bar": False,
+                },
+                "model": {"name": "tiny", "torch_threads": 1},
+                "rollout": {
+                    "env_id": ENV_ID,
+                    "env_kwargs": {"max_turns": 4},
+                    "tasks_per_iter": tasks_per_iter,
+                    "group_size": group_size,
+                    "max_turn_tokens": 16,
+                    "env_server": url,
+                },
+                "algorithm": {"algo": "grpo", "minibatch_size": 4},
+                "eval": {"every": 100, "tasks": 2},
+            }
+        )
+    )
     return cfg
 
 
@@ -327,9 +369,11 @@ def test_a_trainer_whose_server_is_killed_ends_in_one_line_and_resumes(tmp_path)
         lines = err.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
         assert lines[0].startswith(f"error: the env server at {s.url} is gone mid-run (")
-        assert lines[0].endswith(f"the rollout's sessions and the episodes in them are lost. Restart the server "
-                                 f"(python -m agent_gym.serve with this run's env and env kwargs, on port {s.port}), then "
-                                 f"continue the run from its last checkpoint with --resume {run_dir}")
+        assert lines[0].endswith(
+            f"the rollout's sessions and the episodes in them are lost. Restart the server "
+            f"(python -m agent_gym.serve with this run's env and env kwargs, on port {s.port}), then "
+            f"continue the run from its last checkpoint with --resume {run_dir}"
+        )
 
         s.start()  # the advice, followed
         p = _train("--resume", str(run_dir))

@@ -12,8 +12,13 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-ENV_KWARGS = {"tools_in_prompt": False, "system_prompt": "Follow the chain of facts with lookup.",
-              "max_turns": 2, "max_context_tokens": 256, "rewards": {"no_action": -0.1, "call_invalid": -0.1}}
+ENV_KWARGS = {
+    "tools_in_prompt": False,
+    "system_prompt": "Follow the chain of facts with lookup.",
+    "max_turns": 2,
+    "max_context_tokens": 256,
+    "rewards": {"no_action": -0.1, "call_invalid": -0.1},
+}
 G = 2  # GRPO group size (num_generations)
 
 
@@ -39,10 +44,9 @@ def trained(tmp_path_factory):
     tok = load_tokenizer(None)
     model = build_tiny_qwen2(tok, seed=0)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    rollout = EnvRollout("AgentR1/FactChain-v0", env_kwargs=dict(ENV_KWARGS), tokenizer=tok, max_turn_tokens=12,
-                         seed=0)
-    calls: list[dict] = []   # what each rollout_func call received and returned
-    seen: list[dict] = []    # the batches TRL's loss was computed on
+    rollout = EnvRollout("AgentR1/FactChain-v0", env_kwargs=dict(ENV_KWARGS), tokenizer=tok, max_turn_tokens=12, seed=0)
+    calls: list[dict] = []  # what each rollout_func call received and returned
+    seen: list[dict] = []  # the batches TRL's loss was computed on
 
     def recording_rollout(prompts, trainer):
         out = rollout(prompts, trainer)
@@ -51,23 +55,53 @@ def trained(tmp_path_factory):
 
     class RecordingGRPOTrainer(GRPOTrainer):
         def _compute_loss(self, model, inputs):
-            rec = {k: inputs[k].detach().clone() for k in ("prompt_ids", "prompt_mask", "completion_ids",
-                                                          "completion_mask", "tool_mask", "advantages",
-                                                          "sampling_per_token_logps")}
+            rec = {
+                k: inputs[k].detach().clone()
+                for k in (
+                    "prompt_ids",
+                    "prompt_mask",
+                    "completion_ids",
+                    "completion_mask",
+                    "tool_mask",
+                    "advantages",
+                    "sampling_per_token_logps",
+                )
+            }
             with torch.no_grad():  # TRL's own scoring of the batch, under the weights that sampled it
                 rec["trl_logps"] = self._get_per_token_logps_and_entropies(
-                    model, torch.cat([rec["prompt_ids"], rec["completion_ids"]], 1),
-                    torch.cat([rec["prompt_mask"], rec["completion_mask"]], 1), rec["completion_ids"].shape[1])[0]
+                    model,
+                    torch.cat([rec["prompt_ids"], rec["completion_ids"]], 1),
+                    torch.cat([rec["prompt_mask"], rec["completion_mask"]], 1),
+                    rec["completion_ids"].shape[1],
+                )[0]
             seen.append(rec)
             return super()._compute_loss(model, inputs)
 
-    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
-                      num_generations=G, max_steps=3, learning_rate=1e-3, beta=0.0, logging_steps=1,
-                      report_to="none", save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
-                      disable_tqdm=True, bf16=False, gradient_checkpointing=False)
-    trainer = RecordingGRPOTrainer(model=model, reward_funcs=[env_reward, shaping_reward], args=args,
-                                   train_dataset=rollout.dataset(range(8)), processing_class=tok,
-                                   rollout_func=recording_rollout)
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl")),
+        per_device_train_batch_size=4,
+        num_generations=G,
+        max_steps=3,
+        learning_rate=1e-3,
+        beta=0.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    trainer = RecordingGRPOTrainer(
+        model=model,
+        reward_funcs=[env_reward, shaping_reward],
+        args=args,
+        train_dataset=rollout.dataset(range(8)),
+        processing_class=tok,
+        rollout_func=recording_rollout,
+    )
     trainer.train()
     return {"trainer": trainer, "model": model, "before": before, "calls": calls, "seen": seen, "tok": tok}
 
@@ -90,8 +124,14 @@ def test_trl_trains_on_the_env_tokens_and_mask(trained):
             c = b["completion_ids"][i][real].tolist()
             loss_mask = (b["completion_mask"][i] * b["tool_mask"][i])[real].tolist()  # what _compute_loss applies
             trained_rows.append((tuple(p), tuple(c), tuple(int(m) for m in loss_mask)))
-    env_rows = [(tuple(ep.token_ids[:ep.prompt_len]), tuple(ep.token_ids[ep.prompt_len:]),
-                 tuple(ep.loss_mask[ep.prompt_len:])) for ep in episodes]
+    env_rows = [
+        (
+            tuple(ep.token_ids[: ep.prompt_len]),
+            tuple(ep.token_ids[ep.prompt_len :]),
+            tuple(ep.loss_mask[ep.prompt_len :]),
+        )
+        for ep in episodes
+    ]
     assert sorted(trained_rows) == sorted(env_rows)
     # TRL scores the agent's tokens at the positions the sampler drew them from: with the weights
     # unchanged between sampling and the loss (one step per generation), its log-probs are the

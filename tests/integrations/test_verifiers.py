@@ -33,7 +33,9 @@ try:
 
     _VF_MISSING = ""
 except Exception as e:  # noqa: BLE001
-    _VF_MISSING = f"verifiers is not importable here ({type(e).__name__}: {e}); run under .venv-verifiers (`make verifiers`)"
+    _VF_MISSING = (
+        f"verifiers is not importable here ({type(e).__name__}: {e}); run under .venv-verifiers (`make verifiers`)"
+    )
 
 
 # -- core suite -----------------------------------------------------------------------------------
@@ -57,8 +59,14 @@ for name in ("agent_gym.integrations.verifiers", "agent_gym_verifiers"):
     else:
         raise SystemExit(f"{name} imported without verifiers")
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=110,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if "::" in ln]
     assert [ln.split(" :: ")[0] for ln in lines] == ["agent_gym.integrations.verifiers", "agent_gym_verifiers"]
@@ -93,8 +101,9 @@ def test_verifiers_finds_the_package_by_id_and_the_rows_are_the_envs():
     assert vf.env_config_type(TASKSET_ID) is AgentGymEnvConfig
     assert vf.default_harness_id(TASKSET_ID) == TASKSET_ID
     assert vf.task_type(TASKSET_ID) is AgentGymTask
-    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": TASKSET_ID, "env_id": ENV,
-                                                                  "env_kwargs": {"max_turns": 2}, "rows": 3}}))
+    env = vf.load_environment(
+        vf.resolve_env_config({"taskset": {"id": TASKSET_ID, "env_id": ENV, "env_kwargs": {"max_turns": 2}, "rows": 3}})
+    )
     assert isinstance(env, AgentGymEnv) and isinstance(env._harnesses["agent"], AgentGymHarness)
     assert env.config.agent.runtime.type == "subprocess"
 
@@ -142,9 +151,14 @@ def _sft_model(tmp_path: Path) -> str:
     """A private copy of the tests' SFT warm start (tests/trainers/sft_fixture.py), found, or
     trained where `make sft-fixture` has not built it, by .venv-vllm's python (torch lives there;
     this venv has none)."""
-    r = subprocess.run([str(VLLM_PYTHON), "-c", "from tests.trainers.sft_fixture import cached_sft_model; "
-                        "print(cached_sft_model())"], cwd=REPO, capture_output=True, text=True, timeout=840,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "from tests.trainers.sft_fixture import cached_sft_model; print(cached_sft_model())"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return str(shutil.copytree(r.stdout.strip().splitlines()[-1], tmp_path / "model"))
 
@@ -186,13 +200,34 @@ def test_vf_eval_against_vllm_server_scores_as_the_openai_policy(tmp_path):
         timings["server_start_s"] = time.monotonic() - t
         t = time.monotonic()
         vf_out = tmp_path / "vf"
-        cmd = [str(Path(sys.executable).parent / "vf-eval"), "agent-gym-verifiers", "--env.taskset.env-id", ENV,
-               "--env.taskset.env-kwargs", json.dumps(env_kwargs), "--env.taskset.max-tokens", str(turn_tokens),
-               "--env.taskset.same-tokenizer", "--model", "sft", "--client.base-url", url,
-               "--sampling.temperature", "0", "-n", str(n), "-c", "4", "--no-push", "--no-rich",
-               "-o", str(vf_out)]
-        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        cmd = [
+            str(Path(sys.executable).parent / "vf-eval"),
+            "agent-gym-verifiers",
+            "--env.taskset.env-id",
+            ENV,
+            "--env.taskset.env-kwargs",
+            json.dumps(env_kwargs),
+            "--env.taskset.max-tokens",
+            str(turn_tokens),
+            "--env.taskset.same-tokenizer",
+            "--model",
+            "sft",
+            "--client.base-url",
+            url,
+            "--sampling.temperature",
+            "0",
+            "-n",
+            str(n),
+            "-c",
+            "4",
+            "--no-push",
+            "--no-rich",
+            "-o",
+            str(vf_out),
+        ]
+        r = subprocess.run(
+            cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
         timings["vf_eval_s"] = time.monotonic() - t
         # One env built here first: evaluate_rows builds its envs in worker threads, and a first
@@ -200,8 +235,9 @@ def test_vf_eval_against_vllm_server_scores_as_the_openai_policy(tmp_path):
         # is not thread-safe; trainers/evaluate.py builds a probe env first for the same reason).
         gym.make(ENV, **env_kwargs).close()
         t = time.monotonic()
-        cfg = ClientConfig(base_url=url, model="sft", timeout=120, max_retries=2, max_tokens=turn_tokens,
-                           same_tokenizer=True)
+        cfg = ClientConfig(
+            base_url=url, model="sft", timeout=120, max_retries=2, max_tokens=turn_tokens, same_tokenizer=True
+        )
         res = evaluate_rows(ENV, env_kwargs, list(range(n)), cfg, tmp_path / "openai", concurrency=4, seed=0)
         timings["openai_policy_s"] = time.monotonic() - t
     got = _vf_traces(vf_out)
@@ -222,5 +258,7 @@ def test_vf_eval_against_vllm_server_scores_as_the_openai_policy(tmp_path):
     assert successes > 0  # the SFT model answers some: EM is not all zeros
     assert turns > n  # multi-turn conversations were compared
     em = sum(got[k]["metrics"]["em"] for k in range(n)) / n
-    print(f"\nvf-eval vs openai_policy on vllm serve: {n} rows, {turns} turns, EM {em:.3f} "
-          f"({successes} successes), identical episodes; " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    print(
+        f"\nvf-eval vs openai_policy on vllm serve: {n} rows, {turns} turns, EM {em:.3f} "
+        f"({successes} successes), identical episodes; " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
+    )

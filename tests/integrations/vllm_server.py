@@ -40,9 +40,14 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def vllm_openai_server(model: str, served_name: str, python: str = sys.executable,
-                       start_timeout: float = 600.0, max_model_len: int = 4096,
-                       kv_cache_bytes: int = 128 << 20) -> Iterator[str]:
+def vllm_openai_server(
+    model: str,
+    served_name: str,
+    python: str = sys.executable,
+    start_timeout: float = 600.0,
+    max_model_len: int = 4096,
+    kv_cache_bytes: int = 128 << 20,
+) -> Iterator[str]:
     """Serve ``model`` as ``served_name`` with ``python``'s vLLM; yields the base URL
     (``http://127.0.0.1:PORT/v1``) once ``/health`` answers, and stops the whole process group on
     exit. A server that exits or is not up within ``start_timeout`` s fails with its output's tail.
@@ -56,13 +61,41 @@ def vllm_openai_server(model: str, served_name: str, python: str = sys.executabl
     # (PackageNotFoundError). The same OpenAI-compatible server starts as a module.
     # The in-process backend's engine settings (trainers/backends/vllm_backend.py): float32, eager,
     # sampling from the request only, whole-prompt prefills on the CPU, a small KV cache.
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", served_name,
-           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0",
-           "--max-model-len", str(max_model_len), "--no-enable-chunked-prefill",
-           "--max-num-batched-tokens", str(max(4096, max_model_len)), "--kv-cache-memory-bytes", str(kv_cache_bytes)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"})
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--generation-config",
+        "vllm",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(max_model_len),
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        str(max(4096, max_model_len)),
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"},
+    )
     reader = LineReader(proc.stdout)
     try:
         deadline = time.monotonic() + start_timeout

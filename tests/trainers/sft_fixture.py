@@ -25,11 +25,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-COMPACT_ENV = {"tools_in_prompt": False, "system_prompt": "Follow the chain of facts with lookup, innermost relation first."}
+COMPACT_ENV = {
+    "tools_in_prompt": False,
+    "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
+}
 
-SFT_STEPS = dict(env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, steps=600, batch_size=32, num_demos=2000, eval_tasks=16, env_kwargs=dict(COMPACT_ENV),
-                 max_turn_tokens=40, lr_schedule="cosine", warmup_steps=20,
-                 demo_policy={"oracle": 0.4, "reversed": 0.6})
+SFT_STEPS = dict(
+    env_id="AgentR1/FactChain-v0",
+    eval_env_kwargs={"split": "test"},
+    steps=600,
+    batch_size=32,
+    num_demos=2000,
+    eval_tasks=16,
+    env_kwargs=dict(COMPACT_ENV),
+    max_turn_tokens=40,
+    lr_schedule="cosine",
+    warmup_steps=20,
+    demo_policy={"oracle": 0.4, "reversed": 0.6},
+)
 SFT_CACHE = REPO / ".cache" / "test_sft_model"
 
 

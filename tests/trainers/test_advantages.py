@@ -33,15 +33,15 @@ contract tests below run on each; ``tests/trainers/test_plugins.py`` runs them o
 
 
 def close(a, b, tol=1e-5):
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float64),
-                          torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol
+    )
 
 
 def call(name, r, m, v=None, groups=None, gamma=1.0, lam=1.0, **kw):
     if groups is None:
         groups = torch.zeros(r.shape[0], dtype=torch.long)
-    return get_adv_est(name)(token_rewards=r, loss_mask=m, values=v, group_ids=groups,
-                             gamma=gamma, lam=lam, **kw)
+    return get_adv_est(name)(token_rewards=r, loss_mask=m, values=v, group_ids=groups, gamma=gamma, lam=lam, **kw)
 
 
 # One trajectory, T=6: [prompt | agent agent | tool-output tool-output | agent]
@@ -65,8 +65,10 @@ def ref_whiten(adv, mask, eps, scale=True):
         return adv
     mean = sum(xs) / len(xs)
     std = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return [[((x - mean) / (std + eps) if scale else x - mean) if mask[b][t] else 0.0
-             for t, x in enumerate(row)] for b, row in enumerate(adv)]
+    return [
+        [((x - mean) / (std + eps) if scale else x - mean) if mask[b][t] else 0.0 for t, x in enumerate(row)]
+        for b, row in enumerate(adv)
+    ]
 
 
 def ref_gae(r, m, v, gamma, lam):
@@ -145,9 +147,15 @@ def random_batch(seed, need_pairs=False):
 
 
 def test_gae_bootstraps_across_tool_response_by_hand():
-    adv, ret, metrics = gae(token_rewards=REW, loss_mask=MASK, values=VAL,
-                            group_ids=torch.zeros(1, dtype=torch.long),
-                            gamma=0.9, lam=0.8, norm_by_std=False)
+    adv, ret, metrics = gae(
+        token_rewards=REW,
+        loss_mask=MASK,
+        values=VAL,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        gamma=0.9,
+        lam=0.8,
+        norm_by_std=False,
+    )
     # Agent tokens 1, 2, 5 with V = 1, 2, 3; the next agent token after 2 is 5 (past the tool).
     # t5: delta = 1.0 + 0.9*0 - 3        = -2.0   A5 = -2.0
     # t2: delta = 0.5 + 0.9*V(5)=2.7 - 2 =  1.2   A2 = 1.2 + 0.72*(-2.0)  = -0.24
@@ -159,25 +167,38 @@ def test_gae_bootstraps_across_tool_response_by_hand():
 
 
 def test_gae_gamma_lam_one_is_return_minus_value():
-    adv, ret, _ = gae(token_rewards=REW, loss_mask=MASK, values=VAL,
-                      group_ids=torch.zeros(1, dtype=torch.long), gamma=1.0, lam=1.0,
-                      norm_by_std=False)
+    adv, ret, _ = gae(
+        token_rewards=REW,
+        loss_mask=MASK,
+        values=VAL,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        gamma=1.0,
+        lam=1.0,
+        norm_by_std=False,
+    )
     # reward-to-go [1.5, 1.5, 1.0] at tokens 1, 2, 5, minus V [1, 2, 3]
     assert close(adv, [[0.0, 0.5, -0.5, 0.0, 0.0, -2.0]])
     assert close(ret, [[0.0, 1.5, 1.5, 0.0, 0.0, 1.0]])
 
 
 def test_gae_lam_zero_is_one_step_td():
-    adv, _, _ = gae(token_rewards=REW, loss_mask=MASK, values=VAL,
-                    group_ids=torch.zeros(1, dtype=torch.long), gamma=1.0, lam=0.0,
-                    norm_by_std=False)
+    adv, _, _ = gae(
+        token_rewards=REW,
+        loss_mask=MASK,
+        values=VAL,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        gamma=1.0,
+        lam=0.0,
+        norm_by_std=False,
+    )
     # A = r + V(next agent) - V: t1: 0 + 2 - 1 = 1;  t2: 0.5 + 3 - 2 = 1.5;  t5: 1 + 0 - 3 = -2
     assert close(adv, [[0.0, 1.0, 1.5, 0.0, 0.0, -2.0]])
 
 
 def test_gae_whitened():
-    adv, ret, _ = gae(token_rewards=REW, loss_mask=MASK, values=VAL,
-                      group_ids=torch.zeros(1, dtype=torch.long), gamma=1.0, lam=1.0)
+    adv, ret, _ = gae(
+        token_rewards=REW, loss_mask=MASK, values=VAL, group_ids=torch.zeros(1, dtype=torch.long), gamma=1.0, lam=1.0
+    )
     # raw [0.5, -0.5, -2.0]: mean -2/3, unbiased std sqrt(1.75) = 1.322876
     raw = [0.5, -0.5, -2.0]
     mu, sd = sum(raw) / 3, statistics.stdev(raw)
@@ -197,8 +218,7 @@ def test_gae_matches_loop(seed):
     r, m, v, groups = random_batch(seed)
     gamma, lam = [(1.0, 1.0), (0.9, 0.95), (0.5, 0.0)][seed % 3]
     norm = seed % 2 == 0
-    adv, ret, _ = gae(token_rewards=r, loss_mask=m, values=v, group_ids=groups,
-                      gamma=gamma, lam=lam, norm_by_std=norm)
+    adv, ret, _ = gae(token_rewards=r, loss_mask=m, values=v, group_ids=groups, gamma=gamma, lam=lam, norm_by_std=norm)
     exp_adv, exp_ret = ref_gae(r.tolist(), m.tolist(), v.tolist(), gamma, lam)
     if norm:
         exp_adv = ref_whiten(exp_adv, m.tolist(), 1e-6)
@@ -211,22 +231,22 @@ def test_gae_matches_loop(seed):
 
 def grpo_example():
     # Four trajectories, T=4, two groups. Row 3 has a process reward 0.2 on its first step.
-    r = torch.tensor([[0.0, 1.0, 0.0, 0.0],    # score 1
-                      [0.0, 0.0, 0.0, 0.0],    # score 0
-                      [0.0, 0.0, 0.5, 0.0],    # score 0.5
-                      [0.2, 0.0, 0.3, 0.0]])   # score 0.2 + 0.3 = 0.5
-    m = torch.tensor([[0, 1, 0, 0],
-                      [1, 1, 1, 0],
-                      [1, 0, 1, 0],
-                      [1, 0, 1, 1]])
+    r = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 0.0],  # score 1
+            [0.0, 0.0, 0.0, 0.0],  # score 0
+            [0.0, 0.0, 0.5, 0.0],  # score 0.5
+            [0.2, 0.0, 0.3, 0.0],
+        ]
+    )  # score 0.2 + 0.3 = 0.5
+    m = torch.tensor([[0, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 0], [1, 0, 1, 1]])
     groups = torch.tensor([4, 4, 9, 9])
     return r, m, groups
 
 
 def test_grpo_by_hand():
     r, m, groups = grpo_example()
-    adv, ret, metrics = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                             gamma=1.0, lam=1.0)
+    adv, ret, metrics = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=1.0, lam=1.0)
     # group 4: scores 1, 0 -> mean 0.5, unbiased std sqrt(0.25+0.25) = 0.707107 -> +-0.707106
     # group 9: scores 0.5, 0.5 -> std 0 -> advantage 0 (no signal)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)
@@ -234,8 +254,7 @@ def test_grpo_by_hand():
     assert close(ret, [[0, 1, 0, 0], [0, 0, 0, 0], [0.5, 0, 0.5, 0], [0.5, 0, 0.5, 0.5]])
     assert close(metrics["adv/zero_std_group_frac"], 0.5)
     # Dr. GRPO: no division by std -> +-0.5
-    adv, _, _ = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                     gamma=1.0, lam=1.0, norm_by_std=False)
+    adv, _, _ = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=1.0, lam=1.0, norm_by_std=False)
     assert close(adv, [[0, 0.5, 0, 0], [-0.5, -0.5, -0.5, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
 
 
@@ -248,8 +267,7 @@ def test_grpo_group_of_one_gets_zero():
 def test_grpo_matches_loop(seed):
     r, m, _, groups = random_batch(seed)
     norm = seed % 2 == 0
-    adv, _, _ = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                     gamma=0.9, lam=0.5, norm_by_std=norm)
+    adv, _, _ = grpo(token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=0.9, lam=0.5, norm_by_std=norm)
     assert close(adv, ref_grpo(r.tolist(), m.tolist(), groups.tolist(), norm, 1e-6))
 
 
@@ -260,8 +278,7 @@ def test_rloo_by_hand():
     r = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.5], [2.0, 0.0], [0.0, 0.0]])
     m = torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [0, 1]])
     groups = torch.tensor([0, 0, 0, 1, 1])
-    adv, _, _ = rloo(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                     gamma=1.0, lam=1.0)
+    adv, _, _ = rloo(token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=1.0, lam=1.0)
     # group 0 scores [1, 0, 0.5]: 1 - (0+0.5)/2 = 0.75; 0 - (1+0.5)/2 = -0.75; 0.5 - (1+0)/2 = 0
     # group 1 scores [2, 0]: 2 - 0 = 2; 0 - 2 = -2
     assert close(adv, [[0.75, 0], [-0.75, -0.75], [0, 0], [2, 2], [0, -2]])
@@ -275,8 +292,7 @@ def test_rloo_group_of_one_raises():
 @pytest.mark.parametrize("seed", range(30))
 def test_rloo_matches_loop(seed):
     r, m, _, groups = random_batch(seed, need_pairs=True)
-    adv, _, _ = rloo(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                     gamma=1.0, lam=1.0)
+    adv, _, _ = rloo(token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=1.0, lam=1.0)
     assert close(adv, ref_rloo(r.tolist(), m.tolist(), groups.tolist()))
 
 
@@ -284,9 +300,15 @@ def test_rloo_matches_loop(seed):
 
 
 def test_reinforce_pp_by_hand():
-    adv, ret, _ = reinforce_pp(token_rewards=REW, loss_mask=MASK, values=None,
-                               group_ids=torch.zeros(1, dtype=torch.long), gamma=0.5, lam=1.0,
-                               norm_by_std=False)
+    adv, ret, _ = reinforce_pp(
+        token_rewards=REW,
+        loss_mask=MASK,
+        values=None,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        gamma=0.5,
+        lam=1.0,
+        norm_by_std=False,
+    )
     # Return-to-go over agent tokens 1, 2, 5, carried across the tool output at 3-4:
     # G5 = 1;  G2 = 0.5 + 0.5*1 = 1.0;  G1 = 0 + 0.5*1.0 = 0.5
     assert close(ret, [[0.0, 0.5, 1.0, 0.0, 0.0, 1.0]])
@@ -296,8 +318,7 @@ def test_reinforce_pp_by_hand():
     # whitened: unbiased std of [0.5, 1, 1] = 0.288675
     adv, _, _ = call("reinforce_pp", REW, MASK, gamma=0.5)
     sd = statistics.stdev([0.5, 1.0, 1.0])
-    assert close(adv, [[0.0, (0.5 - mu) / (sd + 1e-6), (1 - mu) / (sd + 1e-6), 0, 0,
-                        (1 - mu) / (sd + 1e-6)]])
+    assert close(adv, [[0.0, (0.5 - mu) / (sd + 1e-6), (1 - mu) / (sd + 1e-6), 0, 0, (1 - mu) / (sd + 1e-6)]])
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -305,8 +326,9 @@ def test_reinforce_pp_matches_loop(seed):
     r, m, _, groups = random_batch(seed)
     gamma = [1.0, 0.99, 0.5][seed % 3]
     norm = seed % 2 == 0
-    adv, ret, _ = reinforce_pp(token_rewards=r, loss_mask=m, values=None, group_ids=groups,
-                               gamma=gamma, lam=1.0, norm_by_std=norm)
+    adv, ret, _ = reinforce_pp(
+        token_rewards=r, loss_mask=m, values=None, group_ids=groups, gamma=gamma, lam=1.0, norm_by_std=norm
+    )
     exp_ret = ref_return_to_go(r.tolist(), m.tolist(), gamma)
     assert close(ret, exp_ret)
     assert close(adv, ref_whiten(exp_ret, m.tolist(), 1e-6, scale=norm))
@@ -335,7 +357,7 @@ def test_process_reward_credit():
         diff = (a1 - a0)[0]
         assert diff[1] != 0 and diff[2] != 0, name  # the step itself and the earlier token
         if name in ("gae",):
-            assert diff[5] == 0, name               # a later step is untouched
+            assert diff[5] == 0, name  # a later step is untouched
         if name in ("grpo", "rloo"):
             assert diff[5] != 0 and close(diff[1], diff[5]), name
     # reinforce_pp re-centers on the batch mean, so compare its returns (before centering).
@@ -444,8 +466,7 @@ def test_registry_names_and_errors():
 
 def test_register_new_estimator():
     @register_adv_est("_test_zero")
-    def zero(*, token_rewards, loss_mask, values, group_ids, gamma, lam, norm_by_std=True,
-             eps=1e-6):
+    def zero(*, token_rewards, loss_mask, values, group_ids, gamma, lam, norm_by_std=True, eps=1e-6):
         z = torch.zeros_like(token_rewards)
         return z, z, {}
 
@@ -459,10 +480,8 @@ def test_register_new_estimator():
 
 
 def test_place_rewards_by_hand():
-    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0],
-                         [0, 1, 1, 1, 0, 0, 0]])
-    out = place_rewards(torch.tensor([1.0, 0.0]), mask,
-                        step_rewards=[[0.5, -0.1], [0.2]], step_end_index=[[2, 5], [3]])
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 1, 0, 0, 0]])
+    out = place_rewards(torch.tensor([1.0, 0.0]), mask, step_rewards=[[0.5, -0.1], [0.2]], step_end_index=[[2, 5], [3]])
     # row 0: step 1 ends at 2 (0.5); step 2 ends at 5 (-0.1) which is also the last agent token,
     #        so the outcome adds there: -0.1 + 1.0 = 0.9
     # row 1: one step ending at 3 (0.2), the outcome 0.0 on the last agent token 3 -> 0.2
@@ -557,12 +576,15 @@ def _score_rows(parts_per_row, T=4):
 
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
-@pytest.mark.parametrize("rows", [
-    [(0.2, 1.0)] * 8,                              # the shipped demo: hop 0.2 + em 1.0, eight times
-    [(1.0, 0.2)] * 4 + [(-0.3, 0.5, 1.0)] * 4,     # equal in exact arithmetic, summed differently
-    [(0.2, 1.0)] * 7 + [(-0.3, 0.5, 1.0)],
-    [(0.1, 0.2, -0.3)] * 3 + [(0.0,)] * 5,         # equal to 0, not exactly 0 in float32
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(0.2, 1.0)] * 8,  # the shipped demo: hop 0.2 + em 1.0, eight times
+        [(1.0, 0.2)] * 4 + [(-0.3, 0.5, 1.0)] * 4,  # equal in exact arithmetic, summed differently
+        [(0.2, 1.0)] * 7 + [(-0.3, 0.5, 1.0)],
+        [(0.1, 0.2, -0.3)] * 3 + [(0.0,)] * 5,  # equal to 0, not exactly 0 in float32
+    ],
+)
 def test_grpo_equal_scores_get_exactly_zero(rows, norm_by_std):
     # Before the float64 statistics and the std tolerance: +0.106 on every token of the first
     # case and adv/zero_std_group_frac 0.
@@ -647,7 +669,9 @@ def test_discounted_scan_float32_long_row_within_1e_6():
     mask = torch.rand(4, 4096, generator=g) < 0.8
     x = torch.randn(4, 4096, generator=g) * 0.1
     got = A._discounted_cumsum_on_mask(x, mask, 0.99 * 0.95)
-    exp = torch.tensor(ref_return_to_go(torch.where(mask, x, torch.zeros_like(x)).double().tolist(),
-                                        mask.tolist(), 0.99 * 0.95), dtype=torch.float64)
+    exp = torch.tensor(
+        ref_return_to_go(torch.where(mask, x, torch.zeros_like(x)).double().tolist(), mask.tolist(), 0.99 * 0.95),
+        dtype=torch.float64,
+    )
     assert torch.isfinite(got).all()
     assert (got.double() - exp).abs().max().item() < 1e-6

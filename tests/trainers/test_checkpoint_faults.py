@@ -28,9 +28,22 @@ from trainers.checkpoint import (
     verify_checkpoint,
 )
 
-RUN = dict(env_id="AgentR1/FactChain-v0", algo="grpo", model="tiny", tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=16,
-           eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1,
-           env_kwargs={"tools_in_prompt": False, "system_prompt": "Follow the chain of facts with lookup."})
+RUN = dict(
+    env_id="AgentR1/FactChain-v0",
+    algo="grpo",
+    model="tiny",
+    tasks_per_iter=2,
+    group_size=2,
+    minibatch_size=4,
+    max_turn_tokens=16,
+    eval_every=100,
+    eval_tasks=2,
+    tensorboard=False,
+    progress_bar=False,
+    torch_threads=1,
+    checkpoint_every=1,
+    env_kwargs={"tools_in_prompt": False, "system_prompt": "Follow the chain of facts with lookup."},
+)
 
 
 @pytest.fixture
@@ -41,10 +54,14 @@ def small_fs(tmp_path):
     def mount(size: str) -> Path:
         d = tmp_path / f"fs{len(mounts)}"
         d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True
+        )
         if r.returncode != 0:
-            pytest.skip(f"cannot mount a {size} tmpfs for a real full disk (needs root or CAP_SYS_ADMIN): "
-                        f"{(r.stderr or r.stdout).strip()}")
+            pytest.skip(
+                f"cannot mount a {size} tmpfs for a real full disk (needs root or CAP_SYS_ADMIN): "
+                f"{(r.stderr or r.stdout).strip()}"
+            )
         mounts.append(d)
         return d
 
@@ -109,8 +126,11 @@ def test_disk_full_mid_write_is_reported_and_leaves_no_debris(small_fs):
 def test_a_checkpoint_that_cannot_fit_is_refused_before_writing(small_fs):
     root = small_fs("1m") / "run"
     save_checkpoint(root, 0, _small_state())
-    with pytest.raises(CheckpointError, match=r"no space left on device\. It needs at least 4\.0 MiB \(its tensors\); "
-                                              r"\d+\.\d KiB is free there"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"no space left on device\. It needs at least 4\.0 MiB \(its tensors\); "
+        r"\d+\.\d KiB is free there",
+    ):
         save_checkpoint(root, 1, {"policy": {"w": torch.zeros(2**20)}})  # 4 MiB of float32
     assert sorted(os.listdir(root / "checkpoints")) == ["iter_00000", "latest"]
 
@@ -125,7 +145,9 @@ def test_full_disk_ends_the_run_with_a_clear_message(small_fs, tmp_path, capsys)
     rc, _, stderr = _train(capsys, "--config", _config(tmp_path, run_dir, iterations=3, entropy_coef=0.01))
     assert rc == 4, stderr[-3000:]
     err = stderr.strip().splitlines()[-1]
-    assert err.startswith(f"error: could not write checkpoint {run_dir}/checkpoints/iter_00001: no space left on device"), err
+    assert err.startswith(
+        f"error: could not write checkpoint {run_dir}/checkpoints/iter_00001: no space left on device"
+    ), err
     assert "It needs at least 4." in err and "MiB is free there" in err and f"--resume {run_dir}" in err, err
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter_00000", "latest"]
     assert (run_dir / "checkpoints" / "latest").read_text() == "iter_00000"
@@ -155,7 +177,9 @@ def test_resume_passes_over_a_truncated_newest_checkpoint(tmp_path, capsys):
     after = _metrics(run_dir)
     assert [m["iteration"] for m in after] == [0, 1, 2, 3]
     # iteration 2 repeated exactly from iter_00001 (its first run, the last of 3 iterations, also evaluated)
-    assert after[:3] == [{k: v for k, v in m.items() if not k.startswith("eval/") or m["iteration"] != 2} for m in before]
+    assert after[:3] == [
+        {k: v for k, v in m.items() if not k.startswith("eval/") or m["iteration"] != 2} for m in before
+    ]
     assert sorted(p.name for p in ck.iterdir()) == ["iter_00001", "iter_00002", "iter_00003", "latest"]
     assert all(verify_checkpoint(ck / f"iter_0000{i}") is None for i in (1, 2, 3))
 
@@ -179,14 +203,14 @@ def test_each_kind_of_bad_checkpoint_is_named_and_passed_over(tmp_path):
     for i in range(7):
         save_checkpoint(root, i, _small_state(i), keep=10)
     ck = root / "checkpoints"
-    _flip_byte(ck / "iter_00006" / "state.pt")                       # same size, other bytes
-    (ck / "iter_00005" / "state.pt").unlink()                        # a missing file
-    for p in (ck / "iter_00004").iterdir():                           # an empty directory
+    _flip_byte(ck / "iter_00006" / "state.pt")  # same size, other bytes
+    (ck / "iter_00005" / "state.pt").unlink()  # a missing file
+    for p in (ck / "iter_00004").iterdir():  # an empty directory
         p.unlink()
     m = json.loads((ck / "iter_00003" / "manifest.json").read_text())  # a manifest of another checkpoint
     m["iteration"] = 2
     (ck / "iter_00003" / "manifest.json").write_text(json.dumps(m))
-    (ck / "iter_00002" / "manifest.json").write_text("{not json")      # an unreadable manifest
+    (ck / "iter_00002" / "manifest.json").write_text("{not json")  # an unreadable manifest
     path, state, skipped = load_latest_checkpoint(root)
     assert path == ck / "iter_00001" and state["iteration"] == 1
     assert torch.equal(state["policy"]["w"], _small_state(1)["policy"]["w"])
@@ -222,8 +246,11 @@ def test_the_manifest_is_exact(tmp_path):
     path = save_checkpoint(tmp_path / "run", 4, _small_state())
     m = json.loads((path / "manifest.json").read_text())
     data = (path / "state.pt").read_bytes()
-    assert m == {"format": 1, "iteration": 4,
-                 "files": {"state.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+    assert m == {
+        "format": 1,
+        "iteration": 4,
+        "files": {"state.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+    }
     assert sorted(os.listdir(path)) == ["manifest.json", "state.pt"]
 
 
@@ -265,8 +292,10 @@ def test_any_full_disk_error_of_a_run_is_one_clear_line(small_fs):
     assert full.value.errno == errno.ENOSPC
     code, msg = _failure(full.value, str(fs))
     # file.write's error carries no file name: the message says where in the code it failed
-    assert code == 4 and msg.startswith("the disk is full: could not write a file (No space left on device) in "
-                                        "tests/trainers/test_checkpoint_faults.py:"), msg
+    assert code == 4 and msg.startswith(
+        "the disk is full: could not write a file (No space left on device) in "
+        "tests/trainers/test_checkpoint_faults.py:"
+    ), msg
     assert "KiB is free under" in msg and f"--resume {fs}" in msg
     try:
         try:
@@ -276,6 +305,8 @@ def test_any_full_disk_error_of_a_run_is_one_clear_line(small_fs):
                 f.write(b"x" * 2**17)
     except OSError as e:
         code, msg = _failure(e, str(fs))
-    assert code == 4 and msg.startswith(f"could not write checkpoint {fs / 'run' / 'checkpoints' / 'iter_00000'}: no space")
+    assert code == 4 and msg.startswith(
+        f"could not write checkpoint {fs / 'run' / 'checkpoints' / 'iter_00000'}: no space"
+    )
     assert msg.endswith("(Then, while closing the run: OSError: [Errno 28] No space left on device.)"), msg
     assert _failure(ValueError("a bug"), str(fs)) is None  # anything else keeps its traceback

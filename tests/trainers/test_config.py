@@ -35,25 +35,34 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
         load_config(None, ["minibatchsize=4"])
 
 
-@pytest.mark.parametrize("override,needle", [
-    (["algorithm.lr=fast"], "config key 'algorithm.lr': expected float"),
-    (["algorithm.algo=ddpg"], "config key 'algorithm.algo': expected one of 'ppo', 'grpo'"),
-    (["run.iterations=2.5"], "config key 'run.iterations': expected int"),
-    (["algorithm.use_action_mask=maybe"], "config key 'algorithm.use_action_mask': expected bool"),
-    (["algorithm.minibatch_size=48"], r"minibatch_size=48 must divide the batch of rollout.tasks_per_iter \* "
-                                      r"rollout.group_size = 16 \* 4 = 64"),
-    (["algorithm.algo=grpo", "rollout.group_size=1", "algorithm.minibatch_size=16"], "group_size must be at least 2"),
-    (["algorithm.dual_clip_c=0.5"], "algorithm.dual_clip_c must be > 1"),
-    (["algorithm.lam=1.05"], r"algorithm.lam must be in \[0, 1\], got 1.05"),
-    (["algorithm.gamma=-0.1"], r"algorithm.gamma must be in \[0, 1\], got -0.1"),
-    (["rollout.recompute_logprobs=false", "rollout.top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
-    (["eval.sets={fresh: 3}"], "eval.sets: 'fresh' must map to a mapping of env_kwargs overrides"),
-    (["eval.sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),
-    (["eval.sets=[kb_seed]"], "config key 'eval.sets': expected dict"),
-    (["lr=fast"], "config key 'algorithm.lr': expected float"),  # a flat key: named at its new place
-    (["rollout=3"], "config key 'rollout' is a section: expected a mapping of its keys"),
-    (["rollout.env_id=null"], "rollout.env_id is required"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        (["algorithm.lr=fast"], "config key 'algorithm.lr': expected float"),
+        (["algorithm.algo=ddpg"], "config key 'algorithm.algo': expected one of 'ppo', 'grpo'"),
+        (["run.iterations=2.5"], "config key 'run.iterations': expected int"),
+        (["algorithm.use_action_mask=maybe"], "config key 'algorithm.use_action_mask': expected bool"),
+        (
+            ["algorithm.minibatch_size=48"],
+            r"minibatch_size=48 must divide the batch of rollout.tasks_per_iter \* "
+            r"rollout.group_size = 16 \* 4 = 64",
+        ),
+        (
+            ["algorithm.algo=grpo", "rollout.group_size=1", "algorithm.minibatch_size=16"],
+            "group_size must be at least 2",
+        ),
+        (["algorithm.dual_clip_c=0.5"], "algorithm.dual_clip_c must be > 1"),
+        (["algorithm.lam=1.05"], r"algorithm.lam must be in \[0, 1\], got 1.05"),
+        (["algorithm.gamma=-0.1"], r"algorithm.gamma must be in \[0, 1\], got -0.1"),
+        (["rollout.recompute_logprobs=false", "rollout.top_p=0.9"], "recompute_logprobs=false needs top_p: 1.0"),
+        (["eval.sets={fresh: 3}"], "eval.sets: 'fresh' must map to a mapping of env_kwargs overrides"),
+        (["eval.sets={a/b: {kb_seed: 1}}"], "a set's name must be a non-empty string without '/'"),
+        (["eval.sets=[kb_seed]"], "config key 'eval.sets': expected dict"),
+        (["lr=fast"], "config key 'algorithm.lr': expected float"),  # a flat key: named at its new place
+        (["rollout=3"], "config key 'rollout' is a section: expected a mapping of its keys"),
+        (["rollout.env_id=null"], "rollout.env_id is required"),
+    ],
+)
 def test_bad_values_fail_at_start_naming_the_key(override, needle):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -98,7 +107,11 @@ def test_env_kwargs_are_arguments_of_the_env(path):
     for klass in klasses:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(klass.__init__).parameters)
-    for key in {**env.env_kwargs, **cfg.eval.env_kwargs, **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()}}:
+    for key in {
+        **env.env_kwargs,
+        **cfg.eval.env_kwargs,
+        **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()},
+    }:
         assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"
 
 
@@ -107,8 +120,16 @@ def scratch_registrations():
     from trainers import algos
     from trainers.algos import registry
 
-    regs = (algos.ADV_ESTIMATORS, algos.USES_CRITIC, algos.NEEDS_GROUPS, algos.AGGREGATIONS, algos.AGG_UNITS,
-            algos.KL_KINDS, registry.ADV_PARAMS, registry.AGG_PARAMS)
+    regs = (
+        algos.ADV_ESTIMATORS,
+        algos.USES_CRITIC,
+        algos.NEEDS_GROUPS,
+        algos.AGGREGATIONS,
+        algos.AGG_UNITS,
+        algos.KL_KINDS,
+        registry.ADV_PARAMS,
+        registry.AGG_PARAMS,
+    )
     before = [dict(r) for r in regs]
     yield algos
     for r, b in zip(regs, before):
@@ -132,8 +153,10 @@ def test_registered_names_are_selectable_from_yaml(tmp_path, scratch_registratio
         return d.abs()
 
     p = tmp_path / "c.yaml"
-    p.write_text("rollout: {env_id: AgentR1/FactChain-v0}\n"
-                 "algorithm: {algo: grpo, adv_estimator: mine, loss_agg: my-sum, kl_kind: abs, kl_coef: 0.1}\n")
+    p.write_text(
+        "rollout: {env_id: AgentR1/FactChain-v0}\n"
+        "algorithm: {algo: grpo, adv_estimator: mine, loss_agg: my-sum, kl_kind: abs, kl_coef: 0.1}\n"
+    )
     cfg = load_config(p)
     assert (cfg.algorithm.adv_estimator, cfg.algorithm.loss_agg, cfg.algorithm.kl_kind) == ("mine", "my-sum", "abs")
     assert cfg.algorithm.uses_critic  # from the registration, not from the name
@@ -150,26 +173,36 @@ def test_group_size_check_comes_from_the_registration(scratch_registrations):
     algos.register_adv_est("my-solo")(mine)
     one = [*ENV, "rollout.group_size=1", "rollout.tasks_per_iter=16", "algorithm.minibatch_size=16"]
     grpo = [*ENV, "algorithm.algo=grpo"]
-    with pytest.raises(ConfigError, match="group_size must be at least 2 for adv_estimator='my-baseline', got 1 "
-                                          r"\(.*needs_groups=True\)"):
+    with pytest.raises(
+        ConfigError,
+        match="group_size must be at least 2 for adv_estimator='my-baseline', got 1 "
+        r"\(.*needs_groups=True\)",
+    ):
         check(load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", *one]))
-    assert load_config(None, [*grpo, "algorithm.adv_estimator=my-baseline", "rollout.group_size=2",
-                              "algorithm.minibatch_size=16"]).algorithm.needs_groups
-    assert not load_config(None, [*grpo, "algorithm.adv_estimator=my-solo", *one]).algorithm.needs_groups  # the same fn, no groups
+    assert load_config(
+        None, [*grpo, "algorithm.adv_estimator=my-baseline", "rollout.group_size=2", "algorithm.minibatch_size=16"]
+    ).algorithm.needs_groups
+    assert not load_config(
+        None, [*grpo, "algorithm.adv_estimator=my-solo", *one]
+    ).algorithm.needs_groups  # the same fn, no groups
     for name, groups in (("grpo", True), ("rloo", True), ("reinforce_pp", False), ("gae", False)):
         assert algos.NEEDS_GROUPS[name] is groups, name
     with pytest.raises(ValueError, match="'my-baseline' is already registered with needs_groups=True"):
         algos.register_adv_est("my-baseline")(mine)
 
 
-@pytest.mark.parametrize("key,value,valid", [
-    ("adv_estimator", "mine2", "gae, grpo, reinforce_pp, rloo"),
-    ("loss_agg", "sum", "seq-mean-token-mean, seq-mean-token-sum, token-mean"),
-    ("kl_kind", "k9", "k1, k2, k3"),
-])
+@pytest.mark.parametrize(
+    "key,value,valid",
+    [
+        ("adv_estimator", "mine2", "gae, grpo, reinforce_pp, rloo"),
+        ("loss_agg", "sum", "seq-mean-token-mean, seq-mean-token-sum, token-mean"),
+        ("kl_kind", "k9", "k1, k2, k3"),
+    ],
+)
 def test_unregistered_names_fail_listing_the_registered(key, value, valid):
-    with pytest.raises(ConfigError, match=f"config key 'algorithm.{key}': '{value}' is not registered; registered: "
-                                          f"{valid}"):
+    with pytest.raises(
+        ConfigError, match=f"config key 'algorithm.{key}': '{value}' is not registered; registered: {valid}"
+    ):
         load_config(None, [*ENV, f"algorithm.{key}={value}"])
 
 

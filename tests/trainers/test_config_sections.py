@@ -59,9 +59,13 @@ def test_every_config_written_flat_loads_the_same_with_a_warning_naming_the_new_
     cls = _cls(path)
     cfg = load_config(path, cls=cls)
     flat = _flatten(yaml.safe_load(path.read_text()), cls)
-    assert not any(isinstance(v, dict) and k in ("model", "rollout", "algorithm", "run", "scale") for k, v in flat.items())
+    assert not any(
+        isinstance(v, dict) and k in ("model", "rollout", "algorithm", "run", "scale") for k, v in flat.items()
+    )
     (tmp_path / "flat.yaml").write_text(yaml.safe_dump(flat))
-    with pytest.warns(ConfigDeprecationWarning, match=r"flat config keys are deprecated; read as .*model -> model\.name"):
+    with pytest.warns(
+        ConfigDeprecationWarning, match=r"flat config keys are deprecated; read as .*model -> model\.name"
+    ):
         old = load_config(tmp_path / "flat.yaml", cls=cls)
     assert old == cfg
 
@@ -70,15 +74,27 @@ def test_a_config_from_before_the_sections_loads_with_each_key_in_its_place():
     with pytest.warns(ConfigDeprecationWarning) as rec:
         cfg = load_config(DATA / "flat_factchain_ppo.yaml")
     msg = str(rec[0].message)
-    for moved in ("lr -> algorithm.lr", "env_kwargs -> rollout.env_kwargs", "eval_sets -> eval.sets",
-                  "eval_env_kwargs -> eval.env_kwargs", "model -> model.name", "init_from -> model.init_from",
-                  "iterations -> run.iterations", "eval_every -> eval.every", "torch_threads -> model.torch_threads"):
+    for moved in (
+        "lr -> algorithm.lr",
+        "env_kwargs -> rollout.env_kwargs",
+        "eval_sets -> eval.sets",
+        "eval_env_kwargs -> eval.env_kwargs",
+        "model -> model.name",
+        "init_from -> model.init_from",
+        "iterations -> run.iterations",
+        "eval_every -> eval.every",
+        "torch_threads -> model.torch_threads",
+    ):
         assert moved in msg, moved
     assert (cfg.algorithm.lr, cfg.algorithm.algo, cfg.algorithm.warmup_steps) == (0.0003, "ppo", 8)
     assert cfg.rollout.env_id == "AgentR1/FactChain-v0" and cfg.rollout.env_kwargs["num_tasks"] == 64
     assert cfg.eval.sets["fresh_kb"] == {"split": "test", "kb_seed": 1000} and cfg.eval.env_kwargs == {"split": "train"}
     assert (cfg.model.name, cfg.model.init_from, cfg.run.iterations, cfg.eval.every) == (
-        "tiny", "runs/factchain_sft/model", 1000, 5)
+        "tiny",
+        "runs/factchain_sft/model",
+        1000,
+        5,
+    )
     assert cfg == load_config(ROOT / "configs" / "factchain_ppo.yaml")  # the sectioned file says the same
     with pytest.warns(ConfigDeprecationWarning, match="eval_tasks -> eval.tasks"):
         sft = load_config(DATA / "flat_factchain_sft.yaml", cls=SFTConfig)
@@ -102,11 +118,13 @@ def test_a_run_saved_with_flat_keys_resumes_and_takes_flat_or_dotted_overrides(t
 
 
 def test_checking_a_config_imports_no_torch():
-    code = ("import sys\nfrom pathlib import Path\nfrom trainers.config import load_config, TrainConfig\n"
-            "from trainers.sft import SFTConfig\n"
-            "for p in sorted(Path('configs').glob('*.yaml')):\n"
-            "    load_config(p, cls=SFTConfig if 'train_sft' in p.read_text().splitlines()[0] else TrainConfig)\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom trainers.config import load_config, TrainConfig\n"
+        "from trainers.sft import SFTConfig\n"
+        "for p in sorted(Path('configs').glob('*.yaml')):\n"
+        "    load_config(p, cls=SFTConfig if 'train_sft' in p.read_text().splitlines()[0] else TrainConfig)\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -165,7 +183,7 @@ def test_sft_and_evaluation_reuse_the_model_and_eval_sections():
     sft = SFTConfig(env_id="AgentR1/FactChain-v0", model={"name": "tiny", "tiny_layers": 1}, eval={"tasks": 4})
     assert type(sft.model) is ModelConfig and type(sft.eval) is EvalConfig and sft.eval.every == 0
     assert {f.name for f in dataclasses.fields(SFTConfig)}.isdisjoint(
-        {f.name for f in dataclasses.fields(ModelConfig)} | {"eval_tasks", "eval_every", "eval_sets", "tokenizer"})
+        {f.name for f in dataclasses.fields(ModelConfig)} | {"eval_tasks", "eval_every", "eval_sets", "tokenizer"}
+    )
     with pytest.raises(ConfigError, match=r"'model.layers' \(did you mean 'model.tiny_layers'\?\)"):
         SFTConfig(env_id="x", model={"layers": 1})
-

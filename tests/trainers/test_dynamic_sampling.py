@@ -44,12 +44,13 @@ def test_loss_over_the_kept_groups_by_hand():
     lp = torch.zeros(4, 3)
 
     def loss_of(rows):
-        adv, _, _ = algos.grpo(token_rewards=r[rows], loss_mask=m[rows], values=None, group_ids=groups[rows],
-                               gamma=1.0, lam=1.0)
+        adv, _, _ = algos.grpo(
+            token_rewards=r[rows], loss_mask=m[rows], values=None, group_ids=groups[rows], gamma=1.0, lam=1.0
+        )
         return float(algos.policy_loss(lp[rows], lp[rows], adv, m[rows])[0]), adv
 
     # Group 0: scores 1 and 0, mean 0.5, unbiased std sqrt(0.5): A = +-0.5 / (sqrt(0.5) + 1e-6).
-    a = 0.5 / (0.5 ** 0.5 + 1e-6)
+    a = 0.5 / (0.5**0.5 + 1e-6)
     kept = algos.group_spread(r, m, groups).nonzero().flatten()
     assert kept.tolist() == [0, 1]
     loss, adv = loss_of(kept)
@@ -60,8 +61,9 @@ def test_loss_over_the_kept_groups_by_hand():
     # tokens; with the void group left in, the same tokens get -a / 12 (its 6 zero tokens dilute).
     for rows, n_tokens in ((kept, 6), (torch.arange(4), 12)):
         new = lp[rows].clone().requires_grad_(True)
-        adv, _, _ = algos.grpo(token_rewards=r[rows], loss_mask=m[rows], values=None, group_ids=groups[rows],
-                               gamma=1.0, lam=1.0)
+        adv, _, _ = algos.grpo(
+            token_rewards=r[rows], loss_mask=m[rows], values=None, group_ids=groups[rows], gamma=1.0, lam=1.0
+        )
         algos.policy_loss(new, lp[rows], adv, m[rows])[0].backward()
         assert new.grad[0].tolist() == pytest.approx([-a / n_tokens] * 3, rel=1e-6)
 
@@ -71,11 +73,23 @@ def test_dynamic_sampling_config_is_checked():
     with pytest.raises(ConfigError, match="adv_estimator: 'gae', which has no groups"):
         check(from_dict({**base, "algorithm": {"algo": "ppo", "dynamic_sampling": True}}))
     with pytest.raises(ConfigError, match="does not combine with rollout.max_staleness: 1"):
-        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
-                         "algorithm": {"algo": "grpo", "dynamic_sampling": True}}))
+        check(
+            from_dict(
+                {
+                    "rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
+                    "algorithm": {"algo": "grpo", "dynamic_sampling": True},
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="does not combine with rollout.workers: 2"):
-        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "workers": 2},
-                         "algorithm": {"algo": "grpo", "dynamic_sampling": True}}))
+        check(
+            from_dict(
+                {
+                    "rollout": {"env_id": "AgentR1/FactChain-v0", "workers": 2},
+                    "algorithm": {"algo": "grpo", "dynamic_sampling": True},
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="dynamic_sampling_max_extra must be >= 0"):
         from_dict({**base, "algorithm": {"algo": "grpo", "dynamic_sampling": True, "dynamic_sampling_max_extra": -1}})
     cfg = from_dict({**base, "algorithm": {"algo": "rloo", "dynamic_sampling": True, "dynamic_sampling_max_extra": 0}})
@@ -148,8 +162,9 @@ def test_no_drop_is_bit_identical_to_the_plain_trainer(tmp_path, sft_model):
     seed, _ = _first_seed(tmp_path, sft_model, lambda frac: frac == 0, tasks_per_iter=2, group_size=4)
     runs = {}
     for dyn in (False, True):
-        cfg = tiny_rl_config(tmp_path / str(dyn), "grpo", sft_model, iterations=1, seed=seed, tasks_per_iter=2,
-                             group_size=4)
+        cfg = tiny_rl_config(
+            tmp_path / str(dyn), "grpo", sft_model, iterations=1, seed=seed, tasks_per_iter=2, group_size=4
+        )
         cfg.algorithm.dynamic_sampling = dyn
         runs[dyn] = _train(cfg)
     rec = _records(tmp_path / "True")[0]
@@ -227,10 +242,21 @@ def _traj(n_agent, reward, reason, group):
         spans.append([len(ids), len(ids) + n_agent])
         ids += [5] * n_agent + [9]
         mask += [1] * n_agent + [0]
-    ep = Episode(token_ids=ids, loss_mask=mask, prompt_len=2, step_spans=spans, step_rewards=[0.0, reward],
-                 step_reward_components=[{}, {"em": reward}], step_call_statuses=[[], []], task_id="t",
-                 task_index=0, answer=None if reason else "x", answer_scores={}, success=False,
-                 truncation_reason=reason)
+    ep = Episode(
+        token_ids=ids,
+        loss_mask=mask,
+        prompt_len=2,
+        step_spans=spans,
+        step_rewards=[0.0, reward],
+        step_reward_components=[{}, {"em": reward}],
+        step_call_statuses=[[], []],
+        task_id="t",
+        task_index=0,
+        answer=None if reason else "x",
+        answer_scores={},
+        success=False,
+        truncation_reason=reason,
+    )
     return Trajectory(ep, [0.0] * len(ids), group)
 
 
@@ -248,10 +274,9 @@ def test_overlong_mask_and_soft_penalty_by_hand(tmp_path, sft_model):
 
     # Group 0: an answer (reward 1, 3+3 agent tokens) and an episode cut at the context (reward 0).
     # Group 1: an answer of 5+5 agent tokens (reward 1) and one cut by max_turns (2+2, reward 0.5).
-    trajs = [_traj(3, 1.0, None, 0), _traj(3, 0.0, "context", 0), _traj(5, 1.0, None, 1),
-             _traj(2, 0.5, "max_turns", 1)]
-    a = 0.5 / (0.5 ** 0.5 + 1e-6)  # GRPO on two scores 1 apart: +-0.5 / (std sqrt(0.5) + eps)
-    a2 = 0.25 / (0.125 ** 0.5 + 1e-6)  # and 0.5 apart: +-0.25 / (std sqrt(0.125) + eps)
+    trajs = [_traj(3, 1.0, None, 0), _traj(3, 0.0, "context", 0), _traj(5, 1.0, None, 1), _traj(2, 0.5, "max_turns", 1)]
+    a = 0.5 / (0.5**0.5 + 1e-6)  # GRPO on two scores 1 apart: +-0.5 / (std sqrt(0.5) + eps)
+    a2 = 0.25 / (0.125**0.5 + 1e-6)  # and 0.5 apart: +-0.25 / (std sqrt(0.125) + eps)
 
     tr = _trainer(tmp_path, sft_model, overlong="mask")
     batch = build_batch(trajs, 0)
@@ -271,7 +296,9 @@ def test_overlong_mask_and_soft_penalty_by_hand(tmp_path, sft_model):
     batch = build_batch(trajs, 0)
     tr._overlong_metrics, tr._overlong_rows = overlong_shaping(batch, trajs, tr.cfg.algorithm)
     assert float(batch.token_rewards[2].sum()) == pytest.approx(0.0)
-    assert float(batch.token_rewards[2, 2 + 5 + 1 + 4]) == pytest.approx(0.0)  # the penalty sits on the last agent token
+    assert float(batch.token_rewards[2, 2 + 5 + 1 + 4]) == pytest.approx(
+        0.0
+    )  # the penalty sits on the last agent token
     m = tr.compute_advantages(batch)
     assert m["overlong/penalty_mean"] == pytest.approx(-0.25) and m["overlong/penalized_frac"] == 0.25
     assert float(batch.advantages[2, 2]) == pytest.approx(-a2, rel=1e-6)

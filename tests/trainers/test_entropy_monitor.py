@@ -18,15 +18,26 @@ def trainer(tmp_path_factory):
     from trainers.compose import build_trainer
     from trainers.config import from_dict
 
-    cfg = from_dict({
-        "run": {"run_dir": str(tmp_path_factory.mktemp("entropy") / "run"), "iterations": 1, "tensorboard": False,
-                "progress_bar": False},
-        "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
-        "rollout": {"env_id": "AgentR1/FactChain-v0", "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 8,
-                    "temperature": TEMPERATURE},
-        "algorithm": {"algo": "grpo", "minibatch_size": 4, "entropy_coef": 0.0},
-        "eval": {"every": 100, "tasks": 1},
-    })
+    cfg = from_dict(
+        {
+            "run": {
+                "run_dir": str(tmp_path_factory.mktemp("entropy") / "run"),
+                "iterations": 1,
+                "tensorboard": False,
+                "progress_bar": False,
+            },
+            "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
+            "rollout": {
+                "env_id": "AgentR1/FactChain-v0",
+                "tasks_per_iter": 2,
+                "group_size": 2,
+                "max_turn_tokens": 8,
+                "temperature": TEMPERATURE,
+            },
+            "algorithm": {"algo": "grpo", "minibatch_size": 4, "entropy_coef": 0.0},
+            "eval": {"every": 100, "tasks": 1},
+        }
+    )
     tr = build_trainer(cfg)
     tr.setup()
     yield tr
@@ -67,8 +78,9 @@ def _hand_entropy(tr, b) -> float:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("coef", [0.0, 0.01])
 def test_policy_entropy_is_the_mean_entropy_over_the_agent_tokens(trainer, coef):
-    trainer.cfg = dataclasses.replace(trainer.cfg, algorithm=dataclasses.replace(trainer.cfg.algorithm,
-                                                                                  entropy_coef=coef))
+    trainer.cfg = dataclasses.replace(
+        trainer.cfg, algorithm=dataclasses.replace(trainer.cfg.algorithm, entropy_coef=coef)
+    )
     b = _batch(trainer)
     want = _hand_entropy(trainer, b)
     _, m = trainer.policy_loss(b)
@@ -82,8 +94,9 @@ def test_policy_entropy_is_the_mean_entropy_over_the_agent_tokens(trainer, coef)
 
 @pytest.mark.timeout(300)
 def test_every_update_logs_the_entropy_without_a_bonus(trainer):
-    trainer.cfg = dataclasses.replace(trainer.cfg, algorithm=dataclasses.replace(trainer.cfg.algorithm,
-                                                                                  entropy_coef=0.0))
+    trainer.cfg = dataclasses.replace(
+        trainer.cfg, algorithm=dataclasses.replace(trainer.cfg.algorithm, entropy_coef=0.0)
+    )
     b = _batch(trainer)
     want = _hand_entropy(trainer, b)  # before the update's step: its one minibatch is measured first
     metrics = trainer.update(b, 0)

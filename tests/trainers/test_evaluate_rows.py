@@ -21,8 +21,23 @@ def _questions(out: Path) -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_scripted_policy_on_a_short_rows_file(tmp_path):
-    assert evaluate.main(["--env", "AgentR1/HotpotQA-v0", "--policy", "oracle", "--tasks", "100",
-                          "--env-kwargs", f"{{data_path: {ROWS}}}", "--out", str(tmp_path)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--env",
+                "AgentR1/HotpotQA-v0",
+                "--policy",
+                "oracle",
+                "--tasks",
+                "100",
+                "--env-kwargs",
+                f"{{data_path: {ROWS}}}",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tasks"] == 1 and summary["eval/success_rate"] == 1.0
 
@@ -30,17 +45,44 @@ def test_scripted_policy_on_a_short_rows_file(tmp_path):
 @pytest.mark.timeout(300)
 def test_checkpoint_on_rows_it_never_saw(tmp_path):
     run = tmp_path / "run"
-    cfg = TrainConfig(run_dir=str(run), algo="grpo", env_id="AgentR1/HotpotQA-v0", iterations=1, tasks_per_iter=2,
-                      group_size=2, minibatch_size=4, max_turn_tokens=8, eval_every=100, eval_tasks=2,
-                      tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1,
-                      env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2}, eval_env_kwargs={"split": "dev"})
+    cfg = TrainConfig(
+        run_dir=str(run),
+        algo="grpo",
+        env_id="AgentR1/HotpotQA-v0",
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=8,
+        eval_every=100,
+        eval_tasks=2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        checkpoint_every=1,
+        env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2},
+        eval_env_kwargs={"split": "dev"},
+    )
     tr = build_trainer(cfg)
     tr.setup()
     tr.train()
     tr.cleanup()
     out = tmp_path / "eval"
-    assert evaluate.main(["--checkpoint", str(run), "--env-kwargs", f"{{data_path: {ROWS}}}", "--max-turn-tokens", "8",
-                          "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--checkpoint",
+                str(run),
+                "--env-kwargs",
+                f"{{data_path: {ROWS}}}",
+                "--max-turn-tokens",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"] == 1 and summary["env"] == "AgentR1/HotpotQA-v0" and summary["checkpoint"]
     row = json.loads(ROWS.read_text().splitlines()[0])
@@ -62,10 +104,26 @@ def test_lora_checkpoint_loads_with_its_adapters(tmp_path, algo):
     import torch
 
     run = tmp_path / "run"
-    cfg = TrainConfig(run_dir=str(run), algo=algo, env_id="AgentR1/HotpotQA-v0", iterations=1, tasks_per_iter=2,
-                      group_size=2, minibatch_size=4, max_turn_tokens=8, eval_every=100, eval_tasks=2, lr=1e-2,
-                      tensorboard=False, progress_bar=False, torch_threads=1, checkpoint_every=1, lora_r=4,
-                      env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2}, eval_env_kwargs={"split": "dev"})
+    cfg = TrainConfig(
+        run_dir=str(run),
+        algo=algo,
+        env_id="AgentR1/HotpotQA-v0",
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=8,
+        eval_every=100,
+        eval_tasks=2,
+        lr=1e-2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        checkpoint_every=1,
+        lora_r=4,
+        env_kwargs={"data_path": str(QA / "hotpotqa"), "max_turns": 2},
+        eval_env_kwargs={"split": "dev"},
+    )
     tr = build_trainer(cfg)
     tr.setup()
     tr.train()
@@ -91,5 +149,18 @@ def test_lora_checkpoint_loads_with_its_adapters(tmp_path, algo):
         assert torch.allclose(policy(input_ids=ids).logits, want, atol=1e-5)
     assert (critic is not None) == (algo == "ppo")
     out = tmp_path / "eval"
-    assert evaluate.main(["--checkpoint", str(run), "--env-kwargs", f"{{data_path: {ROWS}}}", "--max-turn-tokens", "8",
-                          "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--checkpoint",
+                str(run),
+                "--env-kwargs",
+                f"{{data_path: {ROWS}}}",
+                "--max-turn-tokens",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )

@@ -33,19 +33,33 @@ from trainers.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
-COMMON = dict(env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"}, iterations=2, tasks_per_iter=4, group_size=2, minibatch_size=4, max_turn_tokens=12, eval_every=100,
-              eval_tasks=1, tensorboard=False, progress_bar=False, torch_threads=1, lr=1e-3, kl_coef=0.05,
-              # AdamW's default eps 1e-8 turns float32 rounding in the reduction order into updates of a
-              # sizeable part of lr where a gradient is ~1e-8 (embedding rows of tokens seen only in tool
-              # results: second moment ~1e-15); with the word-free tokenizer (9f39328) such rows moved by
-              # up to 1.9e-4 between the two layouts. 1e-6 damps them; the FSDP arithmetic is unchanged.
-              adam_eps=1e-6,
-              env_kwargs={"num_tasks": 16, "tools_in_prompt": False,
-                          "rewards": {"no_action": -0.1, "call_invalid": -0.2}})
+COMMON = dict(
+    env_id="AgentR1/FactChain-v0",
+    eval_env_kwargs={"split": "test"},
+    iterations=2,
+    tasks_per_iter=4,
+    group_size=2,
+    minibatch_size=4,
+    max_turn_tokens=12,
+    eval_every=100,
+    eval_tasks=1,
+    tensorboard=False,
+    progress_bar=False,
+    torch_threads=1,
+    lr=1e-3,
+    kl_coef=0.05,
+    # AdamW's default eps 1e-8 turns float32 rounding in the reduction order into updates of a
+    # sizeable part of lr where a gradient is ~1e-8 (embedding rows of tokens seen only in tool
+    # results: second moment ~1e-15); with the word-free tokenizer (9f39328) such rows moved by
+    # up to 1.9e-4 between the two layouts. 1e-6 damps them; the FSDP arithmetic is unchanged.
+    adam_eps=1e-6,
+    env_kwargs={"num_tasks": 16, "tools_in_prompt": False, "rewards": {"no_action": -0.1, "call_invalid": -0.2}},
+)
 RUNS = {
     "grpo": dict(algo="grpo", entropy_coef=0.01, kl_mode="loss"),
-    "ppo": dict(algo="ppo", kl_mode="reward", loss_agg="seq-mean-token-mean", max_tokens_per_microbatch=400,
-                max_grad_norm=0.1),
+    "ppo": dict(
+        algo="ppo", kl_mode="reward", loss_agg="seq-mean-token-mean", max_tokens_per_microbatch=400, max_grad_norm=0.1
+    ),
 }
 PARAM_ATOL = 2e-5  # float32, lr 1e-3; measured max |difference|: GRPO policy 3.0e-6 (3 iterations), PPO 2.1e-7 (2)
 
@@ -67,11 +81,21 @@ def torchrun(*args: str) -> Iterator[subprocess.Popen]:
     them: every process it starts carries a token in its environment (process_guard's mark, which a
     rank keeps when re-parented), and whatever still runs when the block ends is killed."""
     token = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
-           process_guard.ENV_VAR: token}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        process_guard.ENV_VAR: token,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         yield proc
     finally:
@@ -95,12 +119,17 @@ def runs(tmp_path_factory):
         path = tmp / f"{algo}.yaml"
         path.write_text(yaml.safe_dump({**COMMON, **kw, "run_dir": str(tmp / f"{algo}_fsdp")}))
         steps.append([algo, "--config", str(path), "fsdp=true"])
-    steps += [["copy", str(tmp / "grpo_fsdp"), str(tmp / "grpo_resumed_single")],
-              ["grpo", "--resume", str(tmp / "grpo_fsdp"), "iterations=3"]]
+    steps += [
+        ["copy", str(tmp / "grpo_fsdp"), str(tmp / "grpo_resumed_single")],
+        ["grpo", "--resume", str(tmp / "grpo_fsdp"), "iterations=3"],
+    ]
     with torchrun("tests/trainers/fsdp_trainer_worker.py", *map(json.dumps, steps)) as proc:
         for algo, kw in RUNS.items():
-            run(TrainConfig(**{**COMMON, **kw, "run_dir": str(tmp / f"{algo}_single"),
-                               "iterations": 3 if algo == "grpo" else 2}))
+            run(
+                TrainConfig(
+                    **{**COMMON, **kw, "run_dir": str(tmp / f"{algo}_single"), "iterations": 3 if algo == "grpo" else 2}
+                )
+            )
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     copy = tmp / "grpo_resumed_single"
@@ -138,7 +167,9 @@ def test_two_fsdp_processes_match_one_process(runs, algo):
     from trainers.models import load_policy, load_tokenizer_for
 
     cfg = TrainConfig(**{**COMMON, **RUNS[algo]})
-    start = load_policy(cfg.model, load_tokenizer_for(cfg.model), seed=cfg.run.seed).state_dict()  # the seed's initial weights
+    start = load_policy(
+        cfg.model, load_tokenizer_for(cfg.model), seed=cfg.run.seed
+    ).state_dict()  # the seed's initial weights
     for key in ("policy", "critic") if algo == "ppo" else ("policy",):
         diff = max_param_diff(sa, sb, key)
         assert diff <= PARAM_ATOL, (key, diff)
@@ -177,7 +208,9 @@ def test_the_training_script_under_torchrun_exits_zero_and_reports(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(summaries) == 1 and set(summaries[0]) >= {"rollout/reward_mean", "eval/success_rate"}, out[-4000:]
-    assert summaries[0]["rollout/reward_mean"] == pytest.approx(metrics(tmp_path / "run")[0]["rollout/reward_mean"], abs=1e-4)
+    assert summaries[0]["rollout/reward_mean"] == pytest.approx(
+        metrics(tmp_path / "run")[0]["rollout/reward_mean"], abs=1e-4
+    )
 
 
 def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
@@ -191,8 +224,10 @@ def test_fsdp_without_torchrun_names_the_command(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("kw,key", [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout.workers"),
-                                    (dict(lora_r=8), "lora_r")])
+@pytest.mark.parametrize(
+    "kw,key",
+    [(dict(backend="vllm"), "backend"), (dict(rollout_workers=2), "rollout.workers"), (dict(lora_r=8), "lora_r")],
+)
 def test_fsdp_refuses_a_wrong_combination_naming_the_key(kw, key):
     from trainers.compose import check
 

@@ -50,8 +50,10 @@ def main() -> int:
     print(f"function-level imports of the project's own modules: {total}")
     for pkg in PACKAGES:
         print(f"    {pkg}: {sum(n for m, n in func_level.items() if m.split('.')[0] == pkg)}")
-    print("    trainers modules:", ", ".join(f"{m.split('.', 1)[1]} {n}" for m, n in sorted(func_level.items())
-                                            if m.startswith("trainers.")))
+    print(
+        "    trainers modules:",
+        ", ".join(f"{m.split('.', 1)[1]} {n}" for m, n in sorted(func_level.items()) if m.startswith("trainers.")),
+    )
     return 0
 
 

@@ -14,11 +14,29 @@ from trainers.config import TrainConfig
 
 def test_grpo_clearly_improves_success(tmp_path, sft_model):
     env = {**COMPACT_ENV, "num_tasks": 16, "rewards": {"extra": {"hop": 0.2}}}
-    cfg = TrainConfig(run_dir=str(tmp_path / "learn"), env_id="AgentR1/FactChain-v0", algo="grpo", init_from=sft_model, env_kwargs=env,
-                      eval_env_kwargs={"split": "train"}, eval_tasks=16, tasks_per_iter=8, group_size=8,
-                      minibatch_size=32, lr=3e-4, warmup_steps=4, temperature=1.0, max_turn_tokens=40,
-                      iterations=40, eval_every=10, torch_threads=1, tensorboard=False, progress_bar=False,
-                      checkpoint_every=1000, recompute_logprobs=False)
+    cfg = TrainConfig(
+        run_dir=str(tmp_path / "learn"),
+        env_id="AgentR1/FactChain-v0",
+        algo="grpo",
+        init_from=sft_model,
+        env_kwargs=env,
+        eval_env_kwargs={"split": "train"},
+        eval_tasks=16,
+        tasks_per_iter=8,
+        group_size=8,
+        minibatch_size=32,
+        lr=3e-4,
+        warmup_steps=4,
+        temperature=1.0,
+        max_turn_tokens=40,
+        iterations=40,
+        eval_every=10,
+        torch_threads=1,
+        tensorboard=False,
+        progress_bar=False,
+        checkpoint_every=1000,
+        recompute_logprobs=False,
+    )
     tr = build_trainer(cfg)
     tr.setup()
     try:

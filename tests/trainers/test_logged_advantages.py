@@ -27,10 +27,12 @@ def test_logged_trajectories_carry_the_updates_per_token_advantages(tmp_path, sf
         assert on and max(on) - min(on) < 1e-5  # outcome advantage: one value per episode
     by_group: dict[int, list[tuple[float, float]]] = {}
     for r in recs:
-        by_group.setdefault(r["group"], []).append((r["reward"], next(a for a, m in zip(r["advantages"], r["loss_mask"]) if m)))
+        by_group.setdefault(r["group"], []).append(
+            (r["reward"], next(a for a, m in zip(r["advantages"], r["loss_mask"]) if m))
+        )
     assert any(a != 0.0 for g in by_group.values() for _, a in g)
     for g in by_group.values():  # a higher reward in a group is pushed up more (GRPO's ordering)
-        for (r1, a1) in g:
-            for (r2, a2) in g:
+        for r1, a1 in g:
+            for r2, a2 in g:
                 if r1 > r2 + 1e-9:
                     assert a1 > a2

@@ -32,8 +32,9 @@ ALGOS_DIR = Path(__file__).resolve().parents[2] / "trainers" / "algos"
 
 
 def close(a, b, tol=1e-5):
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float64),
-                          torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol
+    )
 
 
 # ----------------------------------------------------------------------------- plain-loop references
@@ -81,12 +82,8 @@ def rand_mask(B, T, g):
 
 
 def test_aggregate_by_hand():
-    loss = torch.tensor([[1.0, 2.0, 3.0, float("nan")],
-                         [5.0, 6.0, 7.0, 8.0],
-                         [9.0, 9.0, 9.0, 9.0]])
-    mask = torch.tensor([[1, 1, 0, 0],
-                         [1, 0, 0, 0],
-                         [0, 0, 0, 0]])
+    loss = torch.tensor([[1.0, 2.0, 3.0, float("nan")], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     # token-mean: (1 + 2 + 5) / 3 masked tokens = 8/3; the NaN sits on a masked-out position.
     assert close(aggregate(loss, mask, "token-mean"), 8 / 3)
     # seq-mean-token-sum: rows sum to 3 and 5; row 2 has no tokens and is left out -> 4.
@@ -168,9 +165,9 @@ def test_agg_registry_errors():
 def test_kl_penalty_by_hand():
     # p = 0.5, ref = 0.25: d = log 2 = 0.693147
     lp, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
-    assert close(kl_penalty(lp, ref, "k1"), math.log(2))                 # d
-    assert close(kl_penalty(lp, ref, "k2"), 0.5 * math.log(2) ** 2)      # 0.240227
-    assert close(kl_penalty(lp, ref, "k3"), 0.5 + math.log(2) - 1)       # e^-d + d - 1 = 0.193147
+    assert close(kl_penalty(lp, ref, "k1"), math.log(2))  # d
+    assert close(kl_penalty(lp, ref, "k2"), 0.5 * math.log(2) ** 2)  # 0.240227
+    assert close(kl_penalty(lp, ref, "k3"), 0.5 + math.log(2) - 1)  # e^-d + d - 1 = 0.193147
     # Equal distributions: all three are 0.
     for kind in ("k1", "k2", "k3"):
         assert close(kl_penalty(lp, lp, kind), 0.0)
@@ -222,7 +219,7 @@ def test_policy_loss_by_hand():
     assert close(loss, -0.8)
     assert close(m["policy/clipfrac"], 2 / 3)
     assert close(m["policy/ratio_mean"], (1.5 + 0.5 + 1.0) / 3)
-    assert close(m["policy/ratio_max"], 1.5)                 # e^5 at t3 is masked out
+    assert close(m["policy/ratio_max"], 1.5)  # e^5 at t3 is masked out
     # approx_kl = mean(r - log r - 1): (0.094535 + 0.193147 + 0) / 3
     assert close(m["policy/approx_kl"], (0.5 - math.log(1.5) + (-0.5 + math.log(2))) / 3)
     assert close(m["policy/dual_clipfrac"], 0.0)
@@ -271,8 +268,10 @@ def test_policy_loss_matches_loop(seed):
     c = [None, 2.0, 3.0][seed % 3]
     mode = sorted(AGGREGATIONS)[seed % len(AGGREGATIONS)]
     loss, m = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.3, dual_clip_c=c, agg=mode)
-    per_tok = [[ref_policy_token(lp[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.3, c)
-                for t in range(T)] for b in range(B)]
+    per_tok = [
+        [ref_policy_token(lp[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.3, c) for t in range(T)]
+        for b in range(B)
+    ]
     assert close(loss, ref_aggregate(per_tok, mask.tolist(), mode))
     toks = [(b, t) for b in range(B) for t in range(T) if mask[b, t]]
     ratios = [math.exp(lp[b, t].item() - old[b, t].item()) for b, t in toks]
@@ -364,10 +363,16 @@ def test_value_loss_matches_loop(seed):
 
 
 def test_entropy_by_hand():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0],                       # uniform over 4: log 4
-                            [0.0, float("-inf"), 0.0, float("-inf")],   # uniform over 2: log 2
-                            [1000.0, 0.0, 0.0, 0.0]]],                  # one-hot: 0
-                          requires_grad=True)
+    logits = torch.tensor(
+        [
+            [
+                [0.0, 0.0, 0.0, 0.0],  # uniform over 4: log 4
+                [0.0, float("-inf"), 0.0, float("-inf")],  # uniform over 2: log 2
+                [1000.0, 0.0, 0.0, 0.0],
+            ]
+        ],  # one-hot: 0
+        requires_grad=True,
+    )
     h = entropy_from_logits(logits)
     assert h.shape == (1, 3)
     assert close(h, [[math.log(4), math.log(2), 0.0]])

@@ -12,10 +12,22 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _ep(spans, calls, statuses, answer, reason):
-    return Episode(token_ids=[0] * 40, loss_mask=[0] * 40, prompt_len=2, step_spans=spans,
-                   step_rewards=[0.0] * len(spans), step_reward_components=[{}] * len(spans),
-                   step_call_statuses=statuses, task_id="t", task_index=0, answer=answer, answer_scores={},
-                   success=False, truncation_reason=reason, step_calls=calls)
+    return Episode(
+        token_ids=[0] * 40,
+        loss_mask=[0] * 40,
+        prompt_len=2,
+        step_spans=spans,
+        step_rewards=[0.0] * len(spans),
+        step_reward_components=[{}] * len(spans),
+        step_call_statuses=statuses,
+        task_id="t",
+        task_index=0,
+        answer=answer,
+        answer_scores={},
+        success=False,
+        truncation_reason=reason,
+        step_calls=calls,
+    )
 
 
 def test_monitors_by_hand():
@@ -47,7 +59,9 @@ def test_the_env_records_each_calls_signature():
     calls = []
     for text in turns:
         *_, term, trunc, info = env.step(env.encode_turn(text))
-        calls += [f"{c['name']}({__import__('json').dumps(c['arguments'], sort_keys=True)})" for c in info["tool_calls"]]
+        calls += [
+            f"{c['name']}({__import__('json').dumps(c['arguments'], sort_keys=True)})" for c in info["tool_calls"]
+        ]
         if term or trunc:
             ep = info["trajectory"]
             break

@@ -45,10 +45,25 @@ class RecordingTrainer(Trainer):
 
 @pytest.mark.timeout(300)
 def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", iterations=2, env_id="AgentR1/FactChainTeam-v0",
-                      env_kwargs=ENV, tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=10,
-                      eval_every=100, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1,
-                      lr=1e-3, entropy_coef=0.01, checkpoint_every=100)
+    cfg = TrainConfig(
+        run_dir=str(tmp_path / "run"),
+        algo="grpo",
+        iterations=2,
+        env_id="AgentR1/FactChainTeam-v0",
+        env_kwargs=ENV,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=10,
+        eval_every=100,
+        eval_tasks=2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        lr=1e-3,
+        entropy_coef=0.01,
+        checkpoint_every=100,
+    )
     check(cfg)  # the multi-agent id is a combination the table allows
     assert choose_parts(cfg).rollout is TeamRollout
     trainer = build_trainer(cfg, trainer_cls=RecordingTrainer)
@@ -69,23 +84,31 @@ def test_grpo_iterations_train_each_agent_on_its_own_tokens(tmp_path):
         for r, t in enumerate(trajs):
             ids = t.episode.token_ids
             mask = batch.loss_mask[r].numpy()
-            assert batch.input_ids[r, :len(ids)].tolist() == ids
+            assert batch.input_ids[r, : len(ids)].tolist() == ids
             # the generations that were this agent's: its context so far, then what it sampled
-            mine = [(j, len(p), len(g)) for j, (p, g) in enumerate(generated)
-                    if ids[:len(p)] == p and ids[len(p):len(p) + len(g)] == g and len(p) + len(g) <= len(ids)]
+            mine = [
+                (j, len(p), len(g))
+                for j, (p, g) in enumerate(generated)
+                if ids[: len(p)] == p and ids[len(p) : len(p) + len(g)] == g and len(p) + len(g) <= len(ids)
+            ]
             assert len(mine) == t.episode.turns
             claimed.update(j for j, _, _ in mine)
             expect = np.zeros(mask.shape[0])
             for _, start, n in mine:
-                expect[start:start + n] = 1
+                expect[start : start + n] = 1
             # the update's mask is exactly this agent's sampled tokens: nothing of the prompt, the
             # tool results, the env's turn closers or the teammate's turns
             assert np.array_equal(mask, expect)
             assert np.array_equal(batch.sampler_logprobs[r].numpy() != 0, expect > 0)
         assert claimed == set(range(len(generated)))  # every generated token is in exactly one trajectory
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
-    for key in ("team/success_rate", "team/cycles_mean", "team/messages_per_episode", "rollout/agent_tokens_mean",
-                "eval/team/success_rate"):
+    for key in (
+        "team/success_rate",
+        "team/cycles_mean",
+        "team/messages_per_episode",
+        "rollout/agent_tokens_mean",
+        "eval/team/success_rate",
+    ):
         assert key in last and np.isfinite(last[key]), key
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all("team/success_rate" in r for r in rows)

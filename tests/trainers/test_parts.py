@@ -18,21 +18,27 @@ from trainers.sources import LocalRollout
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("kw,rollout,parallel", [
-    (dict(env_id="AgentR1/FactChain-v0"), LocalRollout, SingleProcess),
-    (dict(env_id="AgentR1/FactChain-v0", rollout_workers=2), RayRollout, SingleProcess),
-    (dict(env_id="AgentR1/FactChain-v0", fsdp=True), LocalRollout, FSDP),
-    (dict(env_id="AgentR1/FactChainTeam-v0"), TeamRollout, SingleProcess),
-])
+@pytest.mark.parametrize(
+    "kw,rollout,parallel",
+    [
+        (dict(env_id="AgentR1/FactChain-v0"), LocalRollout, SingleProcess),
+        (dict(env_id="AgentR1/FactChain-v0", rollout_workers=2), RayRollout, SingleProcess),
+        (dict(env_id="AgentR1/FactChain-v0", fsdp=True), LocalRollout, FSDP),
+        (dict(env_id="AgentR1/FactChainTeam-v0"), TeamRollout, SingleProcess),
+    ],
+)
 def test_the_config_picks_the_parts(kw, rollout, parallel):
     parts = choose_parts(TrainConfig(**kw))
     assert (parts.rollout, parts.parallel) == (rollout, parallel)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(fsdp=True), "scale.fsdp: true with the multi-agent env_id"),
-    (dict(rollout_workers=2), "rollout.workers: 2 is not supported with the multi-agent env"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(fsdp=True), "scale.fsdp: true with the multi-agent env_id"),
+        (dict(rollout_workers=2), "rollout.workers: 2 is not supported with the multi-agent env"),
+    ],
+)
 def test_combinations_no_parts_run_are_refused_naming_the_key(kw, match):
     pytest.importorskip("pettingzoo")
     with pytest.raises(ConfigError, match=match):

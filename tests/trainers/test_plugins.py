@@ -94,8 +94,15 @@ def plugin(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
     monkeypatch.setenv("PLUGIN_TEST_LOG", str(tmp_path / "env_pids.log"))
-    tables = [registry.ADV_ESTIMATORS, registry.USES_CRITIC, registry.NEEDS_GROUPS, registry.ADV_PARAMS,
-              registry.AGGREGATIONS, registry.AGG_UNITS, registry.AGG_PARAMS]
+    tables = [
+        registry.ADV_ESTIMATORS,
+        registry.USES_CRITIC,
+        registry.NEEDS_GROUPS,
+        registry.ADV_PARAMS,
+        registry.AGGREGATIONS,
+        registry.AGG_UNITS,
+        registry.AGG_PARAMS,
+    ]
     saved = [dict(t) for t in tables]
     yield name
     for t, s in zip(tables, saved):
@@ -109,20 +116,44 @@ def plugin(tmp_path, monkeypatch):
 
 def _config(tmp_path, name, run, **rollout):
     p = tmp_path / f"{run}.yaml"
-    p.write_text(json.dumps({
-        "plugins": [name],
-        "run": {"run_dir": str(tmp_path / run), "iterations": 1, "checkpoint_every": 100, "log_trajectories": 0,
-                "tensorboard": False, "progress_bar": False, "gc_freeze": False},
-        "model": {"torch_threads": 1},
-        "rollout": {"env_id": "PluginTest/Echo-v0", "env_kwargs": {"max_turns": 2, "tools_in_prompt": False},
-                    "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 8, **rollout},
-        "algorithm": {"algo": "grpo", "adv_estimator": "scaled_grpo", "adv_kwargs": {"tau": 0.5},
-                      "loss_agg": "scaled-token-mean", "loss_kwargs": {"scale": 2.0}, "minibatch_size": 4,
-                      # The untrained model earns no reward, so every advantage is 0 and the update would
-                      # be skipped (trainer.void_update); the entropy bonus, aggregated by the plugin's
-                      # aggregation too, keeps it.
-                      "entropy_coef": 0.01},
-        "eval": {"every": 100, "tasks": 2}}))
+    p.write_text(
+        json.dumps(
+            {
+                "plugins": [name],
+                "run": {
+                    "run_dir": str(tmp_path / run),
+                    "iterations": 1,
+                    "checkpoint_every": 100,
+                    "log_trajectories": 0,
+                    "tensorboard": False,
+                    "progress_bar": False,
+                    "gc_freeze": False,
+                },
+                "model": {"torch_threads": 1},
+                "rollout": {
+                    "env_id": "PluginTest/Echo-v0",
+                    "env_kwargs": {"max_turns": 2, "tools_in_prompt": False},
+                    "tasks_per_iter": 2,
+                    "group_size": 2,
+                    "max_turn_tokens": 8,
+                    **rollout,
+                },
+                "algorithm": {
+                    "algo": "grpo",
+                    "adv_estimator": "scaled_grpo",
+                    "adv_kwargs": {"tau": 0.5},
+                    "loss_agg": "scaled-token-mean",
+                    "loss_kwargs": {"scale": 2.0},
+                    "minibatch_size": 4,
+                    # The untrained model earns no reward, so every advantage is 0 and the update would
+                    # be skipped (trainer.void_update); the entropy bonus, aggregated by the plugin's
+                    # aggregation too, keeps it.
+                    "entropy_coef": 0.01,
+                },
+                "eval": {"every": 100, "tasks": 2},
+            }
+        )
+    )
     return p
 
 
@@ -135,16 +166,25 @@ def test_a_config_names_what_a_plugin_registers_and_its_keywords_are_checked(tmp
     cfg = load_config(_config(tmp_path, plugin, "run"))  # the config's plugins are imported before it is checked
     assert cfg.plugins == [plugin] and cfg.algorithm.adv_kwargs == {"tau": 0.5} and cfg.algorithm.needs_groups
     assert "PluginTest/Echo-v0" in gym.registry
-    with pytest.raises(ConfigError, match=r"algorithm.adv_kwargs.*'tua' \(did you mean 'tau'\?\): not a parameter "
-                                          r"of the advantage estimator 'scaled_grpo', which takes tau"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm.adv_kwargs.*'tua' \(did you mean 'tau'\?\): not a parameter "
+        r"of the advantage estimator 'scaled_grpo', which takes tau",
+    ):
         load_config(_config(tmp_path, plugin, "run"), ["algorithm.adv_kwargs={tua: 0.5}"])
     with pytest.raises(ConfigError, match=r"'gamma' \(passed by the trainer itself\)"):
         load_config(_config(tmp_path, plugin, "run"), ["algorithm.adv_kwargs={gamma: 0.5}"])
-    with pytest.raises(ConfigError, match=r"algorithm.loss_kwargs.*'scale': not a parameter of the loss aggregation 'token-mean', which "
-                                          "takes no further keyword arguments"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm.loss_kwargs.*'scale': not a parameter of the loss aggregation 'token-mean', which "
+        "takes no further keyword arguments",
+    ):
         load_config(_config(tmp_path, plugin, "run"), ["algorithm.loss_agg=token-mean"])
-    with pytest.raises(ConfigError, match=r"plugin 'no_such_plugin_mod' not found: put the directory that holds it "
-                                          "on PYTHONPATH"):
+    with pytest.raises(
+        ConfigError,
+        match=r"plugin 'no_such_plugin_mod' not found: put the directory that holds it "
+        "on PYTHONPATH",
+    ):
         load_config(_config(tmp_path, plugin, "run"), ["plugins=[no_such_plugin_mod]"])
 
 
@@ -179,7 +219,9 @@ def test_training_with_a_plugins_estimator_loss_and_env_in_process_and_with_2_ra
     assert set(Path(os.environ["PLUGIN_TEST_LOG"]).read_text().split()) == {str(os.getpid())}
     Path(os.environ["PLUGIN_TEST_LOG"]).unlink()
 
-    ray_last = run(load_config(_config(tmp_path, plugin, "ray", workers=2, timeout_s=300)))  # worker start-up on a busy 2-core machine
+    ray_last = run(
+        load_config(_config(tmp_path, plugin, "ray", workers=2, timeout_s=300))
+    )  # worker start-up on a busy 2-core machine
     assert ray_last["adv/tau"] == 0.5 and mod.SEEN["tau"] == [0.5, 0.5]  # the learner estimates
     pids = set(Path(os.environ["PLUGIN_TEST_LOG"]).read_text().split())
     workers = pids - {str(os.getpid())}
@@ -203,6 +245,21 @@ def test_the_command_line_loads_plugins_before_the_config_is_checked(tmp_path, p
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--plugin", "no_such_plugin_mod", "--env", "PluginTest/Echo-v0", "--policy", "oracle"])
     assert e.value.code == 2 and "plugin 'no_such_plugin_mod' not found" in capsys.readouterr().err
-    assert evaluate.main(["--plugin", plugin, "--env", "PluginTest/Echo-v0", "--policy", "oracle", "--tasks", "3",
-                          "--out", str(tmp_path / "eval")]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--plugin",
+                plugin,
+                "--env",
+                "PluginTest/Echo-v0",
+                "--policy",
+                "oracle",
+                "--tasks",
+                "3",
+                "--out",
+                str(tmp_path / "eval"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["eval/success_rate"] == 1.0

@@ -93,8 +93,11 @@ def test_reads_from_a_child_have_a_deadline_of_their_own():
     """``LineReader.next_line`` returns the lines in order, then raises instead of blocking while a
     silent process holds the pipe open (as the survivor that hung `make test` did), then ``""``
     once the pipe closed."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; print('one', flush=True); time.sleep(60)"],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; print('one', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         out = LineReader(child.stdout)
         assert out.next_line(timeout=30) == "one\n"
@@ -111,9 +114,16 @@ def test_environ_is_inherited_inside_and_restored_after_even_on_error(monkeypatc
     monkeypatch.setenv("AGENT_GYM_TEST_KEPT", "before")
     monkeypatch.delenv("AGENT_GYM_TEST_NEW", raising=False)
     env = {"AGENT_GYM_TEST_KEPT": "inside", "AGENT_GYM_TEST_NEW": "inside"}
-    probe = [sys.executable, "-c", "import os; print(os.environ['AGENT_GYM_TEST_KEPT'], os.environ['AGENT_GYM_TEST_NEW'])"]
+    probe = [
+        sys.executable,
+        "-c",
+        "import os; print(os.environ['AGENT_GYM_TEST_KEPT'], os.environ['AGENT_GYM_TEST_NEW'])",
+    ]
     with pytest.raises(KeyError):
         with process_guard.environ(env):
-            assert subprocess.run(probe, capture_output=True, text=True, timeout=30).stdout.split() == ["inside", "inside"]
+            assert subprocess.run(probe, capture_output=True, text=True, timeout=30).stdout.split() == [
+                "inside",
+                "inside",
+            ]
             raise KeyError("an error inside the block")
     assert os.environ["AGENT_GYM_TEST_KEPT"] == "before" and "AGENT_GYM_TEST_NEW" not in os.environ

@@ -30,8 +30,12 @@ from trainers.rollout import collect
 
 # A node whose raylet is gone is declared dead after 3 failed health checks 0.5 s apart (Ray's
 # default, 5 x 3 s, would make the test wait 15 s or more for each loss).
-_FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                    "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+_FAST_NODE_DEATH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
 
 
 def _raylet_pid(node) -> int:
@@ -80,8 +84,10 @@ def test_a_lost_node_is_recollected_on_the_remaining_worker_and_the_batch_is_unc
     token = f"{os.getpid()}-{time.time_ns()}"
     monkeypatch.setenv(TOKEN_VAR, token)  # every process of the cluster inherits it
     t0 = time.perf_counter()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                           "_system_config": _FAST_NODE_DEATH})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": _FAST_NODE_DEATH},
+    )
     pool = None
     lost = []
     timings = {}
@@ -89,8 +95,10 @@ def test_a_lost_node_is_recollected_on_the_remaining_worker_and_the_batch_is_unc
         # A custom resource per node names it in ray.nodes() (and would let a worker ask for that node).
         nodes = {name: cluster.add_node(num_cpus=1, resources={name: 1}) for name in ("node_a", "node_b")}
         ray.init(address=cluster.address)
-        assert {n["NodeID"] for n in ray.nodes() if n["Alive"] and set(n["Resources"]) & {"node_a", "node_b"}} == \
-               {nodes["node_a"].node_id, nodes["node_b"].node_id}
+        assert {n["NodeID"] for n in ray.nodes() if n["Alive"] and set(n["Resources"]) & {"node_a", "node_b"}} == {
+            nodes["node_a"].node_id,
+            nodes["node_b"].node_id,
+        }
         cfg = _cfg(tmp_path / "ray", rollout_workers=2, rollout_timeout_s=240)
         pool = RolloutWorkerPool(cfg, inference_state_dict(ref.policy), ref.env_factory)
         timings["cluster and workers up"] = time.perf_counter() - t0
@@ -98,8 +106,10 @@ def test_a_lost_node_is_recollected_on_the_remaining_worker_and_the_batch_is_unc
         pids = pool.pids()
         # One worker on each node: each node has the one CPU a worker asks for, the head none. A
         # worker process is a child of its node's raylet.
-        on = {name: [w for w, pid in enumerate(pids) if psutil.Process(pid).ppid() == _raylet_pid(node)]
-              for name, node in nodes.items()}
+        on = {
+            name: [w for w, pid in enumerate(pids) if psutil.Process(pid).ppid() == _raylet_pid(node)]
+            for name, node in nodes.items()
+        }
         assert sorted(on.values()) == [[0], [1]], on
         [a], [b] = on["node_a"], on["node_b"]
 
@@ -115,9 +125,10 @@ def test_a_lost_node_is_recollected_on_the_remaining_worker_and_the_batch_is_unc
             assert torch.allclose(torch.tensor(x.sampler_logprobs), torch.tensor(y.sampler_logprobs), atol=1e-4)
         assert pool.metrics() == {"rollout/worker_restarts": 0.0, "rollout/workers_lost": 1.0}
         warning = capfd.readouterr().err
-        assert (f"rollout worker {b} was lost with its node {nodes['node_b'].node_id}" in warning
-                and f"its slice (tasks {tasks[2 * b: 2 * b + 2]}) is collected again by the remaining workers"
-                in warning), warning[-2000:]
+        assert (
+            f"rollout worker {b} was lost with its node {nodes['node_b'].node_id}" in warning
+            and f"its slice (tasks {tasks[2 * b : 2 * b + 2]}) is collected again by the remaining workers" in warning
+        ), warning[-2000:]
 
         # Iteration 1: new weights reach the remaining worker (the sync does not wait for the lost
         # one) and it collects both slices; the batch is again the undisturbed run's.
@@ -163,7 +174,10 @@ def test_a_lost_node_is_recollected_on_the_remaining_worker_and_the_batch_is_unc
         msg = str(err.value)
         assert "\n" not in msg, msg
         assert msg.startswith("every rollout worker was lost with its node"), msg
-        assert f"worker {a}: node {nodes['node_a'].node_id}" in msg and f"worker {b}: node {nodes['node_c'].node_id}" in msg
+        assert (
+            f"worker {a}: node {nodes['node_a'].node_id}" in msg
+            and f"worker {b}: node {nodes['node_c'].node_id}" in msg
+        )
         assert "--resume" in msg, msg
 
         t1 = time.perf_counter()

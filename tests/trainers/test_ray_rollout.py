@@ -21,15 +21,23 @@ from trainers.sources import make_vector_env
 
 def _cfg(run_dir, **kw):
     # 4 tasks x 2 rollouts, at most 2 turns of 12 tokens: the smallest batch with 2 groups per worker.
-    base = dict(iterations=2, max_turn_tokens=12, eval_tasks=2, log_trajectories=1, checkpoint_every=100,
-                env_kwargs={**COMPACT_ENV, "max_turns": 2})
+    base = dict(
+        iterations=2,
+        max_turn_tokens=12,
+        eval_tasks=2,
+        log_trajectories=1,
+        checkpoint_every=100,
+        env_kwargs={**COMPACT_ENV, "max_turns": 2},
+    )
     base.update(kw)
     return tiny_rl_config(run_dir, "grpo", None, **base)
 
 
 def _key(trajs):
     """What must be identical between two rollouts: tokens, masks, rewards, groups, tasks."""
-    return [(t.episode.token_ids, t.episode.loss_mask, t.episode.step_rewards, t.group, t.episode.task_index) for t in trajs]
+    return [
+        (t.episode.token_ids, t.episode.loss_mask, t.episode.step_rewards, t.group, t.episode.task_index) for t in trajs
+    ]
 
 
 def _record_rollouts(tr, on_iteration=None):
@@ -77,8 +85,13 @@ except RolloutWorkerError as e:
                      re.S), e
     print("refused; ray running after:", ray.is_initialized())
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "refused; ray running after: False" in out.stdout, out.stdout + out.stderr
 
@@ -98,11 +111,18 @@ def _check_slices(tr):
     slice with its offset, give the one full-size collect's trajectories."""
     tasks, seed = tr.task_indices(0), 1234
     full, _ = collect(tr.source.envs, tr.backend, tasks, 2, tr.sampling, seed)
-    half = make_vector_env(tr.cfg.rollout.env_id, 4, {"tokenizer": tr.tokenizer, **tr.cfg.rollout.env_kwargs,
-                                              "vocab_size": tr.policy.get_input_embeddings().num_embeddings})
+    half = make_vector_env(
+        tr.cfg.rollout.env_id,
+        4,
+        {
+            "tokenizer": tr.tokenizer,
+            **tr.cfg.rollout.env_kwargs,
+            "vocab_size": tr.policy.get_input_embeddings().num_embeddings,
+        },
+    )
     parts = []
     for w in range(2):
-        part, _ = collect(half, tr.backend, tasks[2 * w: 2 * w + 2], 2, tr.sampling, seed, offset=4 * w)
+        part, _ = collect(half, tr.backend, tasks[2 * w : 2 * w + 2], 2, tr.sampling, seed, offset=4 * w)
         parts += part
     assert _key(parts) == _key(full)
     assert len({tuple(k[0]) for k in _key(full)}) > 1  # the rows differ: a real sample, not one repeated row
@@ -241,20 +261,25 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         retrieval_s = _check_shared_retriever(ray)
         cluster = _marked(token)
         cpu_s = sum(_cpu_s(p) for p in cluster)
-        print(f"CPU seconds so far: this process {sum(psutil.Process().cpu_times()[:2]):.1f}, the Ray cluster's "
-              f"live processes {cpu_s:.1f} (the killed worker's not counted)")
+        print(
+            f"CPU seconds so far: this process {sum(psutil.Process().cpu_times()[:2]):.1f}, the Ray cluster's "
+            f"live processes {cpu_s:.1f} (the killed worker's not counted)"
+        )
 
         # A slice that outlives rollout_timeout_s: its worker is killed; with no retries left
         # the rollout stops naming the worker, instead of waiting forever. Worker 0 is hung for
         # real (SIGSTOP), so its slice cannot finish in time however fast this machine is (a
         # 0.05 s timeout alone did not fire on a faster machine: both slices came back in time).
         # Worker 0's slice is the oldest, so it is the one that times out first.
-        workers.cfg = dataclasses.replace(workers.cfg, rollout=dataclasses.replace(workers.cfg.rollout, timeout_s=2.0,
-                                                                                  retries=0))
+        workers.cfg = dataclasses.replace(
+            workers.cfg, rollout=dataclasses.replace(workers.cfg.rollout, timeout_s=2.0, retries=0)
+        )
         hung = workers.pids()[0]
         os.kill(hung, signal.SIGSTOP)
         try:
-            with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 timed out on its slice .* rollout_retries=0"):
+            with pytest.raises(
+                RolloutWorkerError, match=r"rollout worker 0 timed out on its slice .* rollout_retries=0"
+            ):
                 tr.rollout(2)
         finally:
             if _alive([hung]):  # let it run, so Ray's kill and shutdown can end it
@@ -263,12 +288,16 @@ def test_two_ray_workers_match_in_process_survive_a_kill_and_shut_down(tmp_path,
         t1 = time.perf_counter()
         tr.cleanup()
         shutdown_s = time.perf_counter() - t1
-    print(f"ray pool start {start_s:.1f} s, 2 iterations {train_s:.1f} s, shared retriever checks {retrieval_s:.1f} s, "
-          f"shutdown {shutdown_s:.1f} s")
+    print(
+        f"ray pool start {start_s:.1f} s, 2 iterations {train_s:.1f} s, shared retriever checks {retrieval_s:.1f} s, "
+        f"shutdown {shutdown_s:.1f} s"
+    )
 
     for it in (0, 1):
         assert len(seen[it]) == len(ref_rollouts[it]) == 8
-        assert _key(seen[it]) == _key(ref_rollouts[it]), f"iteration {it}: the Ray batch differs from the in-process one"
+        assert _key(seen[it]) == _key(ref_rollouts[it]), (
+            f"iteration {it}: the Ray batch differs from the in-process one"
+        )
         for a, b in zip(seen[it], ref_rollouts[it]):
             assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-4)
     for k in ("policy/loss", "rollout/reward_mean", "rollout/length_mean"):

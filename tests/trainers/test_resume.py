@@ -37,10 +37,18 @@ def _straight_then_start_killed(tmp_path, sft_model, **kw):
         cfg["run_dir"] = str(tmp_path / name)
         paths[name] = tmp_path / f"{name}.yaml"
         paths[name].write_text("# python trainers/train_grpo.py --config this.yaml\n" + yaml.safe_dump(cfg))
-    subprocess.run(_cmd("--config", str(paths["straight"])), check=True, env=env, cwd=REPO, timeout=600,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc = subprocess.Popen(_cmd("--config", str(paths["killed"])), env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        _cmd("--config", str(paths["straight"])),
+        check=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    proc = subprocess.Popen(
+        _cmd("--config", str(paths["killed"])), env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return env, proc
 
 
@@ -88,7 +96,11 @@ def test_killed_before_its_first_checkpoint_the_run_starts_over(tmp_path, sft_mo
     while time.time() < deadline and proc.poll() is None:
         if logged == 0 and (run_dir / "config.yaml").exists():
             break
-        if logged and (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= logged:
+        if (
+            logged
+            and (run_dir / "metrics.jsonl").exists()
+            and (run_dir / "metrics.jsonl").read_text().count("\n") >= logged
+        ):
             break  # complete lines only
         time.sleep(0.02)
     assert proc.poll() is None, "the run finished before it could be killed"

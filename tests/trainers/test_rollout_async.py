@@ -69,8 +69,11 @@ def _vec(tok, vocab, tasks, behaviour, n=N, timeout=5.0, hook=None):
     from agent_gym.vector import ToolVectorEnv
 
     cls = ScriptedToolEnv if hook is None else hook
-    return ToolVectorEnv([lambda: cls(tasks, WorkTool(behaviour, timeout=timeout), tokenizer=tok, vocab_size=vocab)
-                          for _ in range(n)], num_threads=n, info_format="list")
+    return ToolVectorEnv(
+        [lambda: cls(tasks, WorkTool(behaviour, timeout=timeout), tokenizer=tok, vocab_size=vocab) for _ in range(n)],
+        num_threads=n,
+        info_format="list",
+    )
 
 
 def _rollouts(engines, tok, vocab, sampling, seed):
@@ -101,8 +104,9 @@ def _assert_same_records(a, b, logprob_atol):
         assert y.group == x.group
         # log-probs sit on the same positions (the agent's tokens) and agree
         assert [p != 0.0 for p in y.sampler_logprobs] == [p != 0.0 for p in x.sampler_logprobs]
-        torch.testing.assert_close(torch.tensor(y.sampler_logprobs), torch.tensor(x.sampler_logprobs),
-                                   atol=logprob_atol, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(y.sampler_logprobs), torch.tensor(x.sampler_logprobs), atol=logprob_atol, rtol=0
+        )
 
 
 class TestAgainstLockstep:
@@ -118,18 +122,22 @@ class TestAgainstLockstep:
         from trainers.rollout import collect
         from trainers.rollout_async import collect_async
 
-        vec = ToolVectorEnv([lambda: QEnv(tokenizer=tok, vocab_size=tiny[1], scaffold=True) for _ in range(4)],
-                            info_format="list")
+        vec = ToolVectorEnv(
+            [lambda: QEnv(tokenizer=tok, vocab_size=tiny[1], scaffold=True) for _ in range(4)], info_format="list"
+        )
         try:
-            for sampling in (SamplingConfig(max_new_tokens=12, temperature=0.0),
-                             SamplingConfig(max_new_tokens=12, temperature=1.0)):
+            for sampling in (
+                SamplingConfig(max_new_tokens=12, temperature=0.0),
+                SamplingConfig(max_new_tokens=12, temperature=1.0),
+            ):
                 a, _ = collect(vec, engines[0], [0, 1], 2, sampling, seed=5)
                 b, _ = collect_async(vec, engines[1], [0, 1], 2, sampling, seed=5)
                 for x, y in zip(a, b, strict=True):
                     assert y.episode.token_ids == x.episode.token_ids and y.episode.loss_mask == x.episode.loss_mask
                     assert x.episode.step_slots[0] == "call:search"
-                    torch.testing.assert_close(torch.tensor(y.sampler_logprobs), torch.tensor(x.sampler_logprobs),
-                                               atol=1e-4, rtol=0)
+                    torch.testing.assert_close(
+                        torch.tensor(y.sampler_logprobs), torch.tensor(x.sampler_logprobs), atol=1e-4, rtol=0
+                    )
         finally:
             vec.close()
 
@@ -138,7 +146,9 @@ class TestAgainstLockstep:
         from trainers.backends import SamplingConfig
         from trainers.rollout import build_batch
 
-        tasks, a, b, times = _rollouts(engines, tok, tiny[1], SamplingConfig(max_new_tokens=12, temperature=0.0), seed=3)
+        tasks, a, b, times = _rollouts(
+            engines, tok, tiny[1], SamplingConfig(max_new_tokens=12, temperature=0.0), seed=3
+        )
         # the episodes have the scripted 1..6 turns, so the multi-turn path is exercised
         assert [t.episode.turns for t in b] == [tasks[i // GROUP]["turns"] for i in range(N)]
         assert max(t.episode.turns for t in b) > 1
@@ -219,13 +229,18 @@ class TestToolFailures:
         from trainers.rollout import collect
         from trainers.rollout_async import collect_async
 
-        tasks = [{"id": "block", "question": "Wait.", "answer": "a", "turns": 2},
-                 {"id": "raise", "question": "Fail.", "answer": "a", "turns": 3},
-                 {"id": "hang", "question": "Hang.", "answer": "a", "turns": 2}]
+        tasks = [
+            {"id": "block", "question": "Wait.", "answer": "a", "turns": 2},
+            {"id": "raise", "question": "Fail.", "answer": "a", "turns": 3},
+            {"id": "hang", "question": "Hang.", "answer": "a", "turns": 2},
+        ]
         tasks += [{"id": f"t{k}", "question": f"Work {k}.", "answer": "a", "turns": 4} for k in range(3)]
         sampling = SamplingConfig(max_new_tokens=6, temperature=0.0)
         order = list(range(len(tasks)))
-        for name, backend, run, cap in (("async", engines[1], collect_async, 120.0), ("lockstep", engines[0], collect, 3.0)):
+        for name, backend, run, cap in (
+            ("async", engines[1], collect_async, 120.0),
+            ("lockstep", engines[0], collect, 3.0),
+        ):
             gate = _Gate(others=len(tasks) - 1, cap_s=cap)
             vec = _vec(tok, tiny[1], tasks, gate.behaviour, n=len(tasks), timeout=None, hook=_gated_env(gate))
             vec.envs[2].unwrapped.tools["work"].timeout = 0.5  # only 'hang' has a timeout; 'block' must not be cut
@@ -240,7 +255,6 @@ class TestToolFailures:
             assert statuses["block"] == ["ok"] and all(statuses[f"t{k}"] == ["ok"] * 3 for k in range(3))
             assert [t.episode.turns for t in trajs] == [t["turns"] for t in tasks]
             assert gate.outcome["block"] == ("released" if name == "async" else "not released"), name
-
 
     @pytest.mark.timeout(600)
     def test_an_env_step_that_raises_stops_the_rollout_and_leaves_the_engine_clean(self, engines, tok, tiny):
@@ -277,12 +291,15 @@ class TestToolFailures:
 
 
 class TestConfig:
-    @pytest.mark.parametrize("kw, needle", [
-        ({"backend": "hf"}, "backend: 'hf'"),
-        ({"backend": "vllm", "rollout.workers": 2}, "workers: 2"),
-        ({"backend": "vllm", "rollout.env_server": "http://127.0.0.1:8000"}, "env_server"),
-        ({"backend": "vllm", "rollout.env_id": "AgentR1/FactChainTeam-v0"}, "multi-agent"),
-    ])
+    @pytest.mark.parametrize(
+        "kw, needle",
+        [
+            ({"backend": "hf"}, "backend: 'hf'"),
+            ({"backend": "vllm", "rollout.workers": 2}, "workers: 2"),
+            ({"backend": "vllm", "rollout.env_server": "http://127.0.0.1:8000"}, "env_server"),
+            ({"backend": "vllm", "rollout.env_id": "AgentR1/FactChainTeam-v0"}, "multi-agent"),
+        ],
+    )
     def test_async_refuses_what_it_cannot_run_naming_the_fix(self, tmp_path, kw, needle):
         import agent_gym
         from tests.trainers.conftest import tiny_rl_config
@@ -299,7 +316,9 @@ class TestConfig:
         from tests.trainers.conftest import tiny_rl_config
 
         assert tiny_rl_config(tmp_path, "grpo", None).rollout.mode == "lockstep"
-        assert tiny_rl_config(tmp_path, "grpo", None, backend="vllm", **{"rollout.mode": "async"}).rollout.mode == "async"
+        assert (
+            tiny_rl_config(tmp_path, "grpo", None, backend="vllm", **{"rollout.mode": "async"}).rollout.mode == "async"
+        )
 
     def test_collect_async_refuses_a_backend_without_an_engine_loop(self, tok, tiny):
         from trainers.backends import HFBackend, SamplingConfig
@@ -309,11 +328,16 @@ class TestConfig:
         vec = _vec(tok, tiny[1], make_tasks(2, seed=0), lambda task, turn: "x", n=2)
         try:
             with pytest.raises(TypeError, match="rollout: lockstep"):
-                collect_async(vec, HFBackend(build_tiny_qwen2(tok, seed=0), pad_token_id=0), [0, 1], 1,
-                              SamplingConfig(max_new_tokens=4), seed=0)
+                collect_async(
+                    vec,
+                    HFBackend(build_tiny_qwen2(tok, seed=0), pad_token_id=0),
+                    [0, 1],
+                    1,
+                    SamplingConfig(max_new_tokens=4),
+                    seed=0,
+                )
         finally:
             vec.close()
-
 
 
 class _Shared:
@@ -364,9 +388,19 @@ class TestTrainer:
         monkeypatch.setattr(trainer_mod, "make_backend", make_backend)
         runs = {}
         for mode in ("lockstep", "async"):
-            cfg = tiny_rl_config(tmp_path / mode, "grpo", str(tiny[0]), backend="vllm", iterations=2, eval_every=1,
-                                 vllm_kwargs={"max_model_len": 1024}, temperature=1.0, max_turn_tokens=16, log_trajectories=8,
-                                 **{"rollout.mode": mode})
+            cfg = tiny_rl_config(
+                tmp_path / mode,
+                "grpo",
+                str(tiny[0]),
+                backend="vllm",
+                iterations=2,
+                eval_every=1,
+                vllm_kwargs={"max_model_len": 1024},
+                temperature=1.0,
+                max_turn_tokens=16,
+                log_trajectories=8,
+                **{"rollout.mode": mode},
+            )
             tr = build_trainer(cfg)
             tr.setup()
             try:
@@ -376,8 +410,14 @@ class TestTrainer:
                 tr.cleanup()
             runs[mode] = {
                 "metrics": [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
-                "trajs": [[json.loads(x)["token_ids"] for x in (tmp_path / mode / "trajectories" / f"iter_{i:05d}.jsonl")
-                           .read_text().splitlines()] for i in range(2)]}
+                "trajs": [
+                    [
+                        json.loads(x)["token_ids"]
+                        for x in (tmp_path / mode / "trajectories" / f"iter_{i:05d}.jsonl").read_text().splitlines()
+                    ]
+                    for i in range(2)
+                ],
+            }
         assert runs["async"]["trajs"] == runs["lockstep"]["trajs"]
         assert all(len(t) > 0 for t in runs["async"]["trajs"])
         for m in runs["async"]["metrics"]:
@@ -402,6 +442,7 @@ def test_a_killed_async_engine_raises_engine_died_and_closes_clean(tiny):
 
     with AsyncVLLMBackend(tiny[0], seed=0, max_model_len=1024, kv_cache_memory_bytes=32 << 20) as aio:
         core = aio.engine.engine_core.resources.engine_manager.processes[0].pid
+
         def kill_when_busy():  # once the requests are in the engine: mid-request
             while aio.engine.get_num_unfinished_requests() == 0:
                 time.sleep(0.01)

@@ -29,8 +29,10 @@ def test_a_second_fresh_run_is_refused_overwrite_replaces_and_resume_continues(t
 
     rc, _, err = _train(capsys, "--config", str(cfg))
     assert rc == 2
-    assert err.strip() == (f"error: run_dir {str(run_dir)!r} already holds a run (metrics.jsonl, checkpoints); continue "
-                           f"it with --resume {run_dir}, choose another run_dir, or set run.overwrite=true to replace it")
+    assert err.strip() == (
+        f"error: run_dir {str(run_dir)!r} already holds a run (metrics.jsonl, checkpoints); continue "
+        f"it with --resume {run_dir}, choose another run_dir, or set run.overwrite=true to replace it"
+    )
     assert (run_dir / "metrics.jsonl").read_text() == before  # nothing touched
 
     (run_dir / "notes.txt").write_text("mine")  # not a run file: left alone by overwrite
@@ -64,11 +66,21 @@ def test_sft_refuses_a_run_dir_that_holds_a_run(tmp_path, capsys):
     run_dir = tmp_path / "sft"
     run_dir.mkdir()
     (run_dir / "final.json").write_text("{}")
-    args = ["env_id=AgentR1/FactChain-v0", "model.name=tiny", f"run_dir={run_dir}", "steps=1", "batch_size=2",
-            "num_demos=4", "eval.tasks=1", "model.torch_threads=1"]
+    args = [
+        "env_id=AgentR1/FactChain-v0",
+        "model.name=tiny",
+        f"run_dir={run_dir}",
+        "steps=1",
+        "batch_size=2",
+        "num_demos=4",
+        "eval.tasks=1",
+        "model.torch_threads=1",
+    ]
     with pytest.raises(ConfigError) as e:  # in-process (argv given) it raises; the command prints it as one line
         main(args)
-    assert str(e.value) == (f"run_dir {str(run_dir)!r} already holds a run (final.json); choose another run_dir, or "
-                            "set overwrite=true to replace it")
+    assert str(e.value) == (
+        f"run_dir {str(run_dir)!r} already holds a run (final.json); choose another run_dir, or "
+        "set overwrite=true to replace it"
+    )
     assert main([*args, "overwrite=true"]) == 0
     assert json.loads((run_dir / "final.json").read_text()) != {}

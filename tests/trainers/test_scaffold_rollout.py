@@ -37,7 +37,7 @@ def test_hf_stop_strings_cut_the_same_samples_at_the_token_that_completes_the_st
     stops = []
     for g in free:
         text = tok.decode(g.token_ids, skip_special_tokens=False)
-        stops.append([text[len(text) // 2: len(text) // 2 + 2]] if len(text) > 6 else ["\x00never"])
+        stops.append([text[len(text) // 2 : len(text) // 2 + 2]] if len(text) > 6 else ["\x00never"])
     cut = be.generate(prompts, s, seeds=seeds, stop_strings=stops)
     stopped = 0
     for f, c, st in zip(free, cut, stops):
@@ -63,7 +63,9 @@ def test_rollout_passes_each_turns_stop_strings_and_refuses_a_backend_without_th
     vec = ToolVectorEnv([lambda: QEnv(scaffold=True)] * 2, info_format="list")
     with pytest.raises(TypeError, match="takes no stop_strings"):
         collect(vec, NoStops(), [0], 2, SamplingConfig(max_new_tokens=4), seed=0)
-    plain = ToolVectorEnv([lambda: QEnv()], info_format="list")  # an env without a scaffold sends none: such a backend works as before
+    plain = ToolVectorEnv(
+        [lambda: QEnv()], info_format="list"
+    )  # an env without a scaffold sends none: such a backend works as before
     assert len(collect(plain, NoStops(), [0], 1, SamplingConfig(max_new_tokens=4), seed=0)[0]) == 1
 
     seen = []
@@ -91,19 +93,38 @@ def test_one_grpo_iteration_from_smollm2_with_the_scaffold_has_reward(tmp_path):
 
     if _available() is not None:
         pytest.skip(f"SmolLM2 extra absent: {_available()}")
-    cfg = from_dict({
-        "run": {"run_dir": str(tmp_path / "run"), "seed": 0, "iterations": 1, "checkpoint_every": 100,
-                "tensorboard": False, "progress_bar": False, "log_trajectories": 4},
-        "model": {"name": "smollm2-135m-instruct", "torch_threads": 1},
-        "rollout": {"env_id": "AgentR1/HotpotQA-v0", "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 24,
-                    "temperature": 0.7,
-                    "env_kwargs": {"data_path": str(FIXTURE), "tool_format": "smollm2", "max_turns": 3,
-                                   "max_result_tokens": 64, "scaffold": True,
-                                   "rewards": {"answer_weights": {"f1": 1.0}, "extra": {"supporting_hit": 0.1}}}},
-        "algorithm": {"algo": "grpo", "minibatch_size": 4, "lr": 1e-3},
-        "scale": {"lora_r": 4},
-        "eval": {"every": 100, "tasks": 1},
-    })
+    cfg = from_dict(
+        {
+            "run": {
+                "run_dir": str(tmp_path / "run"),
+                "seed": 0,
+                "iterations": 1,
+                "checkpoint_every": 100,
+                "tensorboard": False,
+                "progress_bar": False,
+                "log_trajectories": 4,
+            },
+            "model": {"name": "smollm2-135m-instruct", "torch_threads": 1},
+            "rollout": {
+                "env_id": "AgentR1/HotpotQA-v0",
+                "tasks_per_iter": 2,
+                "group_size": 2,
+                "max_turn_tokens": 24,
+                "temperature": 0.7,
+                "env_kwargs": {
+                    "data_path": str(FIXTURE),
+                    "tool_format": "smollm2",
+                    "max_turns": 3,
+                    "max_result_tokens": 64,
+                    "scaffold": True,
+                    "rewards": {"answer_weights": {"f1": 1.0}, "extra": {"supporting_hit": 0.1}},
+                },
+            },
+            "algorithm": {"algo": "grpo", "minibatch_size": 4, "lr": 1e-3},
+            "scale": {"lora_r": 4},
+            "eval": {"every": 100, "tasks": 1},
+        }
+    )
     tr = build_trainer(cfg)
     tr.setup()
     last = tr.train()
@@ -121,16 +142,28 @@ def test_rollout_scaffold_drop_anneals_the_slots_over_the_run(tmp_path):
     from trainers.compose import build_trainer
     from trainers.config import from_dict
 
-    cfg = from_dict({
-        "run": {"run_dir": str(tmp_path / "run"), "iterations": 3, "checkpoint_every": 100, "tensorboard": False,
-                "progress_bar": False},
-        "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
-        "rollout": {"env_id": "AgentR1/HotpotQA-v0", "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 8,
-                    "scaffold_drop": [1.0, 0.0],
-                    "env_kwargs": {"data_path": str(FIXTURE), "max_turns": 2, "max_result_tokens": 32, "scaffold": True}},
-        "algorithm": {"algo": "grpo", "minibatch_size": 4},
-        "eval": {"every": 100, "tasks": 1},
-    })
+    cfg = from_dict(
+        {
+            "run": {
+                "run_dir": str(tmp_path / "run"),
+                "iterations": 3,
+                "checkpoint_every": 100,
+                "tensorboard": False,
+                "progress_bar": False,
+            },
+            "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
+            "rollout": {
+                "env_id": "AgentR1/HotpotQA-v0",
+                "tasks_per_iter": 2,
+                "group_size": 2,
+                "max_turn_tokens": 8,
+                "scaffold_drop": [1.0, 0.0],
+                "env_kwargs": {"data_path": str(FIXTURE), "max_turns": 2, "max_result_tokens": 32, "scaffold": True},
+            },
+            "algorithm": {"algo": "grpo", "minibatch_size": 4},
+            "eval": {"every": 100, "tasks": 1},
+        }
+    )
     tr = build_trainer(cfg)
     tr.setup()
     tr.train()

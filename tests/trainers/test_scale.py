@@ -46,9 +46,19 @@ def synthetic_batch(model, rows: int = 7, seed: int = 1) -> RolloutBatch:
         from trainers.models import token_logprobs
 
         lp = token_logprobs(model, ids, attn, loss_mask=mask)[0]
-    return RolloutBatch(input_ids=ids, attention_mask=attn, loss_mask=mask, token_rewards=torch.zeros(rows, T),
-                        sampler_logprobs=lp.clone(), group_ids=torch.arange(rows) // 2, old_logprobs=lp + noise(0.3),
-                        ref_logprobs=lp + noise(0.2), values=noise(1.0), advantages=noise(1.0), returns=noise(1.0))
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        loss_mask=mask,
+        token_rewards=torch.zeros(rows, T),
+        sampler_logprobs=lp.clone(),
+        group_ids=torch.arange(rows) // 2,
+        old_logprobs=lp + noise(0.3),
+        ref_logprobs=lp + noise(0.2),
+        values=noise(1.0),
+        advantages=noise(1.0),
+        returns=noise(1.0),
+    )
 
 
 def policy_loss_on(model, mb: RolloutBatch, agg: str = "token-mean") -> torch.Tensor:
@@ -69,7 +79,9 @@ def make_trainer(tmp_path, **kw) -> Trainer:
     critic = Critic(policy) if cfg.algorithm.uses_critic else None
     tr.policy, tr.critic, tr.ref = scale.prepare_models(cfg, policy, critic)
     tr.opt = torch.optim.AdamW(scale.trainable(tr.policy), lr=cfg.algorithm.lr)
-    tr.critic_opt = torch.optim.AdamW(scale.trainable(tr.critic), lr=cfg.algorithm.critic_lr) if critic is not None else None
+    tr.critic_opt = (
+        torch.optim.AdamW(scale.trainable(tr.critic), lr=cfg.algorithm.critic_lr) if critic is not None else None
+    )
     return tr
 
 
@@ -161,8 +173,10 @@ def test_a_registered_aggregation_with_units_is_micro_batched_exactly(tmp_path, 
 def test_microbatching_or_fsdp_refuse_an_aggregation_registered_without_units(scratch_aggs):
     scratch_aggs.register_agg("sum-only")(lambda loss, mask: (loss * mask).sum())
     check(TrainConfig(env_id=ENV_ID, loss_agg="sum-only"))  # whole minibatches need no units
-    why = (r"loss_agg='sum-only' was registered without units=.*register_agg\('sum-only', units=fn\), "
-           r"fn\(mask \(B, T\)\) -> the count its loss divides by")
+    why = (
+        r"loss_agg='sum-only' was registered without units=.*register_agg\('sum-only', units=fn\), "
+        r"fn\(mask \(B, T\)\) -> the count its loss divides by"
+    )
     with pytest.raises(ConfigError, match=why):
         check(TrainConfig(env_id=ENV_ID, loss_agg="sum-only", max_tokens_per_microbatch=128))
     with pytest.raises(ConfigError, match="fsdp: true: " + why):
@@ -193,7 +207,9 @@ def test_bf16_autocast_is_close_and_master_weights_stay_fp32(tmp_path):
     assert all(p.dtype == torch.float32 for p in bf.policy.parameters())
     assert all(p.grad.dtype == torch.float32 for p in bf.policy.parameters() if p.grad is not None)
     states = [s for s in bf.opt.state.values()]
-    assert states and all(s["exp_avg"].dtype == torch.float32 and s["exp_avg_sq"].dtype == torch.float32 for s in states)
+    assert states and all(
+        s["exp_avg"].dtype == torch.float32 and s["exp_avg_sq"].dtype == torch.float32 for s in states
+    )
     with pytest.raises(ConfigError, match="float32 master weights"):
         check(TrainConfig(env_id=ENV_ID, mixed_precision="bf16", dtype="bfloat16"))
 
@@ -267,11 +283,29 @@ def test_lora_reference_is_the_base_with_adapters_off(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_ppo_iteration_with_every_feature_on(tmp_path):
-    cfg = TrainConfig(run_dir=str(tmp_path), env_id=ENV_ID, eval_env_kwargs={"split": "test"}, algo="ppo", iterations=1, tasks_per_iter=2, group_size=2, minibatch_size=4,
-                      max_turn_tokens=16, eval_tasks=2, tensorboard=False, progress_bar=False, torch_threads=1,
-                      kl_coef=0.05, lora_r=4, lora_alpha=8, mixed_precision="bf16", gradient_checkpointing=True,
-                      max_tokens_per_microbatch=128, entropy_coef=0.01,  # a gradient even if every advantage is 0
-                      env_kwargs={"tools_in_prompt": False, "rewards": {"call_invalid": -0.1, "no_action": -0.1}})
+    cfg = TrainConfig(
+        run_dir=str(tmp_path),
+        env_id=ENV_ID,
+        eval_env_kwargs={"split": "test"},
+        algo="ppo",
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=16,
+        eval_tasks=2,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        kl_coef=0.05,
+        lora_r=4,
+        lora_alpha=8,
+        mixed_precision="bf16",
+        gradient_checkpointing=True,
+        max_tokens_per_microbatch=128,
+        entropy_coef=0.01,  # a gradient even if every advantage is 0
+        env_kwargs={"tools_in_prompt": False, "rewards": {"call_invalid": -0.1, "no_action": -0.1}},
+    )
     tr = build_trainer(cfg)
     tr.setup()
     before = {n: p.detach().clone() for n, p in tr.policy.named_parameters()}
@@ -301,7 +335,10 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
         assert torch.isfinite(torch.tensor(last[k])), (k, last[k])
     # The HF backend samples in float32, the trainer scores in bf16 autocast: measured 0.0016 (mean
     # 0.00045) on this model; the bound leaves room for other seeds, and a wrong sampler is far past it.
-    assert last["train/logprob_mismatch_max"] < 0.01 < wrong_mismatch, (last["train/logprob_mismatch_max"], wrong_mismatch)
+    assert last["train/logprob_mismatch_max"] < 0.01 < wrong_mismatch, (
+        last["train/logprob_mismatch_max"],
+        wrong_mismatch,
+    )
     # --resume restores the adapters, the critic and the optimizer state of the LoRA run.
     again = build_trainer(cfg, resume=True)
     again.setup()
@@ -323,9 +360,23 @@ def test_a_ppo_iteration_with_every_feature_on(tmp_path):
 def test_fsdp_two_cpu_processes_give_the_single_process_gradients(tmp_path):
     out = tmp_path / "fsdp.pt"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--standalone", "tests/trainers/fsdp_worker.py", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            "tests/trainers/fsdp_worker.py",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     # Both ranks write to these pipes; the tail must reach back past torchrun's summary to a rank's traceback.
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-12000:]
     got = torch.load(out)
@@ -347,8 +398,9 @@ GPU_STEP = ROOT / "benchmarks" / "perf" / "gpu_step.py"
 def _gpu_step(*args: str, timeout: float) -> subprocess.CompletedProcess:
     """``python benchmarks/perf/gpu_step.py ARGS`` as users run it (by path; its raw output goes to
     a temporary folder under pytest)."""
-    return subprocess.run([sys.executable, str(GPU_STEP), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(GPU_STEP), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_paper_budget_counts_the_real_architecture_and_fits_80gb():
@@ -385,8 +437,24 @@ def test_gpu_step_tiny_smoke_run(tmp_path):
     import json
 
     out = tmp_path / "r.json"
-    r = _gpu_step("--tiny", "--algos", "grpo", "--tasks", "1", "--grpo-group", "2", "--iterations", "1",
-                  "--design-rows", "1", "--data", str(DATA), "--out", str(out), timeout=290)
+    r = _gpu_step(
+        "--tiny",
+        "--algos",
+        "grpo",
+        "--tasks",
+        "1",
+        "--grpo-group",
+        "2",
+        "--iterations",
+        "1",
+        "--design-rows",
+        "1",
+        "--data",
+        str(DATA),
+        "--out",
+        str(out),
+        timeout=290,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert run["algo"] == "grpo" and run["trajectory_tokens"] > 0 and run["train_tokens_per_s"] > 0
@@ -418,7 +486,14 @@ def test_smollm2_budget_counts_the_real_model_and_its_gpu_configs_fit():
         model = LlamaForCausalLM(LlamaConfig(**real))
     for algo in ("ppo", "grpo"):
         cfg = load_config(ROOT / "configs" / f"smollm2_qa_{algo}_gpu.yaml", [])
-        b = gs.memory_budget(shapes, cfg.scale.lora_r, cfg.scale.gradient_checkpointing, cfg.scale.max_tokens_per_microbatch, 0.35,
-                             vllm_fraction=cfg.rollout.vllm_kwargs["gpu_memory_utilization"], critic=cfg.algorithm.uses_critic)
+        b = gs.memory_budget(
+            shapes,
+            cfg.scale.lora_r,
+            cfg.scale.gradient_checkpointing,
+            cfg.scale.max_tokens_per_microbatch,
+            0.35,
+            vllm_fraction=cfg.rollout.vllm_kwargs["gpu_memory_utilization"],
+            critic=cfg.algorithm.uses_critic,
+        )
         assert b["_params"] == sum(p.numel() for p in model.parameters()) == 134_515_008
         assert b["total"] < 79.6, (algo, b["total"])

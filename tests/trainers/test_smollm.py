@@ -60,7 +60,7 @@ def test_converted_model_equals_the_gguf_and_loads_by_name(smollm_dir):
         a, b = policy(input_ids=ids).logits, ref(input_ids=ids).logits
         assert torch.equal(a, b)
         out = policy.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
     # init_from takes the name (or the directory) too.
     assert load_tokenizer_for(ModelConfig(name="tiny", init_from="smollm2-135m-instruct")).vocab_size == tok.vocab_size
 
@@ -97,7 +97,9 @@ def test_concurrent_converters_convert_once_and_never_expose_a_partial_directory
     names = sorted(x.name for x in cache.iterdir())
     assert names == ["count", "who"] and not (cache / "junk").exists()
     # Only the converters' temporary directories would sit beside it; none is left.
-    assert [x.name for x in (tmp_path / "models").iterdir() if not x.name.endswith(".lock")] == ["smollm2-135m-instruct"]
+    assert [x.name for x in (tmp_path / "models").iterdir() if not x.name.endswith(".lock")] == [
+        "smollm2-135m-instruct"
+    ]
 
 
 def test_missing_package_says_what_to_install(monkeypatch):
@@ -117,12 +119,19 @@ def test_smollm2_tool_format_reads_lists_objects_and_broken_calls():
     from agent_gym.formats import get_format
 
     f = get_format("smollm2")
-    t = f.parse('<tool_call>[{"name": "search", "arguments": {"query": "a"}}, '
-                '{"name": "lookup", "arguments": {"title": "B"}}]</tool_call>')
-    assert [(c.name, c.arguments, c.error) for c in t.calls] == [("search", {"query": "a"}, None),
-                                                                ("lookup", {"title": "B"}, None)]
+    t = f.parse(
+        '<tool_call>[{"name": "search", "arguments": {"query": "a"}}, '
+        '{"name": "lookup", "arguments": {"title": "B"}}]</tool_call>'
+    )
+    assert [(c.name, c.arguments, c.error) for c in t.calls] == [
+        ("search", {"query": "a"}, None),
+        ("lookup", {"title": "B"}, None),
+    ]
     assert [c.name for c in f.parse(t.text, max_calls=1).calls] == ["search"]  # the env's per-turn cap
-    assert [(c.name, c.arguments) for c in f.parse('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>').calls] == [("search", {"query": "x"})]
+    assert [
+        (c.name, c.arguments)
+        for c in f.parse('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>').calls
+    ] == [("search", {"query": "x"})]
     assert f.parse("<tool_call>[]</tool_call><answer>Paris</answer>").calls == []
     assert f.parse("<tool_call>[]</tool_call><answer>Paris</answer>").answer == "Paris"
     bad = f.parse('<tool_call>[{"name": 3}]</tool_call> <tool_call>{"name": "s"')
@@ -140,13 +149,28 @@ def test_one_grpo_iteration_on_smollm2(tmp_path, smollm_dir):
     from trainers.compose import build_trainer
     from trainers.config import TrainConfig
 
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), env_id="AgentR1/FactChain-v0", eval_env_kwargs={"split": "test"},
-                      algo="grpo", model="smollm2-135m-instruct", iterations=1,
-                      tasks_per_iter=2, group_size=2, minibatch_size=4, max_turn_tokens=16, eval_every=100,
-                      eval_tasks=1, tensorboard=False, progress_bar=False, torch_threads=1, lr=1e-3, lora_r=4,
-                      checkpoint_every=100, env_kwargs={"tool_format": "smollm2", "max_turns": 2,
-                                                        "rewards": {"format": 0.1}},
-                      entropy_coef=0.01)  # the untrained model earns no reward: the bonus keeps the update from being void
+    cfg = TrainConfig(
+        run_dir=str(tmp_path / "run"),
+        env_id="AgentR1/FactChain-v0",
+        eval_env_kwargs={"split": "test"},
+        algo="grpo",
+        model="smollm2-135m-instruct",
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        minibatch_size=4,
+        max_turn_tokens=16,
+        eval_every=100,
+        eval_tasks=1,
+        tensorboard=False,
+        progress_bar=False,
+        torch_threads=1,
+        lr=1e-3,
+        lora_r=4,
+        checkpoint_every=100,
+        env_kwargs={"tool_format": "smollm2", "max_turns": 2, "rewards": {"format": 0.1}},
+        entropy_coef=0.01,
+    )  # the untrained model earns no reward: the bonus keeps the update from being void
     tr = build_trainer(cfg)
     tr.setup()
     trainable = [k for k, v in tr.policy.named_parameters() if v.requires_grad]

@@ -57,8 +57,7 @@ def test_staleness_config_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="tis_cap must be >= 1"):
         from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0"}, "algorithm": {"tis_cap": 0.5}})
     with pytest.raises(ConfigError, match="does not combine with scale.fsdp"):
-        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1},
-                         "scale": {"fsdp": True}}))
+        check(from_dict({"rollout": {"env_id": "AgentR1/FactChain-v0", "max_staleness": 1}, "scale": {"fsdp": True}}))
 
 
 def _checksum(module: torch.nn.Module) -> float:
@@ -75,8 +74,9 @@ class RecordingRollout(LocalRollout):
         start = time.perf_counter()
         weights = _checksum(self.backend.model)
         out = super().collect(task_indices, group_size, sampling, seed, offset)
-        RecordingRollout.log.append({"start": start, "end": time.perf_counter(), "weights": weights,
-                                     "thread": threading.current_thread().name})
+        RecordingRollout.log.append(
+            {"start": start, "end": time.perf_counter(), "weights": weights, "thread": threading.current_thread().name}
+        )
         return out
 
 
@@ -114,7 +114,9 @@ def test_overlapped_rollout_is_at_most_one_version_old(tmp_path, sft_model, stal
         # The rollout of iteration `it` sampled with exactly the learner's weights of that version.
         assert log[it]["weights"] == pytest.approx(versions[version], rel=0, abs=1e-9)
         assert it - version == r["rollout/staleness_max"]
-        for rec in (json.loads(x) for x in (tmp_path / "run" / "trajectories" / f"iter_{it:05d}.jsonl").read_text().splitlines()):
+        for rec in (
+            json.loads(x) for x in (tmp_path / "run" / "trajectories" / f"iter_{it:05d}.jsonl").read_text().splitlines()
+        ):
             assert rec["policy_version"] == version and rec["staleness"] == it - version
     if staleness == 0:
         assert staleness_seen == [0.0] * iterations
@@ -146,8 +148,9 @@ def test_stale_trainer_loss_uses_the_behaviour_weights(tmp_path, sft_model):
         # Pretend the sampler was an older policy: shift its log-probs on the agent's tokens.
         shift = 0.3 * batch.loss_mask
         batch.sampler_logprobs = batch.old_logprobs - shift  # proximal / behaviour = e^0.3 on every agent token
-        batch.behaviour_weights, _ = algos.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs,
-                                                             batch.loss_mask, cfg.algorithm.tis_cap)
+        batch.behaviour_weights, _ = algos.behaviour_weights(
+            batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cfg.algorithm.tis_cap
+        )
         with torch.no_grad():
             loss, _ = tr.policy_loss(batch)
             lp = batch.old_logprobs  # the policy is unchanged since scoring: ratio 1, so L = -A * w per token
@@ -238,14 +241,21 @@ def test_overlapped_rollout_on_a_ray_worker_matches_the_in_process_one(tmp_path,
     fresh, _ = run("fresh", 0)
     ref, ref_recs = run("inproc", 1)
     got, recs = run("ray", 1, rollout_workers=1, rollout_timeout_s=300)
-    assert [r["rollout/staleness_max"] for r in recs] == [r["rollout/staleness_max"] for r in ref_recs] == [0.0, 1.0, 1.0]
+    assert (
+        [r["rollout/staleness_max"] for r in recs] == [r["rollout/staleness_max"] for r in ref_recs] == [0.0, 1.0, 1.0]
+    )
     assert [r["rollout/policy_version"] for r in recs] == [0.0, 0.0, 1.0]
-    assert all(r["rollout/worker_restarts"] == 0 for r in recs) and "rollout/worker_restarts" not in ref_recs[0]  # Ray ran it
+    assert (
+        all(r["rollout/worker_restarts"] == 0 for r in recs) and "rollout/worker_restarts" not in ref_recs[0]
+    )  # Ray ran it
+
     def same(a, b):  # token for token, with the same sampler log-probs
-        return [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in a] == \
-               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in b] and all(
+        return [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in a] == [
+            (t.episode.token_ids, t.episode.loss_mask, t.group) for t in b
+        ] and all(
             torch.allclose(torch.tensor(x.sampler_logprobs), torch.tensor(y.sampler_logprobs), atol=1e-5)
-            for x, y in zip(a, b))
+            for x, y in zip(a, b)
+        )
 
     for it in range(3):
         assert same(got[it], ref[it]), f"iteration {it} differs"

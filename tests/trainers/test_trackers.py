@@ -28,15 +28,29 @@ def _tiny_run(run_dir: Path, **run_keys) -> list[dict]:
     from trainers.compose import run
     from trainers.config import from_dict
 
-    cfg = from_dict({
-        "run": {"run_dir": str(run_dir), "iterations": 2, "checkpoint_every": 100, "tensorboard": False,
-                "progress_bar": False, "log_trajectories": 0, **run_keys},
-        "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
-        "rollout": {"env_id": "AgentR1/FactChain-v0", "tasks_per_iter": 2, "group_size": 2, "max_turn_tokens": 8,
-                    "env_kwargs": {"tools_in_prompt": False}},
-        "algorithm": {"algo": "ppo", "minibatch_size": 4},
-        "eval": {"env_kwargs": {"split": "test"}, "every": 100, "tasks": 1},
-    })
+    cfg = from_dict(
+        {
+            "run": {
+                "run_dir": str(run_dir),
+                "iterations": 2,
+                "checkpoint_every": 100,
+                "tensorboard": False,
+                "progress_bar": False,
+                "log_trajectories": 0,
+                **run_keys,
+            },
+            "model": {"name": "tiny", "tiny_layers": 1, "torch_threads": 1},
+            "rollout": {
+                "env_id": "AgentR1/FactChain-v0",
+                "tasks_per_iter": 2,
+                "group_size": 2,
+                "max_turn_tokens": 8,
+                "env_kwargs": {"tools_in_prompt": False},
+            },
+            "algorithm": {"algo": "ppo", "minibatch_size": 4},
+            "eval": {"env_kwargs": {"split": "test"}, "every": 100, "tasks": 1},
+        }
+    )
     run(cfg)
     recs = read_metrics(run_dir)
     assert [r["iteration"] for r in recs] == [0, 1]
@@ -45,7 +59,9 @@ def _tiny_run(run_dir: Path, **run_keys) -> list[dict]:
 
 def _scalars(rec: dict) -> dict[str, float]:
     """What MLflow gets of a metrics.jsonl record: its finite numbers (as TensorBoard)."""
-    return {k: float(v) for k, v in rec.items() if k != "iteration" and isinstance(v, (int, float)) and math.isfinite(v)}
+    return {
+        k: float(v) for k, v in rec.items() if k != "iteration" and isinstance(v, (int, float)) and math.isfinite(v)
+    }
 
 
 @pytest.mark.timeout(400)
@@ -88,8 +104,13 @@ def test_wandb_offline_run_holds_the_metrics_of_metrics_jsonl(tmp_path, monkeypa
 
     [log] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     # wandb's own reader of the transaction log (`wandb leet inspect`), as JSON lines.
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
     history = [r["history"] for r in records if r.get("type") == "history"]
     assert [h["step"]["num"] for h in history] == [0, 1]

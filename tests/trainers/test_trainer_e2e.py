@@ -16,8 +16,12 @@ from trainers.trainer import NonFiniteLossError
 def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, algo):
     # "same" repeats the eval env's settings (eval_env_kwargs defaults to the test split): greedy
     # evaluation is deterministic, so its metrics must equal eval/*'s.
-    cfg = tiny_rl_config(tmp_path / algo, algo, sft_model,
-                         eval_sets={"same": {"split": "test"}, "fresh_kb": {"split": "test", "kb_seed": 1000}})
+    cfg = tiny_rl_config(
+        tmp_path / algo,
+        algo,
+        sft_model,
+        eval_sets={"same": {"split": "test"}, "fresh_kb": {"split": "test", "kb_seed": 1000}},
+    )
     tr = build_trainer(cfg)
     tr.setup()
     before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
@@ -40,14 +44,16 @@ def test_every_parameter_changes_and_masks_are_the_actions(tmp_path, sft_model, 
     assert last["perf/gc_collections"] >= last["perf/gc_full_collections"] >= 0
     for k, v in tr.policy.named_parameters():
         assert not torch.equal(v, before[k]), f"policy parameter {k} did not change"
-    for k, v in (tr.critic.named_parameters() if tr.critic else []):
+    for k, v in tr.critic.named_parameters() if tr.critic else []:
         assert not torch.equal(v, critic_before[k]), f"critic parameter {k} did not change"
     recs = [json.loads(x) for x in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [0, 1, 2]
     for r in recs:
         assert all(v == v and abs(v) != float("inf") for v in r.values() if isinstance(v, float)), r
     assert "policy/loss" in last and ("value/loss" in last) == (algo == "ppo")
-    assert (tmp_path / algo / "curves.png").exists() and (tmp_path / algo / "trajectories" / "iter_00000.jsonl").exists()
+    assert (tmp_path / algo / "curves.png").exists() and (
+        tmp_path / algo / "trajectories" / "iter_00000.jsonl"
+    ).exists()
     evals = {k: v for k, v in last.items() if k.startswith("eval/") and k.count("/") == 1}
     assert evals and all(last[k.replace("eval/", "eval/same/")] == v for k, v in evals.items())
     # A rate over the eval tasks: k / n exactly (its value depends on what 3 iterations learned).

@@ -46,8 +46,9 @@ def _vec(tok, policy, n):
     from trainers.sources import make_vector_env
 
     vocab = policy.get_input_embeddings().num_embeddings
-    return make_vector_env("AgentR1/FactChain-v0", n, {"tokenizer": tok, "vocab_size": vocab, **COMPACT_ENV,
-                                                       "max_turns": 2})
+    return make_vector_env(
+        "AgentR1/FactChain-v0", n, {"tokenizer": tok, "vocab_size": vocab, **COMPACT_ENV, "max_turns": 2}
+    )
 
 
 @pytest.mark.timeout(120)
@@ -96,15 +97,25 @@ def test_the_critics_argmax_is_the_candidate_taken(tiny):
     seeds = [11, 12]
     sampling = SamplingConfig(max_new_tokens=TURN, temperature=1.0)
     backend = HFBackend(policy, tok.pad_token_id)
-    cands = [g.token_ids for g in backend.generate([p for p in prompts for _ in range(k)], sampling,
-                                                   seeds=[candidate_seed(s, j) for s in seeds for j in range(k)])]
+    cands = [
+        g.token_ids
+        for g in backend.generate(
+            [p for p in prompts for _ in range(k)],
+            sampling,
+            seeds=[candidate_seed(s, j) for s in seeds for j in range(k)],
+        )
+    ]
     assert len({tuple(c) for c in cands}) == 2 * k, "the candidates must differ for the test to mean anything"
     critic = Critic(policy).eval()
     # The hidden state that scores each candidate's last token (values[:, t] reads hidden t-1),
     # each row run alone, without padding.
     with torch.no_grad():
-        hidden = torch.stack([critic.backbone(input_ids=torch.tensor([p + c])).last_hidden_state[0, len(p) + len(c) - 2]
-                              for p, c in zip([p for p in prompts for _ in range(k)], cands)])  # (2K, H)
+        hidden = torch.stack(
+            [
+                critic.backbone(input_ids=torch.tensor([p + c])).last_hidden_state[0, len(p) + len(c) - 2]
+                for p, c in zip([p for p in prompts for _ in range(k)], cands)
+            ]
+        )  # (2K, H)
     for target in range(k):
         want = torch.zeros(2 * k)
         want[[target, k + (k - 1 - target)]] = 1.0  # prompt 0 prefers `target`, prompt 1 the mirror index
@@ -125,8 +136,18 @@ def test_evaluate_cli_decodes_and_refuses_without_a_critic(runs, tiny, tmp_path)
     from trainers import evaluate
     from trainers.models import save_policy
 
-    common = ["--checkpoint", str(runs["ppo"]), "--tasks", "4", "--max-turn-tokens", str(TURN), "--seed", "3",
-              "--env-kwargs", "{max_turns: 2}"]
+    common = [
+        "--checkpoint",
+        str(runs["ppo"]),
+        "--tasks",
+        "4",
+        "--max-turn-tokens",
+        str(TURN),
+        "--seed",
+        "3",
+        "--env-kwargs",
+        "{max_turns: 2}",
+    ]
 
     def cli(name, *extra):
         assert evaluate.main([*common, "--out", str(tmp_path / name), *extra]) == 0
@@ -150,9 +171,37 @@ def test_evaluate_cli_decodes_and_refuses_without_a_critic(runs, tiny, tmp_path)
     tok, policy, _ = tiny
     hf_dir = save_policy(policy, tok, tmp_path / "hf")
     with pytest.raises(SystemExit, match=r"value-guided needs a critic.*policy only"):
-        evaluate.main(["--model", hf_dir, "--env", "AgentR1/FactChain-v0", "--decode", "value-guided",
-                       "--out", str(tmp_path / "x")])
+        evaluate.main(
+            [
+                "--model",
+                hf_dir,
+                "--env",
+                "AgentR1/FactChain-v0",
+                "--decode",
+                "value-guided",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
     # the control needs no critic
-    assert evaluate.main(["--checkpoint", str(runs["grpo"]), "--decode", "random-of-k", "--k", "2", "--tasks", "2",
-                          "--max-turn-tokens", str(TURN), "--env-kwargs", "{max_turns: 2}",
-                          "--out", str(tmp_path / "r")]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--checkpoint",
+                str(runs["grpo"]),
+                "--decode",
+                "random-of-k",
+                "--k",
+                "2",
+                "--tasks",
+                "2",
+                "--max-turn-tokens",
+                str(TURN),
+                "--env-kwargs",
+                "{max_turns: 2}",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )

@@ -182,7 +182,7 @@ class TestGeneration:
         stops = []  # two characters from the middle of each free output, so most rows stop early
         for g in free:
             text = tok.decode(g.token_ids, skip_special_tokens=False)
-            stops.append([text[len(text) // 2: len(text) // 2 + 2]] if len(text) > 6 else ["\x00never"])
+            stops.append([text[len(text) // 2 : len(text) // 2 + 2]] if len(text) > 6 else ["\x00never"])
         h = hf.generate(prompts, greedy, stop_strings=stops)
         v = engine.generate(prompts, greedy, stop_strings=stops)
         _assert_same(h, v)
@@ -329,11 +329,7 @@ def _descendants(root: int) -> set[int]:
 
 def _alive(pids: set[int], session: int) -> set[int]:
     """Processes from ``pids`` or from ``session`` that still run (zombies count as gone)."""
-    return {
-        pid
-        for pid, (_, sid, state) in _proc_table().items()
-        if (pid in pids or sid == session) and state != "Z"
-    }
+    return {pid for pid, (_, sid, state) in _proc_table().items() if (pid in pids or sid == session) and state != "Z"}
 
 
 def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> tuple[subprocess.Popen, LineReader]:
@@ -377,7 +373,9 @@ def _run_lifecycle_case(script: Path, tiny_dir: Path, how: str, *extra: str) -> 
                 # everything down.
                 proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
-        assert reader.eof.wait(timeout=60), f"{how}: stdout still open 60 s after exit, held by a survivor\n" + reader.text()
+        assert reader.eof.wait(timeout=60), (
+            f"{how}: stdout still open 60 s after exit, held by a survivor\n" + reader.text()
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

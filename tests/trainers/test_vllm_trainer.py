@@ -83,8 +83,9 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora
 
     monkeypatch.setattr(trainer_mod, "make_backend", shared_backend)
     lora = {"lora_r": lora_r, "lora_alpha": 2 * lora_r} if lora_r else {}
-    cfg = tiny_rl_config(tmp_path / algo, algo, sft_model, backend="vllm", iterations=2, eval_every=1,
-                         vllm_kwargs=VLLM_KWARGS, **lora)
+    cfg = tiny_rl_config(
+        tmp_path / algo, algo, sft_model, backend="vllm", iterations=2, eval_every=1, vllm_kwargs=VLLM_KWARGS, **lora
+    )
     tr = build_trainer(cfg)
     tr.setup()
     try:
@@ -99,7 +100,6 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora
         tr.cleanup()
     recs = [json.loads(x) for x in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [0, 1] and "eval/success_rate" in recs[-1]
-
 
 
 @pytest.mark.timeout(900)
@@ -129,8 +129,9 @@ def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, en
         return Recording(engine)
 
     monkeypatch.setattr(trainer_mod, "make_backend", shared_backend)
-    cfg = tiny_rl_config(tmp_path / "stale", "grpo", sft_model, backend="vllm", iterations=3, eval_every=100,
-                         vllm_kwargs=VLLM_KWARGS)
+    cfg = tiny_rl_config(
+        tmp_path / "stale", "grpo", sft_model, backend="vllm", iterations=3, eval_every=100, vllm_kwargs=VLLM_KWARGS
+    )
     cfg.rollout.max_staleness = 1
     tr = build_trainer(cfg)
     tr.setup()
@@ -183,10 +184,20 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     from trainers.compose import build_trainer
     from trainers.ray_rollout import RayRollout
 
-    kw = dict(backend="vllm", iterations=2, eval_every=100, vllm_kwargs=VLLM_KWARGS, max_turn_tokens=40,
-              env_kwargs={"tools_in_prompt": False, "max_turns": 3,
-                          "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
-                          "rewards": {"extra": {"hop": 0.2}}})
+    kw = dict(
+        backend="vllm",
+        iterations=2,
+        eval_every=100,
+        vllm_kwargs=VLLM_KWARGS,
+        max_turn_tokens=40,
+        env_kwargs={
+            "tools_in_prompt": False,
+            "max_turns": 3,
+            "system_prompt": "Follow the chain of facts with lookup, innermost relation first.",
+            "rewards": {"extra": {"hop": 0.2}},
+        },
+    )
+
     def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed):  # synced to the run's initial policy
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
@@ -218,7 +229,9 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
                 for procs in tr.source.pool.engine_processes():
                     engines.update(procs)
                 for pid in tr.source.pool.pids():
-                    engines.update({p.pid: engines.get(p.pid, _title(p)) for p in psutil.Process(pid).children(recursive=True)})
+                    engines.update(
+                        {p.pid: engines.get(p.pid, _title(p)) for p in psutil.Process(pid).children(recursive=True)}
+                    )
             return trajs, rt
 
         tr.rollout = rollout
@@ -237,8 +250,9 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
     assert last["rollout/engine_restarts"] == 0 and ref_last["rollout/engine_restarts"] == 0
     assert any(any(t.episode.step_rewards) for t in ref[0]), "no reward in iteration 0: the update would be void"
     for it in (0, 1):
-        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
-               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
+        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == [
+            (t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]
+        ], f"iteration {it} differs"
         for a, b in zip(got[it], ref[it]):
             assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-4)
     assert last["policy/loss"] == pytest.approx(ref_last["policy/loss"], abs=1e-5)
@@ -305,7 +319,9 @@ def _grpo_run(tmp_path, sft_model, engine, monkeypatch, name, before_rollout=Non
         return _Shared(engine)
 
     monkeypatch.setattr(trainer_mod, "make_backend", module_engine)
-    tr = build_trainer(tiny_rl_config(tmp_path / name, "grpo", sft_model, backend="vllm", vllm_kwargs=VLLM_KWARGS, **kw))
+    tr = build_trainer(
+        tiny_rl_config(tmp_path / name, "grpo", sft_model, backend="vllm", vllm_kwargs=VLLM_KWARGS, **kw)
+    )
     tr.setup()
     seen, rollout, sync, syncs = {}, tr.rollout, tr.sync_weights, []
 
@@ -355,8 +371,9 @@ def test_engine_killed_mid_rollout_is_restarted_and_the_run_is_unchanged(tmp_pat
     assert _engine_process(engine, "VLLM::EngineCore").pid != killed[0].pid  # a new engine core serves
     assert any(any(t.episode.step_rewards) for t in ref[1]), "no reward in iteration 1: the comparison would be weak"
     for it in (0, 1, 2):
-        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == \
-               [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]], f"iteration {it} differs"
+        assert [(t.episode.token_ids, t.episode.loss_mask, t.group) for t in got[it]] == [
+            (t.episode.token_ids, t.episode.loss_mask, t.group) for t in ref[it]
+        ], f"iteration {it} differs"
         for a, b in zip(got[it], ref[it]):
             assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
     assert last["policy/loss"] == pytest.approx(ref_last["policy/loss"], abs=1e-6)
@@ -373,8 +390,9 @@ def _column(run_dir, key):
 
 # Last in the module: the engine stays dead.
 @pytest.mark.timeout(600)
-def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_checkpoint(tmp_path, sft_model, engine,
-                                                                                         monkeypatch):
+def test_engine_death_beyond_max_restarts_raises_a_clear_error_and_keeps_the_checkpoint(
+    tmp_path, sft_model, engine, monkeypatch
+):
     """No restart left: the engine's worker SIGKILLed during iteration 1's weight sync ends the run
     with EngineDiedError (before 2026-11-25 a dead engine hung the call for good), naming the process,
     the signal and what to do; iteration 0's checkpoint is intact and no engine process is left."""

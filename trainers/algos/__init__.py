@@ -22,10 +22,31 @@ from .registry import (
     register_kl,
 )
 
-_ADVANTAGES = ("AdvEstimator", "gae", "get_adv_est", "group_spread", "grpo", "kl_in_reward", "place_rewards", "reinforce_pp", "rloo",
-               "soft_overlong_penalty")
-_LOSSES = ("KLKind", "aggregate", "behaviour_weights", "entropy_from_logits", "get_agg", "kl_loss", "kl_penalty", "logprobs_from_logits",
-           "masked_mean", "policy_loss", "value_loss")
+_ADVANTAGES = (
+    "AdvEstimator",
+    "gae",
+    "get_adv_est",
+    "group_spread",
+    "grpo",
+    "kl_in_reward",
+    "place_rewards",
+    "reinforce_pp",
+    "rloo",
+    "soft_overlong_penalty",
+)
+_LOSSES = (
+    "KLKind",
+    "aggregate",
+    "behaviour_weights",
+    "entropy_from_logits",
+    "get_agg",
+    "kl_loss",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "policy_loss",
+    "value_loss",
+)
 
 
 def __getattr__(name: str) -> Any:

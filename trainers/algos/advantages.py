@@ -99,9 +99,7 @@ def get_adv_est(name: str) -> AdvEstimator:
     try:
         return resolve(ADV_ESTIMATORS, name)
     except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ADV_ESTIMATORS))}"
-        ) from None
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ADV_ESTIMATORS))}") from None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -179,7 +177,7 @@ def _discounted_reverse_scan(x: Tensor, discount: float) -> Tensor:
     yb = x.view(B, nb, L) @ inner.T  # (B, nb, L): sums inside each block
     if nb > 1:
         # carry[i] = y at the first entry of block i+1 = sum_{j > i} (d^L)^(j-i-1) * yb[j, 0]
-        between = _powers_matrix(nb, discount ** L, 1, x.device)  # [i, j] = D^(j-i-1), j > i
+        between = _powers_matrix(nb, discount**L, 1, x.device)  # [i, j] = D^(j-i-1), j > i
         carry = yb[:, :, 0] @ between.T  # (B, nb)
         tail = discount ** (L - torch.arange(L, dtype=torch.float64, device=x.device))  # d^(L-k)
         yb = yb + carry.unsqueeze(-1) * tail
@@ -201,9 +199,7 @@ def _next_on_mask(v: Tensor, mask: Tensor) -> Tensor:
     return v_pad.gather(1, nxt)
 
 
-def _group_stats(
-    score: Tensor, group_ids: Tensor, scale: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _group_stats(score: Tensor, group_ids: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-trajectory group sum, size, mean and unbiased std of ``score``, in float64.
 
     score (B,), group_ids (B,), scale (B,) -> four float64 (B,) tensors, each the value of the
@@ -234,9 +230,7 @@ def _scores(token_rewards: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
     return r.sum(-1), r.abs().sum(-1)
 
 
-def _metrics(
-    adv: Tensor, returns: Tensor, token_rewards: Tensor, mask: Tensor
-) -> dict[str, Tensor]:
+def _metrics(adv: Tensor, returns: Tensor, token_rewards: Tensor, mask: Tensor) -> dict[str, Tensor]:
     mean, std = masked_mean_std(adv, mask)
     big = torch.finfo(adv.dtype).max
     any_tok = mask.any()
@@ -291,8 +285,7 @@ def place_rewards(
     expect_shape("outcome", outcome, (B,))
     if len(step_rewards) != B or len(step_end_index) != B:
         raise ValueError(
-            f"step_rewards and step_end_index need {B} rows, "
-            f"got {len(step_rewards)} and {len(step_end_index)}"
+            f"step_rewards and step_end_index need {B} rows, got {len(step_rewards)} and {len(step_end_index)}"
         )
     rows: list[int] = []
     cols: list[int] = []
@@ -321,9 +314,7 @@ def place_rewards(
                 "there); pass the inclusive index of the step's last action token (end - 1)"
             )
         flat = (r_idx * T + c_idx).to(dev)  # (N,) into the flattened (B*T,)
-        rewards.view(-1).index_add_(
-            0, flat, torch.tensor(vals, dtype=outcome.dtype, device=dev)
-        )
+        rewards.view(-1).index_add_(0, flat, torch.tensor(vals, dtype=outcome.dtype, device=dev))
 
     has_tok = m.any(-1)  # (B,)
     lost = ~has_tok & (outcome != 0)  # (B,)
@@ -367,7 +358,9 @@ def kl_in_reward(
         - T: padded token length
     """
     expect_bt(
-        token_rewards=token_rewards, logprobs=logprobs, ref_logprobs=ref_logprobs,
+        token_rewards=token_rewards,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
         loss_mask=loss_mask,
     )
     if coef < 0:

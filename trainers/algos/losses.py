@@ -77,6 +77,7 @@ def _kl_k3(d: Tensor) -> Tensor:
     neg = (-d).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return torch.exp(neg) - neg - 1.0
 
+
 # exp(20) ~ 4.9e8: far outside any clip range, still finite in float32 and bfloat16.
 _MAX_LOG_RATIO = 20.0
 
@@ -175,9 +176,7 @@ def get_agg(name: str) -> AggFn:
     try:
         return resolve(AGGREGATIONS, name)
     except KeyError:
-        raise ValueError(
-            f"unknown loss aggregation {name!r}; valid: {', '.join(sorted(AGGREGATIONS))}"
-        ) from None
+        raise ValueError(f"unknown loss aggregation {name!r}; valid: {', '.join(sorted(AGGREGATIONS))}") from None
 
 
 def _loss_tokens(mask: Tensor) -> Tensor:
@@ -372,9 +371,7 @@ def policy_loss(
         - B: batch of trajectories
         - T: padded token length
     """
-    expect_bt(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, loss_mask=loss_mask
-    )
+    expect_bt(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, loss_mask=loss_mask)
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if clip_high < 0.0:
@@ -437,9 +434,11 @@ def behaviour_weights(
     raw = torch.exp((old_logprobs - sampler_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
     raw = torch.where(m, raw, torch.ones_like(raw))
     w = raw.clamp(max=cap)
-    metrics = {"policy/is_weight_mean": masked_mean(w, m),
-               "policy/is_weight_max": torch.where(m, raw, torch.zeros_like(raw)).max(),
-               "policy/is_truncated_frac": masked_mean((raw > cap).float(), m)}
+    metrics = {
+        "policy/is_weight_mean": masked_mean(w, m),
+        "policy/is_weight_max": torch.where(m, raw, torch.zeros_like(raw)).max(),
+        "policy/is_truncated_frac": masked_mean((raw > cap).float(), m),
+    }
     return w, metrics
 
 
@@ -502,8 +501,13 @@ def value_loss(
         # Returns are computed from the values (GAE: advantages + old values), so returns that are
         # constant in truth (an all-zero-reward micro-batch) come out as float32 noise of the values'
         # size: constant up to that rounding counts as constant (else 1 - Var(res)/Var(noise) ~ -1e13).
-        scale = torch.where(m, torch.maximum(returns.abs(), torch.maximum(v.abs(), old_values.abs())),
-                            torch.zeros_like(v)).amax() if m.any() else v.new_zeros(())
+        scale = (
+            torch.where(
+                m, torch.maximum(returns.abs(), torch.maximum(v.abs(), old_values.abs())), torch.zeros_like(v)
+            ).amax()
+            if m.any()
+            else v.new_zeros(())
+        )
         var_ret = torch.where(ret_std > STD_RTOL * scale, ret_std, torch.zeros_like(ret_std)).square()
         explained = torch.where(
             var_ret > 0, 1.0 - res_std.square() / var_ret.clamp_min(1e-30), torch.zeros_like(var_ret)

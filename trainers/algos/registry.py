@@ -45,13 +45,19 @@ AGG_TRAINER_ARGS = frozenset({"loss_mat", "mask"})
 
 _ADV = "trainers.algos.advantages"
 _LOSS = "trainers.algos.losses"
-for _name, _fn, _critic, _groups in (("gae", "gae", True, False), ("grpo", "grpo", False, True),
-                                     ("rloo", "rloo", False, True), ("reinforce_pp", "reinforce_pp", False, False)):
+for _name, _fn, _critic, _groups in (
+    ("gae", "gae", True, False),
+    ("grpo", "grpo", False, True),
+    ("rloo", "rloo", False, True),
+    ("reinforce_pp", "reinforce_pp", False, False),
+):
     ADV_ESTIMATORS[_name], USES_CRITIC[_name], NEEDS_GROUPS[_name] = f"{_ADV}:{_fn}", _critic, _groups
     ADV_PARAMS[_name] = frozenset({"eps"})
-for _name, _fn, _units in (("token-mean", "_token_mean", "_loss_tokens"),
-                           ("seq-mean-token-sum", "_seq_mean_token_sum", "_rows_with_loss_tokens"),
-                           ("seq-mean-token-mean", "_seq_mean_token_mean", "_rows_with_loss_tokens")):
+for _name, _fn, _units in (
+    ("token-mean", "_token_mean", "_loss_tokens"),
+    ("seq-mean-token-sum", "_seq_mean_token_sum", "_rows_with_loss_tokens"),
+    ("seq-mean-token-mean", "_seq_mean_token_mean", "_rows_with_loss_tokens"),
+):
     AGGREGATIONS[_name], AGG_UNITS[_name], AGG_PARAMS[_name] = f"{_LOSS}:{_fn}", f"{_LOSS}:{_units}", frozenset()
 for _name in ("k1", "k2", "k3"):
     KL_KINDS[_name] = f"{_LOSS}:_kl_{_name}"
@@ -115,8 +121,14 @@ def register_adv_est(name: str, *, uses_critic: bool = False, needs_groups: bool
     """
 
     def deco(fn: Any) -> Any:
-        _check_free(ADV_ESTIMATORS, "advantage estimator", name, fn, uses_critic=(USES_CRITIC, uses_critic),
-                    needs_groups=(NEEDS_GROUPS, needs_groups))
+        _check_free(
+            ADV_ESTIMATORS,
+            "advantage estimator",
+            name,
+            fn,
+            uses_critic=(USES_CRITIC, uses_critic),
+            needs_groups=(NEEDS_GROUPS, needs_groups),
+        )
         ADV_ESTIMATORS[name], USES_CRITIC[name], NEEDS_GROUPS[name] = fn, uses_critic, needs_groups
         ADV_PARAMS[name] = keyword_params(fn, ADV_TRAINER_ARGS)
         return fn
@@ -165,8 +177,9 @@ def register_kl(name: str) -> Callable[[Any], Any]:
     return deco
 
 
-def check_kwargs(what: str, name: str, kwargs: dict[str, Any], params: frozenset[str] | None,
-                 fixed: frozenset[str]) -> str | None:
+def check_kwargs(
+    what: str, name: str, kwargs: dict[str, Any], params: frozenset[str] | None, fixed: frozenset[str]
+) -> str | None:
     """Why ``kwargs`` cannot be passed to the registered ``name`` (None when they can)."""
     import difflib
 

@@ -100,14 +100,22 @@ class HFBackend:
             raise ValueError("every prompt needs at least one token")
         texts = check_stop_strings(stop_strings, n)
         if texts and self.tokenizer is None:
-            raise ValueError("stop_strings need the tokenizer to read the generated text: build HFBackend(..., "
-                             "tokenizer=tok)")
+            raise ValueError(
+                "stop_strings need the tokenizer to read the generated text: build HFBackend(..., tokenizer=tok)"
+            )
         greedy = sampling.temperature == 0
         # Each row's uniform draws for the whole call, from its own generator, in one call per
         # row: the same stream as one draw per token (torch's CPU generator fills a tensor in
         # order), so row i's tokens still depend only on seeds[i] and its own logits.
-        uniforms = None if greedy else torch.stack(
-            [torch.rand(sampling.max_new_tokens, generator=g, device=self.device) for g in self._generators(n, seeds)]
+        uniforms = (
+            None
+            if greedy
+            else torch.stack(
+                [
+                    torch.rand(sampling.max_new_tokens, generator=g, device=self.device)
+                    for g in self._generators(n, seeds)
+                ]
+            )
         )  # (B, max_new_tokens)
         stop_ids = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long, device=self.device)
 
@@ -169,8 +177,8 @@ class HFBackend:
         ids = torch.full((len(prompts), length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), length), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, length - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[i, length - len(p):] = 1
+            ids[i, length - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[i, length - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
     def _forward(self, ids, mask, position_ids, cache) -> torch.Tensor:
@@ -237,9 +245,7 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, t
     return torch.log_softmax(logits, dim=-1)
 
 
-def _sample(
-    logits: torch.Tensor, s: SamplingConfig, u: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(logits: torch.Tensor, s: SamplingConfig, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one id per row: greedy when ``u`` is None, else by inverse CDF at the row's uniform
     draw ``u`` (b,). Returns ids (b,) and their processed log-probs (b,)."""
     logp = processed_logprobs(logits, s.temperature, s.top_p, s.top_k)  # (b, V)

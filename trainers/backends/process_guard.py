@@ -149,8 +149,11 @@ class Watchdog:
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         self.proc = subprocess.Popen(
             [sys.executable, "-S", os.path.abspath(__file__), token],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
         )
 
     def release(self) -> None:

@@ -101,9 +101,16 @@ class TiedEmbeddingsError(ValueError):
     """A state dict unties what the engine's model ties; syncing it would not match."""
 
 
-def _engine_settings(model_path: str, seed: int, dtype: str, max_model_len: int,
-                     gpu_memory_utilization: float | None, kv_cache_memory_bytes: int | None,
-                     enforce_eager: bool, engine_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def _engine_settings(
+    model_path: str,
+    seed: int,
+    dtype: str,
+    max_model_len: int,
+    gpu_memory_utilization: float | None,
+    kv_cache_memory_bytes: int | None,
+    enforce_eager: bool,
+    engine_kwargs: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The engine's arguments (for ``vllm.LLM`` or ``AsyncEngineArgs``) and the environment its
     processes inherit, shared by ``VLLMBackend`` and ``AsyncVLLMBackend`` (arguments as there)."""
     on_cpu = _is_cpu_platform()
@@ -205,8 +212,16 @@ class VLLMBackend(_ClosedOnExit):
         self.restarts = 0
         self.deaths: list[EngineDeath] = []
         self.tie_word_embeddings = _reads_tied_embeddings(self.model_path)
-        kwargs, env = _engine_settings(self.model_path, seed, dtype, max_model_len, gpu_memory_utilization,
-                                       kv_cache_memory_bytes, enforce_eager, engine_kwargs)
+        kwargs, env = _engine_settings(
+            self.model_path,
+            seed,
+            dtype,
+            max_model_len,
+            gpu_memory_utilization,
+            kv_cache_memory_bytes,
+            enforce_eager,
+            engine_kwargs,
+        )
         self._closed = True  # until the engine is up: close() has nothing to do before
         self._token = uuid.uuid4().hex
         env[process_guard.ENV_VAR] = self._token
@@ -243,8 +258,10 @@ class VLLMBackend(_ClosedOnExit):
         if not prompts:
             return []
         stops = check_stop_strings(stop_strings, len(prompts)) or [[]] * len(prompts)
-        params = [self.sampling_params(sampling, None if seeds is None else int(seeds[i]), stops[i])
-                  for i in range(len(prompts))]
+        params = [
+            self.sampling_params(sampling, None if seeds is None else int(seeds[i]), stops[i])
+            for i in range(len(prompts))
+        ]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
 
         def run(llm: LLM) -> list[Generation]:
@@ -313,7 +330,9 @@ class VLLMBackend(_ClosedOnExit):
         while True:
             self._check_open()
             if self._dead is not None:
-                raise EngineDiedError(f"VLLMBackend.{what}: the vLLM engine died earlier and was not restarted: {self._dead}")
+                raise EngineDiedError(
+                    f"VLLMBackend.{what}: the vLLM engine died earlier and was not restarted: {self._dead}"
+                )
             watch, cause = self._watch, None
             if watch.check() is None:
                 try:
@@ -334,28 +353,40 @@ class VLLMBackend(_ClosedOnExit):
 
     def _after_death(self, what: str, watch: _EngineWatch, cause: BaseException | None) -> None:
         """Record the death, end what is left of the engine, then restart it or raise."""
-        self.deaths.append(EngineDeath(during=what, cause=watch.death or "?", noticed_at=watch.noticed_at or time.monotonic()))
+        self.deaths.append(
+            EngineDeath(during=what, cause=watch.death or "?", noticed_at=watch.noticed_at or time.monotonic())
+        )
         self._discard_engine()
         problem = None
         if not self._weights_replayable:
-            problem = ("its weights come through CUDA IPC (make_gpu_ipc_weight_sender), which leaves no copy this "
-                       "backend could load into a new engine, so it does not restart it")
+            problem = (
+                "its weights come through CUDA IPC (make_gpu_ipc_weight_sender), which leaves no copy this "
+                "backend could load into a new engine, so it does not restart it"
+            )
         elif self.restarts >= self.max_restarts:
-            problem = ("restarts are off (max_restarts=0)" if self.max_restarts == 0 else
-                       f"it was restarted {self.restarts} time(s) already (max_restarts={self.max_restarts})")
+            problem = (
+                "restarts are off (max_restarts=0)"
+                if self.max_restarts == 0
+                else f"it was restarted {self.restarts} time(s) already (max_restarts={self.max_restarts})"
+            )
         if problem is not None:
             self._dead = f"{watch.death} during {what}; {problem}"
             raise EngineDiedError(self._death_message(what, watch.death, problem)) from cause
         self.restarts += 1
-        print(f"warning: VLLMBackend.{what}: the vLLM engine of {self.model_path} died ({watch.death}); restarting it "
-              f"(restart {self.restarts} of max_restarts={self.max_restarts}) with the current weights and running "
-              f"the {what} call again", file=sys.stderr, flush=True)
+        print(
+            f"warning: VLLMBackend.{what}: the vLLM engine of {self.model_path} died ({watch.death}); restarting it "
+            f"(restart {self.restarts} of max_restarts={self.max_restarts}) with the current weights and running "
+            f"the {what} call again",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             self._start_engine()
         except Exception as e:
             self._dead = f"{watch.death} during {what}; restarting it failed ({type(e).__name__}: {e})"
-            raise EngineDiedError(self._death_message(
-                what, watch.death, f"restarting it failed ({type(e).__name__}: {e})")) from e
+            raise EngineDiedError(
+                self._death_message(what, watch.death, f"restarting it failed ({type(e).__name__}: {e})")
+            ) from e
         self._reload_weights = self._weights_path is not None
 
     def _discard_engine(self) -> None:
@@ -372,8 +403,10 @@ class VLLMBackend(_ClosedOnExit):
         left = process_guard.end_marked(self._token, grace_s=1.0)
         if left:
             self._dead = f"engine processes {sorted(left)} survived SIGKILL"
-            raise EngineDiedError(f"VLLMBackend: the vLLM engine died and its processes {sorted(left)} survived "
-                                  "SIGKILL; end them by hand before starting another engine.")
+            raise EngineDiedError(
+                f"VLLMBackend: the vLLM engine died and its processes {sorted(left)} survived "
+                "SIGKILL; end them by hand before starting another engine."
+            )
 
     def _death_message(self, what: str, death: str | None, problem: str) -> str:
         return (
@@ -389,17 +422,27 @@ class VLLMBackend(_ClosedOnExit):
     # -- helpers --------------------------------------------------------------------------
 
     @staticmethod
-    def sampling_params(sampling: SamplingConfig, seed: int | None = None,
-                        stop: Sequence[str] | None = None) -> SamplingParams:
+    def sampling_params(
+        sampling: SamplingConfig, seed: int | None = None, stop: Sequence[str] | None = None
+    ) -> SamplingParams:
         """The ``SamplingParams`` for one request of ``sampling`` (public for benchmarks). ``stop``:
         stop strings (a scaffolded turn's); vLLM then detokenizes to find them, and keeps the
         token that completes one in ``token_ids`` (only the text is cut)."""
         if stop:
             return SamplingParams(
-                n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0, max_tokens=sampling.max_new_tokens,
-                stop_token_ids=list(sampling.stop_token_ids), ignore_eos=True, logprobs=0, seed=seed,
-                stop=list(stop), include_stop_str_in_output=True, detokenize=True, skip_special_tokens=False,
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=list(sampling.stop_token_ids),
+                ignore_eos=True,
+                logprobs=0,
+                seed=seed,
+                stop=list(stop),
+                include_stop_str_in_output=True,
+                detokenize=True,
+                skip_special_tokens=False,
                 spaces_between_special_tokens=False,
             )
         return SamplingParams(
@@ -464,13 +507,23 @@ class AsyncVLLMBackend(_ClosedOnExit):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if max_restarts != 0:
-            raise ValueError(f"AsyncVLLMBackend does not restart a dead engine (max_restarts={max_restarts} asked): "
-                             "pass max_restarts: 0 in vllm_kwargs, or use rollout: lockstep, whose VLLMBackend "
-                             "restarts it")
+            raise ValueError(
+                f"AsyncVLLMBackend does not restart a dead engine (max_restarts={max_restarts} asked): "
+                "pass max_restarts: 0 in vllm_kwargs, or use rollout: lockstep, whose VLLMBackend "
+                "restarts it"
+            )
         self.model_path = os.fspath(model_path)
         self.tie_word_embeddings = _reads_tied_embeddings(self.model_path)
-        kwargs, env = _engine_settings(self.model_path, seed, dtype, max_model_len, gpu_memory_utilization,
-                                       kv_cache_memory_bytes, enforce_eager, engine_kwargs)
+        kwargs, env = _engine_settings(
+            self.model_path,
+            seed,
+            dtype,
+            max_model_len,
+            gpu_memory_utilization,
+            kv_cache_memory_bytes,
+            enforce_eager,
+            engine_kwargs,
+        )
         kwargs.setdefault("disable_log_stats", True)  # as vllm.LLM does; AsyncEngineArgs logs every 10 s
         self._closed = True
         self._token = uuid.uuid4().hex
@@ -510,8 +563,13 @@ class AsyncVLLMBackend(_ClosedOnExit):
             future.cancel()  # cancels the task (a no-op once it is done); vLLM aborts its requests
             raise
 
-    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None = None,
-                        stop: Sequence[str] | None = None) -> Generation:
+    async def agenerate(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingConfig,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Generation:
         """One continuation of ``prompt`` (token ids), as one engine request; await it on the engine's
         loop (``run``). ``seed`` seeds this request alone; ``stop``: its stop strings."""
         from vllm.sampling_params import RequestOutputKind
@@ -524,15 +582,17 @@ class AsyncVLLMBackend(_ClosedOnExit):
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, not one per token
         final = None
         try:
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params,
-                                                  request_id=uuid.uuid4().hex):
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params, request_id=uuid.uuid4().hex
+            ):
                 final = out
         except EngineDeadError as e:
             raise EngineDiedError(
                 f"AsyncVLLMBackend: the vLLM engine serving {self.model_path} died during a request ({e}); this "
                 "backend does not restart it. A trainer's last checkpoint is intact: rerun the same command with "
                 "--resume (vLLM's log above shows why it died; for memory, lower vllm_kwargs kv_cache_memory_bytes "
-                "or max_model_len).") from e
+                "or max_model_len)."
+            ) from e
         assert final is not None and final.finished
         return _to_generation(final.outputs[0])
 
@@ -553,8 +613,14 @@ class AsyncVLLMBackend(_ClosedOnExit):
         stops = check_stop_strings(stop_strings, len(prompts)) or [[]] * len(prompts)
 
         async def all_of() -> list[Generation]:
-            return list(await asyncio.gather(*(self.agenerate(p, sampling, None if seeds is None else seeds[i],
-                                                              stops[i]) for i, p in enumerate(prompts))))
+            return list(
+                await asyncio.gather(
+                    *(
+                        self.agenerate(p, sampling, None if seeds is None else seeds[i], stops[i])
+                        for i, p in enumerate(prompts)
+                    )
+                )
+            )
 
         return self.run(all_of()) if prompts else []
 
@@ -686,8 +752,11 @@ class _EngineWatch:
     def _probe(self) -> str | None:
         # Every watched process found gone, named: one's death soon ends the others (a worker exits
         # when its engine core dies, an engine core when a worker dies), and a probe can see both.
-        gone = [f"{title} (pid {pid}) {self._how_it_ended(pid)}"
-                for pid, title in self.pids.items() if not process_guard.alive(pid)]
+        gone = [
+            f"{title} (pid {pid}) {self._how_it_ended(pid)}"
+            for pid, title in self.pids.items()
+            if not process_guard.alive(pid)
+        ]
         if gone:
             return "; ".join(gone)
         if self._resources is not None and getattr(self._resources, "engine_dead", False):

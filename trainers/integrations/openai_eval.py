@@ -22,8 +22,10 @@ def run_cli(args: Any, ap: Any) -> int:
     import yaml
 
     if args.checkpoint or args.backend != "hf" or args.decode not in ("greedy", "sample"):
-        ap.error("--openai-base-url runs the served model: --checkpoint, --backend and --decode "
-                 f"{args.decode} do not apply (use --decode greedy or sample)")
+        ap.error(
+            "--openai-base-url runs the served model: --checkpoint, --backend and --decode "
+            f"{args.decode} do not apply (use --decode greedy or sample)"
+        )
     env_kwargs = yaml.safe_load(args.env_kwargs) or {}
     if not isinstance(env_kwargs, dict):
         ap.error("--env-kwargs must be a YAML mapping, e.g. '{split: test}'")
@@ -35,10 +37,16 @@ def run_cli(args: Any, ap: Any) -> int:
     temperature = 0.0 if args.decode == "greedy" else (1.0 if args.temperature is None else args.temperature)
     env_id = args.env or "AgentR1/FactChain-v0"
     try:
-        cfg = ClientConfig(base_url=args.openai_base_url, model=args.model, timeout=args.request_timeout,
-                           max_retries=args.max_retries, temperature=temperature,
-                           max_tokens=args.max_turn_tokens or 256, same_tokenizer=args.openai_same_tokenizer,
-                           extra_body=extra)
+        cfg = ClientConfig(
+            base_url=args.openai_base_url,
+            model=args.model,
+            timeout=args.request_timeout,
+            max_retries=args.max_retries,
+            temperature=temperature,
+            max_tokens=args.max_turn_tokens or 256,
+            same_tokenizer=args.openai_same_tokenizer,
+            extra_body=extra,
+        )
     except ValueError as e:
         ap.error(str(e))
     import gymnasium as gym
@@ -60,13 +68,25 @@ def run_cli(args: Any, ap: Any) -> int:
     episodes = episodes_of(records)
     failed = [r for r in records if r.get("status") != "ok"]
     summary: dict[str, Any] = eval_keys(summarize(episodes)) if episodes else {}
-    summary.update({"env": env_id, "policy": "openai", "model": args.model, "tasks": len(episodes),
-                    "decode": args.decode, "temperature": temperature, "seed": args.seed,
-                    "openai/base_url": cfg.base_url, "openai/concurrency": args.concurrency,
-                    "openai/rows": len(records), "openai/rows_failed": len(failed),
-                    "openai/failed_rows": [r["row"] for r in failed], "openai/rows_resumed": res["skipped"],
-                    "openai/requests": sum(r.get("requests", 0) for r in records),
-                    "openai/retries": sum(r.get("retries", 0) for r in records)})
+    summary.update(
+        {
+            "env": env_id,
+            "policy": "openai",
+            "model": args.model,
+            "tasks": len(episodes),
+            "decode": args.decode,
+            "temperature": temperature,
+            "seed": args.seed,
+            "openai/base_url": cfg.base_url,
+            "openai/concurrency": args.concurrency,
+            "openai/rows": len(records),
+            "openai/rows_failed": len(failed),
+            "openai/failed_rows": [r["row"] for r in failed],
+            "openai/rows_resumed": res["skipped"],
+            "openai/requests": sum(r.get("requests", 0) for r in records),
+            "openai/retries": sum(r.get("retries", 0) for r in records),
+        }
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with open(out / "trajectories.jsonl", "w") as f:
         for ep in episodes:
@@ -75,8 +95,10 @@ def run_cli(args: Any, ap: Any) -> int:
     if failed:
         for r in failed[:10]:
             print(f"row {r['row']}: {r['error']}", file=sys.stderr)
-        print(f"error: {len(failed)} of {len(records)} rows failed (listed in {out / 'rows.jsonl'}); "
-              "the metrics are over the finished rows. Run the same command again to retry only those.",
-              file=sys.stderr)
+        print(
+            f"error: {len(failed)} of {len(records)} rows failed (listed in {out / 'rows.jsonl'}); "
+            "the metrics are over the finished rows. Run the same command again to retry only those.",
+            file=sys.stderr,
+        )
         return 1
     return 0

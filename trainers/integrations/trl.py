@@ -55,8 +55,10 @@ def env_reward(completions: list, env_reward: list[float], **kwargs: Any) -> lis
     and this function logs the env's ``env/success_rate`` and ``env/turns_mean`` through TRL's
     ``log_metric``."""
     if len(env_reward) != len(completions):
-        raise ValueError(f"got {len(env_reward)} env rewards for {len(completions)} completions; env_reward "
-                         "reads the column EnvRollout returns, so use it with rollout_func=EnvRollout(...)")
+        raise ValueError(
+            f"got {len(env_reward)} env rewards for {len(completions)} completions; env_reward "
+            "reads the column EnvRollout returns, so use it with rollout_func=EnvRollout(...)"
+        )
     log_metric = kwargs.get("log_metric")
     if log_metric is not None and kwargs.get("env_success") and kwargs.get("env_turns"):
         log_metric("env/success_rate", float(np.mean(kwargs["env_success"])))
@@ -87,22 +89,33 @@ class EnvRollout:
     After each call, ``last_episodes`` holds the episodes it returned, in order.
     """
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, tokenizer: Any = None,
-                 max_turn_tokens: int = 64, seed: int = 0, env_server: str | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+        max_turn_tokens: int = 64,
+        seed: int = 0,
+        env_server: str | None = None,
+    ):
         import gymnasium as gym
 
         from agent_gym.factory import EnvFactory
         from agent_gym.tokenizer import load_tokenizer
 
         if env_id not in gym.registry:
-            raise ValueError(f"unknown env id {env_id!r}; import agent_gym first, or pick one of "
-                             f"{sorted(k for k in gym.registry if k.startswith('AgentR1/'))}")
+            raise ValueError(
+                f"unknown env id {env_id!r}; import agent_gym first, or pick one of "
+                f"{sorted(k for k in gym.registry if k.startswith('AgentR1/'))}"
+            )
         if not isinstance(max_turn_tokens, int) or max_turn_tokens <= 0:
             raise ValueError(f"max_turn_tokens must be a positive integer, got {max_turn_tokens!r}")
         taken = sorted({"tokenizer", "vocab_size"} & set(env_kwargs or {}))
         if taken:
-            raise ValueError(f"pass the tokenizer as EnvRollout(tokenizer=...), not in env_kwargs {taken}; the "
-                             "vocabulary size comes from the model TRL trains")
+            raise ValueError(
+                f"pass the tokenizer as EnvRollout(tokenizer=...), not in env_kwargs {taken}; the "
+                "vocabulary size comes from the model TRL trains"
+            )
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.tokenizer = load_tokenizer(tokenizer)
@@ -120,8 +133,14 @@ class EnvRollout:
     def from_factory(cls, env_factory: Any, max_turn_tokens: int = 64, seed: int = 0) -> EnvRollout:
         """An ``EnvRollout`` on an existing ``EnvFactory``'s id, env kwargs, tokenizer and server (its
         ``vocab_size`` is not used: it comes from the model TRL trains)."""
-        return cls(env_factory.env_id, env_factory.env_kwargs, env_factory.tokenizer, max_turn_tokens=max_turn_tokens,
-                   seed=seed, env_server=env_factory.server)
+        return cls(
+            env_factory.env_id,
+            env_factory.env_kwargs,
+            env_factory.tokenizer,
+            max_turn_tokens=max_turn_tokens,
+            seed=seed,
+            env_server=env_factory.server,
+        )
 
     # -- the dataset TRL iterates --------------------------------------------------------------
 
@@ -139,8 +158,10 @@ class EnvRollout:
             text = env.tokenizer.decode(obs["input_ids"].tolist(), skip_special_tokens=False)
             first = self._prompt_to_task.setdefault(text, int(k))
             if first != int(k) and _task_body(env.get_task(first)) != _task_body(env.get_task(int(k))):
-                raise ValueError(f"tasks {first} and {k} of {self.env_id} render the same prompt but are different "
-                                 "tasks; the policy cannot tell them apart. Leave one of them out of task_indices.")
+                raise ValueError(
+                    f"tasks {first} and {k} of {self.env_id} render the same prompt but are different "
+                    "tasks; the policy cannot tell them apart. Leave one of them out of task_indices."
+                )
             prompts.append(text)
             indices.append(int(k))
         if not prompts:
@@ -157,8 +178,10 @@ class EnvRollout:
         tasks = []
         for p in prompts:
             if not isinstance(p, str) or p not in self._prompt_to_task:
-                raise ValueError(f"prompt {str(p)[:80]!r} is not one of this rollout's tasks: build GRPOTrainer's "
-                                 "train_dataset with EnvRollout.dataset(task_indices) on the same EnvRollout")
+                raise ValueError(
+                    f"prompt {str(p)[:80]!r} is not one of this rollout's tasks: build GRPOTrainer's "
+                    "train_dataset with EnvRollout.dataset(task_indices) on the same EnvRollout"
+                )
             tasks.append(self._prompt_to_task[p])
         args = trainer.args
         if getattr(trainer, "use_vllm", False):
@@ -166,8 +189,12 @@ class EnvRollout:
         for name, off in (("min_p", None), ("repetition_penalty", 1.0), ("generation_kwargs", None)):
             if getattr(args, name, off) not in (off, {}):
                 raise ValueError(f"EnvRollout honours temperature, top_p and top_k only; unset GRPOConfig.{name}")
-        sampling = SamplingConfig(max_new_tokens=self.max_turn_tokens, temperature=float(args.temperature),
-                                  top_p=float(args.top_p), top_k=int(args.top_k) if args.top_k else -1)
+        sampling = SamplingConfig(
+            max_new_tokens=self.max_turn_tokens,
+            temperature=float(args.temperature),
+            top_p=float(args.top_p),
+            top_k=int(args.top_k) if args.top_k else -1,
+        )
         model = trainer.accelerator.unwrap_model(trainer.model)
         self._check_tokenizer(trainer.processing_class)
         pad = self.env_factory.pad_id
@@ -176,12 +203,16 @@ class EnvRollout:
         seed = int(np.random.SeedSequence([self.seed, trainer.state.global_step, self._calls]).generate_state(1)[0])
         self._calls += 1
         try:
-            backend = HFBackend(model, pad_token_id=pad, device=trainer.accelerator.device, tokenizer=trainer.processing_class)
+            backend = HFBackend(
+                model, pad_token_id=pad, device=trainer.accelerator.device, tokenizer=trainer.processing_class
+            )
             trajs, _ = collect(self._envs(len(tasks), vocab), backend, tasks, 1, sampling, seed=seed & 0x7FFFFFFF)
         finally:
             model.train(was_training)
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                "env_reward", "env_success", "env_turns")}
+        out: dict[str, list] = {
+            k: []
+            for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "env_success", "env_turns")
+        }
         for tr in trajs:
             ep, n = tr.episode, tr.episode.prompt_len
             out["prompt_ids"].append(ep.token_ids[:n])
@@ -211,8 +242,10 @@ class EnvRollout:
         if processing_class is self._checked_tokenizer or processing_class is self.tokenizer:
             return
         if getattr(processing_class, "get_vocab", lambda: None)() != self.tokenizer.get_vocab():
-            raise ValueError("GRPOTrainer's processing_class has a different vocabulary from the env's tokenizer; "
-                             "pass the same tokenizer to both (EnvRollout(tokenizer=...), processing_class=...)")
+            raise ValueError(
+                "GRPOTrainer's processing_class has a different vocabulary from the env's tokenizer; "
+                "pass the same tokenizer to both (EnvRollout(tokenizer=...), processing_class=...)"
+            )
         self._checked_tokenizer = processing_class
 
 
