@@ -6,8 +6,6 @@ one prompt at a time, a full forward pass over prompt + completion, or a second 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -172,16 +170,25 @@ def test_bad_arguments(backend):
     assert backend.generate([], SamplingConfig()) == []
 
 
-def test_batch_64_x_64_is_fast(model, tok):
+def test_batch_64_x_64_is_one_batched_pass_per_token(model, tok):
+    """64 prompts x 64 new tokens in one call run the model once per new token over the whole batch
+    (a prefill, then one decode step per token with the KV cache), not once per row: what makes the
+    call fast, checked by counting forwards (a wall-clock bound here failed under load; speed is
+    measured by the benchmarks, never by a timed test)."""
     backend = HFBackend(model, pad_token_id=tok.pad_token_id, num_threads=1)
     prompts = _prompts(64, seed=9, lo=20, hi=200)
     s = SamplingConfig(max_new_tokens=64, temperature=1.0)
-    backend.generate(prompts[:2], s, seeds=[0, 1])  # warm-up
-    t0 = time.perf_counter()
-    out = backend.generate(prompts, s, seeds=list(range(64)))
-    elapsed = time.perf_counter() - t0
+    shapes: list[tuple[int, ...]] = []
+    hook = model.register_forward_hook(
+        lambda mod, args, kwargs, out: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        out = backend.generate(prompts, s, seeds=list(range(64)))
+    finally:
+        hook.remove()
     assert sum(len(g.token_ids) for g in out) == 64 * 64
-    assert elapsed < 3.0, f"batch 64 x 64 new tokens took {elapsed:.2f} s"
+    assert len(shapes) == 64  # one prefill and 63 decode steps
+    assert shapes[0][0] == 64 and all(sh == (64, 1) for sh in shapes[1:])
 
 
 def test_one_draw_per_row_is_the_per_token_stream():
