@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -85,6 +86,33 @@ class LuceneLikeAnalyzer:
         return self._stem(tokens) if self._stem is not None else tokens
 
 
+def import_bm25s():
+    """``import bm25s`` with JAX hidden from it.
+
+    bm25s's ``selection`` module imports ``jax.lax`` when JAX is installed and runs a top-k at import
+    time, which starts JAX's default backend: on a GPU machine XLA then takes 75% of the GPU's memory
+    (seen on an H100 with JAX in the image: 59.4 GiB gone before the policy's first forward, which
+    ran out of memory). This retriever ranks with numpy (``search``), so bm25s never needs JAX: it
+    is imported while ``jax`` is marked absent in ``sys.modules``, and the entries are restored
+    after, so the user's own ``import jax`` still works. An already imported bm25s is returned as is.
+    """
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    names = ("jax", "jax.lax")
+    before = {n: sys.modules[n] for n in names if n in sys.modules}
+    for n in names:
+        sys.modules[n] = None  # type: ignore[assignment]  # "import jax" raises ImportError
+    try:
+        import bm25s
+    finally:
+        for n in names:
+            if n in before:
+                sys.modules[n] = before[n]
+            else:
+                sys.modules.pop(n, None)
+    return bm25s
+
+
 class BM25Retriever:
     """BM25 over `corpus` (title + text of each doc, as in the `contents` field)."""
 
@@ -97,8 +125,7 @@ class BM25Retriever:
         cache: bool = True,
         cache_dir: str | Path | None = None,
     ):
-        import bm25s
-
+        bm25s = import_bm25s()
         self.docs = load_docs(corpus)
         if not self.docs:
             raise ValueError("cannot build a BM25 index over an empty corpus")
