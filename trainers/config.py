@@ -763,18 +763,41 @@ def load_config(
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of config keys")
-        data = merge(data, loaded)
+        data = merge(data, loaded, shorthand(cls))
         source = str(p)
-    data = merge(data, parse_overrides(overrides or []))
+    data = merge(data, parse_overrides(overrides or []), shorthand(cls))
     if plugins:
         data["plugins"] = list(dict.fromkeys([*(data.get("plugins") or []), *plugins]))
     return from_dict(data, source, cls)
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on ``base``, section by section (a section mapping in both is merged key by key)."""
+def shorthand(cls: type) -> dict[str, str]:
+    """Sections that a plain value may stand for, and the key it fills: ``model: NAME`` is
+    ``model.name: NAME`` (``cls.RENAMED``)."""
+    return {flat: key for flat, (sec, key) in getattr(cls, "RENAMED", {}).items() if flat == sec}
+
+
+def merge(base: dict[str, Any], over: dict[str, Any], short: dict[str, str] | None = None) -> dict[str, Any]:
+    """``over`` on ``base``, section by section (a section mapping in both is merged key by key).
+
+    Where one side is a section's mapping and the other its deprecated plain-value shorthand
+    (``short``: ``model=PATH`` for ``model.name``), the shorthand fills its key of the mapping (with
+    the deprecation warning), so ``model=PATH`` on the command line replaces the name and keeps the
+    file's ``model.dtype`` and ``model.device``: it used to replace the whole section with its
+    defaults."""
+    short = short or {}
     out = dict(base)
     for k, v in over.items():
+        old = out.get(k)
+        if k in short and (isinstance(v, dict) != isinstance(old, dict)) and v is not None and old is not None:
+            warnings.warn(
+                f"flat config keys are deprecated; read as {k} -> {k}.{short[k]}. Write it as {k}.{short[k]}=...",
+                ConfigDeprecationWarning,
+                stacklevel=3,
+            )
+            v = v if isinstance(v, dict) else {short[k]: v}
+            old = old if isinstance(old, dict) else {short[k]: old}
+            out[k] = old
         out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) and k in _SECTION_NAMES else v
     return out
 

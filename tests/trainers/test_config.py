@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from trainers.compose import check
-from trainers.config import ConfigError, TrainConfig, load_config
+from trainers.config import ConfigDeprecationWarning, ConfigError, TrainConfig, load_config
 from trainers.sft import SFTConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml"))
@@ -75,6 +75,25 @@ def test_overrides_parse_as_yaml_and_algo_sets_estimator():
     assert cfg.algorithm.adv_estimator == "grpo" and not cfg.algorithm.uses_critic and cfg.algorithm.lr == 1e-5
     assert cfg.rollout.env_kwargs == {"num_hops": 3}
     assert load_config(None, [*ENV, "algorithm.algo=ppo"]).algorithm.uses_critic
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, SFTConfig])
+def test_a_model_name_override_keeps_the_rest_of_the_model_section(tmp_path, cls):
+    # model=PATH (the flat spelling of model.name) names the model; the file's dtype and device
+    # stay. It used to replace the whole section with its defaults (float32, the CPU).
+    f = tmp_path / "c.yaml"
+    env = "rollout: {env_id: AgentR1/FactChain-v0}\n" if cls is TrainConfig else "env_id: AgentR1/FactChain-v0\n"
+    f.write_text("model: {name: Qwen/Qwen2.5-3B-Instruct, dtype: bfloat16, device: cuda}\n" + env)
+    with pytest.warns(ConfigDeprecationWarning, match=r"model -> model\.name"):
+        cfg = load_config(f, ["model=/models/qwen"], cls=cls)
+    assert (cfg.model.name, cfg.model.dtype, cfg.model.device) == ("/models/qwen", "bfloat16", "cuda")
+    cfg = load_config(f, ["model.name=/models/qwen", "model.dtype=float32"], cls=cls)
+    assert (cfg.model.name, cfg.model.dtype, cfg.model.device) == ("/models/qwen", "float32", "cuda")
+    # the other way round: a file's flat model name, a dotted override beside it
+    f.write_text("model: tiny\n" + env)
+    with pytest.warns(ConfigDeprecationWarning, match=r"model -> model\.name"):
+        cfg = load_config(f, ["model.device=cpu", "model.dtype=bfloat16"], cls=cls)
+    assert (cfg.model.name, cfg.model.device, cfg.model.dtype) == ("tiny", "cpu", "bfloat16")
 
 
 def test_missing_file(tmp_path):
