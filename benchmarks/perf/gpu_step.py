@@ -27,8 +27,8 @@ critic) and per backward 4N with full weight gradients or 2N under LoRA (input g
 the adapters' FLOPs are negligible); N excludes the embedding table; attention's T^2 term and
 the recomputation of gradient checkpointing are not counted (as in the PaLM paper's MFU).
 
-A random model's episodes are short (its text is noise: no tool call, one turn), so each run
-ends with a design-point update (``design_point``): ``--design-rows`` synthetic trajectories of
+A random model's text is noise (no valid call, no answer: on an H100 its episodes ran to the
+turn limit), so its episode lengths say nothing of a real model's; each run ends with a design-point update (``design_point``): ``--design-rows`` synthetic trajectories of
 ``--max-context-tokens`` (8192) tokens, 35% of them agent tokens, scored and updated with the
 config's micro-batches; its peak memory is the figure to compare with the budget on paper
 (docs/scaling.md).
@@ -129,34 +129,34 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
             "split": "dev",
             "max_context_tokens": min(args.max_context_tokens, own["max_context_tokens"]),
         }
-        own_model = {"init_from": args.init_from, "eval_sets": {}}
+        own_model = {"model.init_from": args.init_from, "eval.sets": {}}
     else:
         paper = ROOT / "configs" / f"qwen2.5-3b_hotpotqa_{algo}.yaml"
     over = {
-        "run_dir": str(Path(args.run_root) / algo),
-        "overwrite": True,
-        "model": model_dir,
-        "backend": "hf",
-        "device": device,
-        "iterations": args.iterations,
-        "tasks_per_iter": args.tasks,
-        "minibatch_size": args.tasks * args.group(algo),
-        "group_size": args.group(algo),
-        "eval_every": 10**6,
-        "eval_tasks": 1,
-        "checkpoint_every": 10**6,
-        "tensorboard": False,
-        "progress_bar": False,
-        "max_turn_tokens": args.max_turn_tokens,
-        "log_trajectories": 0,
-        "env_kwargs": env_kwargs,
-        "eval_env_kwargs": {"data_path": args.data, "split": "dev"},
+        "run.run_dir": str(Path(args.run_root) / algo),
+        "run.overwrite": True,
+        "model.name": model_dir,
+        "rollout.backend": "hf",
+        "model.device": device,
+        "run.iterations": args.iterations,
+        "rollout.tasks_per_iter": args.tasks,
+        "algorithm.minibatch_size": args.tasks * args.group(algo),
+        "rollout.group_size": args.group(algo),
+        "eval.every": 10**6,
+        "eval.tasks": 1,
+        "run.checkpoint_every": 10**6,
+        "run.tensorboard": False,
+        "run.progress_bar": False,
+        "rollout.max_turn_tokens": args.max_turn_tokens,
+        "run.log_trajectories": 0,
+        "rollout.env_kwargs": env_kwargs,
+        "eval.env_kwargs": {"data_path": args.data, "split": "dev"},
         **own_model,
     }
     if args.full_finetune:
-        over.update(lora_r=0, dtype="float32")
+        over.update({"scale.lora_r": 0, "model.dtype": "float32"})
     if args.cpu:
-        over.update(max_tokens_per_microbatch=512 if args.tiny else 2048, torch_threads=1)
+        over.update({"scale.max_tokens_per_microbatch": 512 if args.tiny else 2048, "model.torch_threads": 1})
     cfg = load_config(paper, [f"{k}={json.dumps(v)}" for k, v in over.items()])
     tr = build_trainer(cfg)
     tr.setup()
@@ -210,7 +210,7 @@ def run_algo(algo: str, args, model_dir: str, n_params: int, device: str) -> dic
 
 def design_point(tr, args, n_params: int, device: str) -> dict:
     """The update at the memory budget's design point, which a random model's rollouts do not
-    reach (its text is noise, so its episodes end early): ``--design-rows`` synthetic trajectories
+    represent (its text is noise): ``--design-rows`` synthetic trajectories
     of ``--max-context-tokens`` tokens each, ``--agent-fraction`` of them agent tokens (in 4 turns
     after a prompt), random advantages; scoring (old/ref log-probs, values), advantages and one
     update with the config's micro-batches. Peak memory, training tokens/s and MFU of that stage."""
