@@ -364,6 +364,16 @@ class ScaleConfig(Section):
     fsdp: bool = False
     """Run as torchrun processes, each with an FSDP2 shard of the models (trainers/distributed.py,
     docs/scaling.md): ``torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG scale.fsdp=true``."""
+    memory_check: bool = True
+    """Refuse at start a run whose estimated peak memory exceeds what the machine has available
+    (``trainers.memory_budget.host_step_estimate``, on the CPU), with the estimate per component and
+    the keys that lower it, instead of being killed for memory later."""
+    release_freed_memory: bool = True
+    """Have the C allocator give freed blocks of 1 MiB or more back to the system at once (glibc's
+    ``mallopt``: a fixed mmap threshold and trim threshold; no effect on other C libraries). With
+    glibc's default, the threshold grows after large frees, so a step's freed activations stay in
+    the process: SmolLM2's SFT step kept 4.2 GiB resident where 2.1 GiB were live
+    (``trainers.scale.release_freed_memory``; docs/scaling.md, "Memory on the CPU")."""
 
     def check(self) -> None:
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch <= 0:

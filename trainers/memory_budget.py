@@ -7,6 +7,8 @@ architectures in tests/trainers/test_scale.py.
 
 from __future__ import annotations
 
+from agent_gym.cli_errors import UserError
+
 QWEN25_3B = dict(
     vocab_size=151936,
     hidden_size=2048,
@@ -116,3 +118,156 @@ def memory_budget(
     out["_params"] = P
     out["_lora_params"] = L
     return out
+
+
+# ----------------------------------------------------------------------------- the CPU (host memory)
+
+RUNTIME_GIB = 0.55
+"""Resident memory of a training process before its tensors: Python, torch, transformers, the
+tokenizer, the envs, and the loaded checkpoint's file pages (measured with SmolLM2-135M-Instruct:
+0.24 GiB after the imports; 2.06 GiB after a step holding 1.5 GiB of weights and AdamW moments)."""
+
+
+def host_step_estimate(
+    model,
+    tokens: int,
+    loss_tokens: int,
+    checkpointing: bool,
+    reference_copy: bool = False,
+    critic=None,
+) -> dict[str, float]:
+    """Peak resident memory (GiB) of one training step on the CPU, per component, for ``model``
+    (a loaded transformers causal LM, float32 or bfloat16 weights) updating a micro-batch of
+    ``tokens`` padded tokens of which ``loss_tokens`` are scored.
+
+    Terms: the runtime (``RUNTIME_GIB``); the weights as loaded; gradients and AdamW's two moments
+    of the trainable parameters (float32); a frozen reference copy (``reference_copy``: a KL
+    reference without LoRA); ``critic`` (a second model: its weights, gradients and moments, and its
+    activations); the decoder's activations kept for the backward, per layer and token the float32
+    tensors a Llama/Qwen2 layer saves, 4 x (7 H + 3 KV + 4 I) bytes (two norms' inputs and outputs,
+    q, k, v and the rotated q and k, the attention output, the MLP's gate, up, activation and
+    product), or with ``checkpointing`` one float32 hidden state per layer plus one layer's set;
+    and the scored tokens' logits, three float32 copies of the vocabulary row each (logits,
+    log-softmax, their gradient). Checked against measured peaks in docs/scaling.md ("Memory on the
+    CPU"); ``benchmarks/perf/memory_model.py`` measures them."""
+    cfg = model.config
+    H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    KV = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads)
+    V = model.get_output_embeddings().weight.shape[0]
+    G = 2**30
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    layer = 4 * (7 * H + 3 * KV + 4 * I)
+    act = tokens * (L * 4 * H + layer) if checkpointing else tokens * L * layer
+    out = {
+        "runtime": RUNTIME_GIB,
+        "weights": weights / G,
+        "gradients (float32)": 4 * trainable / G,
+        "AdamW moments (float32)": 8 * trainable / G,
+    }
+    if reference_copy:
+        out["reference (frozen copy)"] = weights / G
+    if critic is not None:
+        c_weights = sum(p.numel() * p.element_size() for p in critic.parameters())
+        c_train = sum(p.numel() for p in critic.parameters() if p.requires_grad)
+        out["critic (weights, gradients, moments)"] = (c_weights + 12 * c_train) / G
+    out[f"activations, {tokens} tokens ({'with' if checkpointing else 'without'} checkpointing)"] = act / G
+    out[f"logits of {loss_tokens} scored tokens"] = 3 * 4 * loss_tokens * V / G
+    out["total"] = sum(out.values())
+    return out
+
+
+class MemoryBudgetError(UserError, MemoryError):
+    """A run whose estimated peak does not fit the memory this machine has free."""
+
+
+def check_fits(estimate: dict[str, float], what: str, keys: str, available_gib: float | None = None) -> None:
+    """Refuse (``MemoryBudgetError``) when ``estimate['total']`` exceeds the memory available to
+    this process (what the system reports free and reclaimable, plus what the process holds now),
+    naming the components and the config ``keys`` that lower the peak; ``available_gib`` overrides
+    the measured figure."""
+    if available_gib is None:
+        import psutil
+
+        available_gib = (psutil.virtual_memory().available + psutil.Process().memory_info().rss) / 2**30
+    total = estimate["total"]
+    if total <= available_gib:
+        return
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in estimate.items() if k != "total")
+    raise MemoryBudgetError(
+        f"{what} needs about {total:.1f} GiB at its peak, and this machine has {available_gib:.1f} GiB available "
+        f"(GiB: {parts}). Lower it with {keys}, or turn this check off with scale.memory_check=false."
+    )
+
+
+def context_bound(env_id: str, env_kwargs: dict) -> int | None:
+    """The env's ``max_context_tokens``: from ``env_kwargs``, else the registration's kwargs, else
+    the env class's default; None where none is found (no env is built)."""
+    import inspect
+
+    if env_kwargs.get("max_context_tokens"):
+        return int(env_kwargs["max_context_tokens"])
+    try:
+        import gymnasium as gym
+
+        spec = gym.spec(env_id)
+    except Exception:  # an id a plugin registers later, or none: no bound known
+        return None
+    if spec.kwargs.get("max_context_tokens"):
+        return int(spec.kwargs["max_context_tokens"])
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        import importlib
+
+        mod, _, name = entry.partition(":")
+        try:
+            entry = getattr(importlib.import_module(mod), name)
+        except (ImportError, AttributeError):
+            return None
+    try:
+        default = inspect.signature(entry).parameters.get("max_context_tokens")
+    except (TypeError, ValueError):
+        return None
+    return int(default.default) if default is not None and isinstance(default.default, int) else None
+
+
+AGENT_FRACTION = 0.5
+"""The share of a micro-batch's tokens assumed scored in an RL estimate (the agent's own tokens;
+about 0.3 in the multi-turn QA and FactChain runs, so the estimate leans high)."""
+
+
+def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, float] | None:
+    """``host_step_estimate`` of an RL update at its worst: every episode at the env's context
+    bound (``context_bound``), the largest micro-batch that ``algorithm.minibatch_size`` and
+    ``scale.max_tokens_per_microbatch`` allow, ``AGENT_FRACTION`` of it scored; with the HF rollout
+    backend, the KV cache of generating the whole batch at once. None when no context bound is known."""
+    ctx = context_bound(cfg.rollout.env_id, cfg.rollout.env_kwargs)
+    if ctx is None:
+        return None
+    rows = cfg.algorithm.minibatch_size
+    budget = cfg.scale.max_tokens_per_microbatch
+    tokens = rows * ctx if budget is None else max(ctx, min(rows * ctx, (budget // ctx) * ctx))
+    model = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    est = host_step_estimate(
+        model, tokens, int(AGENT_FRACTION * tokens), cfg.scale.gradient_checkpointing, reference_copy, critic
+    )
+    if cfg.scale.lora_r > 0:  # the frozen base has no gradients or moments: only the adapters
+        n = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        est["gradients (float32)"], est["AdamW moments (float32)"] = 4 * n / 2**30, 8 * n / 2**30
+    if cfg.rollout.backend == "hf":
+        c = model.config
+        kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        batch = cfg.rollout.tasks_per_iter * cfg.rollout.group_size
+        est[f"HF generation KV cache, {batch} episodes"] = batch * ctx * c.num_hidden_layers * 2 * kv * 4 / 2**30
+    est["total"] = sum(v for k, v in est.items() if k != "total")
+    return est
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (``getrusage``; 0.0 where it is missing)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kib / 2**20

@@ -149,6 +149,41 @@ def prepare_models(cfg: Any, policy: nn.Module, critic: nn.Module | None) -> tup
     return policy, critic, ref
 
 
+def prepare_process(model_cfg: Any, scale_cfg: Any) -> None:
+    """What a training process sets before it loads a model: ``model.torch_threads`` and
+    ``scale.release_freed_memory`` (``release_freed_memory``)."""
+    if model_cfg.torch_threads:
+        torch.set_num_threads(model_cfg.torch_threads)
+    if scale_cfg.release_freed_memory:
+        release_freed_memory()
+
+
+MMAP_THRESHOLD = 1 << 20
+"""Allocations of this many bytes or more get their own mapping, returned to the system when freed."""
+
+
+def release_freed_memory() -> bool:
+    """Fix glibc malloc's mmap threshold and trim threshold at ``MMAP_THRESHOLD``, so that large
+    blocks (a step's activations and logits) go back to the system when torch frees them. glibc's
+    default threshold starts at 128 KiB but rises to the size of each mmapped block freed (up to
+    32 MiB), after which such blocks come from the heap and stay resident, fragmented: the process
+    then holds a step's transient peak long after the step. Returns whether it applied (False on a
+    C library without ``mallopt``: musl, macOS, Windows)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(mallopt(m_trim_threshold, MMAP_THRESHOLD))
+
+
 def enable_checkpointing(model: nn.Module) -> None:
     if not hasattr(model, "gradient_checkpointing_enable"):
         raise ScaleConfigError(

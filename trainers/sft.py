@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from agent_gym.episode import Episode
-from trainers.config import ConfigError, EvalConfig, ModelConfig, Sectioned, TrainConfig, to_dict
+from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
 
 if TYPE_CHECKING:  # torch loads with the functions that use it: checking an SFTConfig does not import it
     import torch
@@ -40,6 +40,12 @@ class SFTConfig(Sectioned):
 
     model: ModelConfig
     eval: EvalConfig = field(metadata={"defaults": {"every": 0}})
+    scale: ScaleConfig
+    """The RL config's memory keys that full fine-tuning uses: ``scale.gradient_checkpointing``,
+    ``scale.max_tokens_per_microbatch`` (a batch's gradient accumulated over micro-batches of at most
+    that many padded tokens, weighted by their loss tokens: the same step up to float rounding) and
+    ``scale.mixed_precision``. ``lora_r`` and ``fsdp`` are refused (SFT fine-tunes every weight in one
+    process)."""
     plugins: list[str] = field(default_factory=list)
     """Modules imported before the config is checked (they may register the env)."""
     run_dir: str = "runs/sft"
@@ -70,6 +76,11 @@ class SFTConfig(Sectioned):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.scale.lora_r or self.scale.fsdp:
+            raise ConfigError(
+                "SFT fine-tunes every weight in one process: scale.lora_r and scale.fsdp are RL keys; remove them "
+                "(scale.gradient_checkpointing, scale.max_tokens_per_microbatch and scale.mixed_precision apply)"
+            )
         if not self.env_id:
             raise ConfigError("env_id is required (no env is assumed): a Gymnasium id such as AgentR1/FactChain-v0")
         for name in ("num_demos", "steps", "batch_size", "max_turn_tokens"):
@@ -162,6 +173,42 @@ def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> t
     return sft_loss(model, ids, attn, mask)
 
 
+def episodes_backward(
+    model: torch.nn.Module, rows: list[Episode], pad_id: int, scale: ScaleConfig, device: str = "cpu"
+) -> float:
+    """Accumulate the gradient of ``episodes_loss(rows)`` in micro-batches of at most
+    ``scale.max_tokens_per_microbatch`` padded tokens (``trainers.scale.pack_by_tokens``), each
+    weighted by its share of the batch's loss tokens, under ``scale.mixed_precision``; returns the
+    batch's loss. One micro-batch (no budget) is the plain ``episodes_loss(rows).backward()``."""
+    from trainers.scale import autocast, pack_by_tokens
+
+    groups = pack_by_tokens([len(r.token_ids) for r in rows], scale.max_tokens_per_microbatch)
+    total = sum(sum(r.loss_mask) for r in rows)
+    loss_sum = 0.0
+    for g in groups:
+        part = [rows[i] for i in g]
+        weight = sum(sum(r.loss_mask) for r in part) / total if total > 0 else 1.0 / len(groups)
+        with autocast(scale.mixed_precision, device):
+            loss = episodes_loss(model, part, pad_id)
+        (loss * weight).backward()
+        loss_sum += float(loss.detach()) * weight
+    return loss_sum
+
+
+def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTConfig) -> dict[str, float]:
+    """``host_step_estimate`` of the worst step: a batch of the ``batch_size`` longest
+    demonstrations, its largest micro-batch (``scale.max_tokens_per_microbatch``)."""
+    from trainers.memory_budget import host_step_estimate
+    from trainers.scale import pack_by_tokens
+
+    longest = sorted(demos, key=lambda d: -len(d.token_ids))[: cfg.batch_size]
+    groups = pack_by_tokens([len(d.token_ids) for d in longest], cfg.scale.max_tokens_per_microbatch)
+    worst = max(groups, key=lambda g: len(g) * max(len(longest[i].token_ids) for i in g))
+    tokens = len(worst) * max(len(longest[i].token_ids) for i in worst)
+    scored = int(sum(sum(longest[i].loss_mask) for i in worst))
+    return host_step_estimate(model, tokens, scored, cfg.scale.gradient_checkpointing)
+
+
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     import torch
 
@@ -169,22 +216,38 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from trainers.backends.base import SamplingConfig
     from trainers.backends.hf_backend import HFBackend
     from trainers.logger import RunLogger, claim_run_dir
+    from trainers.memory_budget import peak_rss_gib
     from trainers.models import load_policy, load_tokenizer_for, save_policy
+    from trainers.scale import prepare_process
     from trainers.sources import evaluate_greedy
 
     torch.manual_seed(cfg.seed)
+    prepare_process(cfg.model, cfg.scale)  # model.torch_threads was ignored by SFT before
     run_dir = Path(cfg.run_dir)
     claim_run_dir(run_dir, overwrite=cfg.overwrite, key="overwrite", resumable=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     tok = load_tokenizer_for(cfg.model)
     model = load_policy(cfg.model, tok, seed=cfg.seed)
+    if cfg.scale.gradient_checkpointing:
+        from trainers.scale import enable_checkpointing
+
+        enable_checkpointing(model)
     envs = EnvFactory(cfg.env_id, cfg.env_kwargs, tok, vocab_size=model.get_input_embeddings().num_embeddings)
     env = envs.make().unwrapped
     rng = np.random.default_rng(cfg.seed)
     demos = demonstrations(
         env, rng.choice(env.num_tasks(), size=cfg.num_demos, replace=False).tolist(), cfg.demo_policy, rng
     )
+    estimate = sft_memory_estimate(model, demos, cfg)
+    if cfg.scale.memory_check and str(cfg.model.device) == "cpu":
+        from trainers.memory_budget import check_fits
+
+        check_fits(
+            estimate,
+            f"SFT of {cfg.model.name} at batch_size {cfg.batch_size}",
+            "scale.gradient_checkpointing=true, scale.max_tokens_per_microbatch (e.g. 2048) or a smaller batch_size",
+        )
     eval_envs = envs.make_vector(cfg.eval.tasks, **cfg.eval.env_kwargs)
     eval_sets = {name: envs.make_vector(cfg.eval.tasks, **kw) for name, kw in cfg.eval.sets.items()}
     pad_id = envs.pad_id
@@ -201,21 +264,23 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         model.train()
-        loss = episodes_loss(model, [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)], pad_id)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        batch = [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)]
+        loss = episodes_backward(model, batch, pad_id, cfg.scale, cfg.model.device)
         opt.step()
         metrics = {
-            "sft/loss": float(loss.detach()),
+            "sft/loss": loss,
+            "memory/peak_rss_gib": peak_rss_gib(),
+            "memory/estimate_gib": estimate["total"],
             "sft/lr": sched.get_last_lr()[0],
             "time/elapsed_min": (time.perf_counter() - t0) / 60,
         }
         sched.step()
         if cfg.eval.every and step % cfg.eval.every == 0:
             metrics.update(evaluate())
-            print(f"step {step}: loss {float(loss):.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
+            print(f"step {step}: loss {loss:.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
         logger.log(step, metrics)
-    final = {"sft/loss": float(loss.detach()), **evaluate(), "time/elapsed_min": (time.perf_counter() - t0) / 60}
+    final = {"sft/loss": loss, **evaluate(), "time/elapsed_min": (time.perf_counter() - t0) / 60}
     logger.log(cfg.steps, final)
     save_policy(model, tok, run_dir / "model")
     (run_dir / "final.json").write_text(json.dumps(final, indent=2))

@@ -46,6 +46,7 @@ from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_ch
 from trainers.config import TrainConfig, to_dict
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
+from trainers.memory_budget import peak_rss_gib
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
@@ -121,12 +122,33 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------------
 
+    def _check_memory(self) -> float | None:
+        """The estimated peak (GiB) of an update on the CPU, refused at start when it exceeds the
+        memory available (``scale.memory_check``); None on a GPU or where the env's context bound
+        is unknown."""
+        from trainers.memory_budget import check_fits, rl_step_estimate
+
+        cfg = self.cfg
+        if str(cfg.model.device) != "cpu" or cfg.scale.fsdp:
+            return None
+        critic = self.critic.backbone if self.critic is not None else None
+        est = rl_step_estimate(cfg, self.policy, critic, reference_copy=self.ref is not None and cfg.scale.lora_r == 0)
+        if est is None:
+            return None
+        if cfg.scale.memory_check:
+            check_fits(
+                est,
+                f"an update of {cfg.model.name} ({cfg.algorithm.minibatch_size} episodes a minibatch)",
+                "scale.max_tokens_per_microbatch (e.g. 4096), scale.gradient_checkpointing=true, scale.lora_r, "
+                "a smaller algorithm.minibatch_size or the env's max_context_tokens",
+            )
+        return est["total"]
+
     def setup(self) -> None:
         cfg = self.cfg
         self.parallel.start()
         torch.manual_seed(cfg.run.seed)
-        if cfg.model.torch_threads:
-            torch.set_num_threads(cfg.model.torch_threads)
+        scale.prepare_process(cfg.model, cfg.scale)
         if self.parallel.is_main and not self.resume:
             claim_run_dir(self.run_dir, overwrite=cfg.run.overwrite, key="run.overwrite", resumable=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +159,7 @@ class Trainer:
         self.critic = Critic(self.policy).to(cfg.model.device) if cfg.algorithm.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
         self.parallel.shard(self.policy, self.critic, self.ref)
+        self.memory_estimate = self._check_memory()  # before any engine, worker or env starts
         a = cfg.algorithm
         self.opt = torch.optim.AdamW(scale.trainable(self.policy), lr=a.lr, weight_decay=a.weight_decay, eps=a.adam_eps)
         self.critic_opt = (
@@ -257,12 +280,12 @@ class Trainer:
     def cleanup(self) -> None:
         # First the source (Ray workers shut down, envs closed; an overlap part first waits for the
         # rollout in flight, never killing it mid-episode), then the backend it may still be using.
-        self.source.close()
-        if self.gc_stats is not None:
-            self.gc_stats.close()
-        self.logger.close()
-        self.backend.close()
-        self.parallel.close()
+        # After a setup that stopped part-way (a refusal, a failed engine start) only what was
+        # built is closed.
+        for name in ("source", "gc_stats", "logger", "backend", "parallel"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -625,6 +648,8 @@ class Trainer:
             "time/env_fraction": rt.env_s / total,
             "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
+            "memory/peak_rss_gib": peak_rss_gib(),
+            **({"memory/estimate_gib": est} if (est := getattr(self, "memory_estimate", None)) is not None else {}),
         }
 
     def should_stop(self, metrics: dict[str, float]) -> bool:

@@ -1,0 +1,65 @@
+"""``scale.memory_check``: a run whose estimated peak cannot fit the machine is refused at start,
+with the estimate and the keys to change; the estimate follows the memory keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers.compose import build_trainer
+from trainers.config import ModelConfig, load_config
+from trainers.memory_budget import MemoryBudgetError, check_fits, context_bound, host_step_estimate
+from trainers.models import load_policy, load_tokenizer_for
+
+BASE = [
+    "rollout.env_id=AgentR1/FactChain-v0",
+    "model.name=tiny",
+    "model.torch_threads=1",
+    "rollout.tasks_per_iter=2",
+    "algorithm.minibatch_size=2",
+    "run.tensorboard=false",
+    "run.progress_bar=false",
+]
+
+
+@pytest.mark.timeout(300)
+def test_a_config_that_cannot_fit_is_refused_at_start_naming_the_keys(tmp_path):
+    # every episode may grow to 50M tokens: the update's activations alone are terabytes
+    huge = [*BASE, f"run.run_dir={tmp_path / 'a'}", "rollout.env_kwargs={max_context_tokens: 50000000}"]
+    tr = build_trainer(load_config(None, huge))
+    with pytest.raises(MemoryBudgetError) as e:
+        try:
+            tr.setup()
+        finally:
+            tr.cleanup()
+    msg = str(e.value)
+    assert "needs about" in msg and "GiB available" in msg and "activations" in msg
+    assert "scale.max_tokens_per_microbatch" in msg and "scale.memory_check=false" in msg
+    # the same run with the check off, and a run that fits: both start
+    for over in (["scale.memory_check=false"], ["rollout.env_kwargs={max_context_tokens: 1024}"]):
+        cfg = load_config(None, [*huge, f"run.run_dir={tmp_path / over[0][:12]}", *over])
+        tr = build_trainer(cfg)
+        try:
+            tr.setup()
+            assert tr.memory_estimate is not None and tr.memory_estimate > 0
+        finally:
+            tr.cleanup()
+
+
+def test_the_estimate_follows_the_memory_keys():
+    mc = ModelConfig(name="tiny", torch_threads=1)
+    model = load_policy(mc, load_tokenizer_for(mc))
+    plain = host_step_estimate(model, 8192, 2048, checkpointing=False)
+    ckpt = host_step_estimate(model, 8192, 2048, checkpointing=True)
+    half = host_step_estimate(model, 4096, 1024, checkpointing=False)
+    act = lambda e: next(v for k, v in e.items() if k.startswith("activations"))  # noqa: E731
+    assert act(ckpt) < act(plain) and act(half) == pytest.approx(act(plain) / 2)
+    assert plain["total"] == pytest.approx(sum(v for k, v in plain.items() if k != "total"))
+    check_fits(plain, "x", "keys", available_gib=plain["total"] + 0.01)
+    with pytest.raises(MemoryBudgetError, match="Lower it with keys"):
+        check_fits(plain, "x", "keys", available_gib=plain["total"] - 0.01)
+
+
+def test_the_context_bound_comes_from_kwargs_registration_or_the_class_default():
+    assert context_bound("AgentR1/FactChain-v0", {"max_context_tokens": 777}) == 777
+    assert context_bound("AgentR1/FactChain-v0", {}) == 1024  # FactChainEnv's default
+    assert context_bound("NoSuch/Env-v0", {}) is None
