@@ -25,6 +25,8 @@ A factory is picklable (the tokenizer included) so it can be sent to a Ray worke
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from typing import Any, Mapping
 
 import gymnasium as gym
@@ -152,8 +154,7 @@ class EnvFactory:
         ``.unwrapped`` for the ``ToolEnv``), or a :class:`~agent_gym.env_client.RemoteToolEnv` session."""
         if self.server:
             self._remote_only(overrides)
-            # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
-            from agent_gym.env_client import RemoteToolEnv
+            from agent_gym.env_client import RemoteToolEnv  # optional: openenv-core (extra openenv)
 
             return RemoteToolEnv(self.server, message_timeout_s=self.server_timeout_s)
         return gym.make(self.env_id, **self.kwargs(**overrides))
@@ -167,8 +168,7 @@ class EnvFactory:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if self.server:
             self._remote_only(overrides)
-            # optional dependency (openenv-core, the openenv extra), and seconds of import (gradio, FastMCP)
-            from agent_gym.env_client import RemoteVectorEnv
+            from agent_gym.env_client import RemoteVectorEnv  # optional: openenv-core (extra openenv)
 
             return RemoteVectorEnv(
                 self.server, num_envs, message_timeout_s=self.server_timeout_s, reconnect_s=self.server_reconnect_s
@@ -216,11 +216,6 @@ class EnvFactory:
     def server_info(self) -> dict[str, Any]:
         """``GET /agent_gym/env`` of the server: its env id, kwargs, vocabulary size, task count and
         tokenizer fingerprint. ``ConnectionError`` naming the URL when nothing answers there."""
-        # import-time cost: urllib.request takes ~50 ms (http.client, email, ssl) and only a served
-        # env needs it; the trainer imports this module on every run
-        import urllib.error
-        import urllib.request
-
         url = f"{self.server}/agent_gym/env"
         try:
             with urllib.request.urlopen(url, timeout=min(self.server_timeout_s, 30.0)) as r:

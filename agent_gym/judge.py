@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from agent_gym.integrations.openai_policy import ChatClient, ClientConfig, RequestFailed
+
 __all__ = [
     "DEFAULT_RUBRIC",
     "FAILURE_KINDS",
@@ -290,8 +292,6 @@ class Judge:
     process-wide one with :func:`get_judge`; :meth:`judge` never raises for a server's fault."""
 
     def __init__(self, cfg: JudgeConfig, *, sleep=time.sleep):
-        from agent_gym.integrations.openai_policy import ChatClient, ClientConfig
-
         self.cfg = cfg
         key = os.environ.get(cfg.api_key_env) or "EMPTY"
         ccfg = ClientConfig(
@@ -411,8 +411,6 @@ class Judge:
         return v
 
     def _ask(self, key: tuple) -> Verdict:
-        from agent_gym.integrations.openai_policy import RequestFailed
-
         if self._in_cooldown():
             return self._fail(
                 "unavailable",

@@ -53,9 +53,12 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import logging
 import os
 import re
+import resource
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -216,7 +219,7 @@ def _degrees_to_radians(answer: str) -> str:
 
 
 def _mv_parse(answer: str) -> list:
-    from math_verify import parse  # imported here: the parent process never needs it
+    from math_verify import parse  # optional: math-verify (extra code), imported by the worker only
 
     return parse("\\boxed{" + answer + "}", parsing_timeout=None)  # the worker's deadline bounds it
 
@@ -245,7 +248,7 @@ def judge(predicted: str, gold: str) -> tuple[bool, str]:
         g = _degrees_to_radians(g)
     elif in_degrees == (False, True) and "\\pi" in g:
         p = _degrees_to_radians(p)
-    from math_verify import verify
+    from math_verify import verify  # optional: math-verify (extra code), imported by the worker only
 
     gold_parsed = _mv_parse(prepare(g))
     if not gold_parsed:
@@ -267,8 +270,6 @@ _WARM_UP = (
 def _serve() -> None:
     """A worker's loop: one JSON request a line on stdin (``[predicted, gold, timeout]``), one reply a
     line on stdout (``[ok, how]``; first ``{"ready": true}``, or ``{"error": ...}`` when it cannot start)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the workers
     try:
         _serve_loop()
@@ -277,9 +278,6 @@ def _serve() -> None:
 
 
 def _serve_loop() -> None:
-    import logging
-    import resource
-
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)

@@ -30,8 +30,10 @@ import shlex
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -180,8 +182,6 @@ def _packages() -> dict[str, str]:
         if mod is not None:
             out[name] = str(getattr(mod, "__version__", "?"))
     try:
-        from importlib.metadata import version
-
         out["agent_gym"] = version("agent_gym")
     except Exception:  # noqa: BLE001  not installed (a run by path in another venv)
         pass
@@ -321,8 +321,6 @@ def write_raw(
 def git_tree(ref: str, into: Path, paths: Sequence[str]) -> Path:
     """The files under ``paths`` at commit ``ref``, extracted under ``into`` (a benchmark's "before"
     side: the same script measuring an older tree, interleaved with this one)."""
-    import tarfile
-
     archive = subprocess.run(
         ["git", "archive", "--format=tar", ref, *paths], cwd=REPO, capture_output=True, check=True, timeout=120
     ).stdout

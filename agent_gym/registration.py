@@ -27,9 +27,7 @@ from agent_gym.env_ids import ENV_IDS, MULTIAGENT_IDS  # the tables this module 
 
 
 def _vector_creator(entry_point: str, num_envs: int = 1, **kwargs):
-    # import-time cost: agent_gym.vector adds ~15 ms to `import agent_gym` (and to every command's
-    # --help); only gym.make_vec needs it
-    from agent_gym.vector import ToolVectorEnv
+    from agent_gym.vector import ToolVectorEnv  # deferred: ~15 ms kept out of `import agent_gym` (and --help)
 
     return ToolVectorEnv.from_entry_point(entry_point, num_envs=num_envs, **kwargs)
 
@@ -101,7 +99,7 @@ def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
     env = cls(**{**defaults, **kwargs})
     if parallel:
         return env
-    from pettingzoo.utils.conversions import parallel_to_aec  # optional dependency (the pettingzoo extra)
+    from pettingzoo.utils.conversions import parallel_to_aec  # optional: pettingzoo (extra pettingzoo)
 
     return parallel_to_aec(env)
 

@@ -32,9 +32,11 @@ does not protect against is in ``docs/sandbox.md``. In short, each call:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
 import dataclasses
+import errno
 import functools
 import itertools
 import json
@@ -47,6 +49,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -288,15 +291,12 @@ def seccomp_filter() -> tuple[bytes, tuple[str, ...]]:
     (libseccomp). A syscall of another ABI (i386 or x32 on x86-64) kills the process: libseccomp's
     action for a foreign architecture."""
     try:
-        import pyseccomp as sc
+        import pyseccomp as sc  # optional: pyseccomp (extra code)
     except (ImportError, OSError) as e:  # OSError: libseccomp.so.2 missing
         raise SandboxUnavailable(
             f"the sandbox's syscall filter needs pyseccomp and libseccomp ({e}); pip install pyseccomp "
             "(the project's `code` extra) and apt-get install -y libseccomp2"
         ) from e
-    import errno
-    import tempfile
-
     arch = sc.system_arch()
     f = sc.SyscallFilter(sc.ALLOW)
     unknown: list[str] = []
@@ -589,9 +589,6 @@ def _mount_point() -> str:
     removed when the process that made it exits (a forked child that inherits the exit hook leaves
     it to its parent)."""
     if not _MOUNT_POINT or not os.path.isdir(_MOUNT_POINT[0]):
-        import atexit
-        import tempfile
-
         d = tempfile.mkdtemp(prefix="agent_gym_sandbox_")
         os.chmod(d, 0o711)
         _MOUNT_POINT[:] = [d]
@@ -611,7 +608,7 @@ def _remove_mount_point(path: str, owner: int) -> None:
 @functools.lru_cache(maxsize=1)
 def _keyctl_nr() -> int:
     try:
-        import pyseccomp as sc
+        import pyseccomp as sc  # optional: pyseccomp (extra code)
 
         return sc.resolve_syscall(sc.system_arch(), "keyctl")
     except Exception:

@@ -29,7 +29,7 @@ from agent_gym.env_ids import ENV_IDS
 
 def _load_mapping(text_or_path: str, what: str) -> dict[str, Any]:
     """A YAML/JSON mapping given inline or as a file path."""
-    import yaml  # import-time cost: ~25 ms that --help would pay; only --config and --env-kwargs need it
+    import yaml  # deferred: yaml (~20 ms) stays out of --help; only --config and --env-kwargs need it
 
     p = Path(text_or_path)
     src = p.read_text() if p.suffix in (".yaml", ".yml", ".json") and p.is_file() else text_or_path
@@ -94,11 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     args, env_id, kwargs = parse_args(argv)  # before the heavy imports: --help and bad flags answer at once
     if env_id not in ENV_IDS:  # build_app checks it too; here it answers before openenv-core loads
         raise SystemExit(f"error: unknown env id {env_id!r}; {registered_ids_hint(env_id)}")
-    # optional dependencies (the openenv extra) and a measured import-time cost: openenv-core imports
-    # gradio and FastMCP (seconds), which --help, a bad flag and an unknown id do not wait for
-    import uvicorn
+    import uvicorn  # optional: uvicorn (extra openenv), after --help and the env id check
 
-    from agent_gym.env_server import build_app, settle_heap
+    from agent_gym.env_server import build_app, settle_heap  # optional: openenv-core (extra openenv), after --help
 
     try:
         app = build_app(env_id, kwargs, args.max_concurrent_envs, args.session_timeout_s)

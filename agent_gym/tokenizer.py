@@ -140,10 +140,15 @@ def build_bpe_tokenizer(
     Used for the default tokenizer and, in tests, for tokenizers of other chat-template families
     (Llama 3, Mistral), which differ in their special tokens and template only.
     """
-    # import-time cost: transformers takes seconds to import, and the default tokenizer (this
-    # function) is built only when an env is made
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import (  # deferred: tokenizers stays out of `import agent_gym`
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast  # deferred: transformers (seconds) stays out of `import agent_gym`
 
     special_tokens = list(special_tokens if special_tokens is not None else CHATML_SPECIALS)
     extra_tokens = list(extra_tokens if extra_tokens is not None else TAG_TOKENS)
@@ -201,7 +206,7 @@ def load_tokenizer(spec: Any = None):
         return default_tokenizer()
     if isinstance(spec, (str, os.PathLike)):
         with IMPORT_LOCK:  # import-time cost (seconds), and a first import is not thread-safe
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # deferred: transformers (seconds) stays out of `import agent_gym`
 
         spec = str(spec)
         looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1]

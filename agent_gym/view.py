@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent_gym.cli_errors import ArgumentParser, UserError, command, prog_name, report
+from agent_gym.tokenizer import load_tokenizer
 
 _ITER_FILE = re.compile(r"iter_(\d+)\.jsonl$")
 
@@ -146,14 +147,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def run_tokenizer(run_dir: Path, spec: str | None = None) -> Any:
     """The tokenizer a run used (see the module docstring), or ``spec`` when given."""
-    from agent_gym.tokenizer import load_tokenizer
-
     if spec is not None:
         return load_tokenizer(spec)
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         return load_tokenizer(None)
-    import yaml
+    import yaml  # deferred: yaml (~20 ms) stays out of `agent-gym-view --help`; only a run's config.yaml needs it
 
     cfg = yaml.safe_load(cfg_path.read_text()) or {}
     if isinstance(cfg.get("model"), dict):  # a sectioned config (trainers.config); older runs' are flat

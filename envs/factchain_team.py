@@ -276,6 +276,6 @@ def parallel_env(**kwargs: Any) -> FactChainTeamEnv:
 
 def env(**kwargs: Any):
     """The AEC env: PettingZoo's ``parallel_to_aec`` of :func:`parallel_env`."""
-    from pettingzoo.utils.conversions import parallel_to_aec
+    from pettingzoo.utils.conversions import parallel_to_aec  # optional: pettingzoo (extra pettingzoo)
 
     return parallel_to_aec(parallel_env(**kwargs))

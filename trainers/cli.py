@@ -21,6 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -63,7 +64,11 @@ def main(algo: str | Callable[[list[str]], str], argv: list[str] | None = None) 
     plugins.add_argument(ap)
     args = ap.parse_args(argv)
     warnings.simplefilter("default", ConfigDeprecationWarning)  # say which flat keys moved, once each
-    from trainers.compose import check, resume_config, run
+    from trainers.compose import (  # deferred: torch loads after parsing, so --help answers at once
+        check,
+        resume_config,
+        run,
+    )
 
     try:
         plugins.load(args.plugin, "--plugin")
@@ -106,8 +111,11 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     env server (``rollout.env_server``) gone mid-run (restart it, then ``--resume``); 3 a non-finite
     loss; 4 the run's files could not be written (a full disk, a checkpoint that failed; earlier
     checkpoints are intact)."""
-    from trainers.checkpoint import CheckpointError, format_bytes
-    from trainers.trainer import NonFiniteLossError
+    from trainers.checkpoint import (  # deferred: torch stays out of `import trainers.cli` (--help)
+        CheckpointError,
+        format_bytes,
+    )
+    from trainers.trainer import NonFiniteLossError  # deferred: torch stays out of `import trainers.cli` (--help)
 
     chain = [e]
     while chain[-1].__context__ is not None and len(chain) < 10:
@@ -123,8 +131,6 @@ def _failure(e: BaseException, run_dir: str) -> tuple[int, str] | None:
         resume = f"continue the run from its last checkpoint with --resume {run_dir}"
         if not gone.reason:  # it came back, but with other envs: its own message says which
             return 2, f"{gone}; then {resume}"
-        from urllib.parse import urlsplit
-
         port = urlsplit(gone.url).port
         return 2, (
             f"the env server at {gone.url} is gone mid-run ({gone.reason}): the rollout's sessions and the "

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from trainers import plugins
 from trainers.algos import registry
 from trainers.errors import ConfigError  # noqa: F401  (trainers.config.ConfigError, as before)
 
@@ -479,8 +480,6 @@ class Sectioned:
     def __init__(self, **kw: Any) -> None:
         cls = type(self)
         data = normalise(cls, kw, f"{cls.__name__}(...)", warn=False)
-        from trainers import plugins
-
         plugins.load(data.get("plugins") or [])
         for f in dataclasses.fields(self):
             if f.name in section_types(cls):
@@ -734,8 +733,6 @@ def config_fields(cls: type = TrainConfig) -> list[str]:
 def from_dict(d: dict[str, Any], source: str = "config", cls: type = TrainConfig) -> Any:
     """A config from a dict: sectioned, flat (deprecated, warns) or mixed; ``plugins`` are
     imported before any key is checked."""
-    from trainers import plugins
-
     if isinstance(d, dict):
         plugins.load(d.get("plugins") or [], source)
     data = normalise(cls, d, source)

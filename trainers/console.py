@@ -21,16 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from agent_gym.cli_errors import UsageError, yaml_message
+from trainers.cli import script_main
+from trainers.evaluate import main as evaluate_main
+from trainers.train_sft import main as sft_main
+
 
 def train_ppo() -> None:
-    from trainers.cli import script_main
-
     script_main("ppo")
 
 
 def train_grpo() -> None:
-    from trainers.cli import script_main
-
     script_main("grpo")
 
 
@@ -38,8 +41,6 @@ def train() -> None:
     """``agent-gym-train``: ``train_ppo`` for ``algo: ppo``, ``train_grpo`` for the group algorithms
     (grpo, rloo, reinforce_pp); the algo is read from the overrides, the config file, or with
     ``--resume RUN_DIR`` the run's own config.yaml."""
-    from trainers.cli import script_main
-
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(
             "usage: agent-gym-train (--config CONFIG | --resume RUN_DIR) [--plugin MODULE] [key=value ...]\n\n"
@@ -56,10 +57,6 @@ def config_algo(argv: list[str]) -> str:
     ``RUN_DIR/config.yaml``) ``algorithm: {algo: ...}`` or flat ``algo:`` (``ppo``, the config's default,
     when the file names none). The training script then
     checks it against the whole config, so a wrong guess here is an error there, never a silent switch."""
-    import yaml
-
-    from agent_gym.cli_errors import UsageError, yaml_message
-
     algo, path = None, None
     for i, a in enumerate(argv):
         flag, eq, value = a.partition("=")
@@ -92,12 +89,8 @@ def config_algo(argv: list[str]) -> str:
 
 
 def sft() -> None:
-    from trainers.train_sft import main
-
-    sys.exit(main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)
+    sys.exit(sft_main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)
 
 
 def evaluate() -> None:
-    from trainers.evaluate import main
-
-    sys.exit(main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)
+    sys.exit(evaluate_main())  # main() without argv: a bad input is one line, exit 2 (agent_gym/cli_errors.py)

@@ -47,6 +47,7 @@ from typing import Any, Callable, ContextManager, Iterator, NoReturn, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from trainers import scale
 from trainers.config import ConfigError, TrainConfig
@@ -108,7 +109,7 @@ def all_reduce(values: list[float], op: Any = None) -> torch.Tensor:
 
 
 def fsdp_modules(*modules: nn.Module | None) -> list[nn.Module]:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # deferred: ~1 s of import, only with scale.fsdp
 
     return [m for mod in modules if mod is not None for m in mod.modules() if isinstance(m, FSDPModule)]
 
@@ -136,7 +137,7 @@ def full_params(*modules: nn.Module | None) -> Iterator[None]:
 
 def shard_critic(critic: nn.Module, mesh: Any) -> nn.Module:
     """``Critic``: one FSDP unit per decoder layer of its backbone, the backbone, then the root (head)."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # deferred: ~1 s of import, only with scale.fsdp
 
     for layer in critic.backbone.layers:
         fully_shard(layer, mesh=mesh)
@@ -171,8 +172,6 @@ class FSDP:
             # gloo's collectives time out; rank 0 evaluates alone while the others wait at the next one
             dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
             self._own_group = True
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.mesh = init_device_mesh("cuda" if cuda else "cpu", (self.world,))
 
     def close(self) -> None:
@@ -262,7 +261,11 @@ def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
 def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """The model's and optimizer's full state dicts on rank 0 (empty elsewhere), the optimizer's keyed
     by parameter index as ``Optimizer.state_dict`` is in one process. A collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # deferred: ~1 s of import, only with scale.fsdp
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=options)
@@ -276,7 +279,11 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, 
 
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict[str, Any], osd: dict[str, Any]) -> None:
     """``full_state``'s inverse on every rank: each keeps its shards of the full state dicts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # deferred: ~1 s of import, only with scale.fsdp
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, msd, options=options)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.cli_errors import ArgumentParser, check_env_id, command, prog_name, yaml_message
+from agent_gym.factory import EnvFactory
 from trainers import plugins
-from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig
+from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig, RolloutConfig, from_dict
 from trainers.eval_tasks import clamp_tasks
+from trainers.integrations.openai_eval import run_cli
+from trainers.sft import play
 
 MODEL_CHOICES = (
     "a local model directory (e.g. runs/RUN/model, written by agent-gym-sft), --checkpoint RUN_DIR for an "
@@ -57,8 +62,6 @@ MODEL_CHOICES = (
 def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, tasks: list[int]) -> list[int]:
     """``clamp_tasks`` on one env built with the evaluation's arguments (QA envs share their rows
     and retriever within a process, so the probe costs little)."""
-    from agent_gym.factory import EnvFactory
-
     env = EnvFactory(env_id, env_kwargs, tok).make().unwrapped
     try:
         return clamp_tasks(tasks, env)
@@ -67,9 +70,6 @@ def env_task_count_probe(env_id: str, env_kwargs: dict[str, Any], tok: Any, task
 
 
 def scripted_episodes(env_id: str, env_kwargs: dict[str, Any], tasks: list[int], policy: str):
-    from agent_gym.factory import EnvFactory
-    from trainers.sft import play
-
     env = EnvFactory(env_id, env_kwargs).make().unwrapped
     tasks = clamp_tasks(tasks, env)
     oracle = env.demonstrations().get("oracle") if policy == "oracle" else None
@@ -89,9 +89,16 @@ def load_checkpoint_models(path: str | Path):
     ``path`` is a run directory (its latest checkpoint), a ``checkpoints/iter_*`` directory or
     its ``state.pt``. The policy is rebuilt from the run's config (``init_from`` must still exist)
     and takes the checkpoint's weights; the critic exists for runs that train one (PPO)."""
-    from trainers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-    from trainers.config import from_dict
-    from trainers.models import Critic, load_policy, load_tokenizer_for
+    from trainers.checkpoint import (  # deferred: torch stays out of `import trainers.evaluate`
+        CheckpointError,
+        latest_checkpoint,
+        load_checkpoint,
+    )
+    from trainers.models import (  # deferred: torch stays out of `import trainers.evaluate`
+        Critic,
+        load_policy,
+        load_tokenizer_for,
+    )
 
     p = Path(path)
     ckpt = p.parent if p.name == "state.pt" else p if (p / "state.pt").is_file() else latest_checkpoint(p)
@@ -112,7 +119,7 @@ def load_checkpoint_models(path: str | Path):
     policy = load_policy(cfg.model, tok, seed=cfg.run.seed)
     critic = Critic(policy) if state.get("critic") is not None else None
     if cfg.scale.lora_r > 0:  # a LoRA run saves the adapter-wrapped modules: wrap the same way, load, merge
-        from trainers.scale import add_lora
+        from trainers.scale import add_lora  # deferred: torch stays out of `import trainers.evaluate`
 
         policy = add_lora(policy, cfg.scale)
         if critic is not None:
@@ -144,14 +151,10 @@ def model_episodes(
     """Episodes of ``policy`` (on ``device``) on ``tasks``, decoded by ``decode`` (greedy, sample,
     value-guided, random-of-k: see ``trainers.decoding``). Returns the episodes, the tokenizer and
     the cost (``decode/*``: tokens generated and run through the critic per episode, seconds)."""
-    import time
-
-    from agent_gym.factory import EnvFactory
-    from trainers.backends.base import SamplingConfig
-    from trainers.config import RolloutConfig
-    from trainers.decoding import BestOfK
-    from trainers.rollout import collect
-    from trainers.sources import make_backend
+    from trainers.backends.base import SamplingConfig  # deferred: torch stays out of `import trainers.evaluate`
+    from trainers.decoding import BestOfK  # deferred: torch stays out of `import trainers.evaluate`
+    from trainers.rollout import collect  # deferred: torch stays out of `import trainers.evaluate`
+    from trainers.sources import make_backend  # deferred: torch stays out of `import trainers.evaluate`
 
     rollout = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, backend=backend, max_turn_tokens=max_turn_tokens)
     factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
@@ -246,12 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             "to use the run's env"
         )
     if args.openai_base_url:
-        from trainers.integrations.openai_eval import run_cli
-
         return run_cli(args, ap)
-    import agent_gym  # noqa: F401
-    from trainers.rollout import summarize
-    from trainers.sources import episode_record, eval_keys
+    from trainers.rollout import summarize  # deferred: torch stays out of `import trainers.evaluate`
+    from trainers.sources import episode_record, eval_keys  # deferred: torch stays out of `import trainers.evaluate`
 
     try:
         env_kwargs = yaml.safe_load(args.env_kwargs) or {}
@@ -300,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
                     "model has no value head). Pass --checkpoint with a PPO run directory (its checkpoints/iter_*/"
                     "state.pt holds the critic), or use --decode random-of-k or sample."
                 )
-            from trainers.models import check_model_source, load_policy, load_tokenizer_for
+            from trainers.models import (  # deferred: torch stays out of `import trainers.evaluate`
+                check_model_source,
+                load_policy,
+                load_tokenizer_for,
+            )
 
             check_model_source(args.model, "--model", choices=MODEL_CHOICES)  # before transformers tries the hub
             mcfg = ModelConfig(name=args.model)

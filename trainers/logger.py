@@ -20,10 +20,13 @@ import importlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from trainers.errors import ConfigError
 
 TRACKER_PROJECT = "agent_gym"
 """The wandb project and the MLflow experiment a run logs to (``WANDB_PROJECT`` and
@@ -68,10 +71,6 @@ def claim_run_dir(run_dir: str | Path, *, overwrite: bool, key: str, resumable: 
     (``RUN_MARKERS``) unless ``overwrite``, which removes that run's files (``RUN_FILES``) first. A
     fresh run would otherwise append its metrics to the old run's ``metrics.jsonl`` (two records per
     iteration) and keep its checkpoints beside the new ones."""
-    import shutil
-
-    from trainers.errors import ConfigError
-
     root = Path(run_dir)
     held = [name for name in RUN_MARKERS if (root / name).exists() and not _empty_dir(root / name)]
     if not held:
@@ -120,7 +119,7 @@ class RunLogger:
         self._tb = None
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional: TensorBoard's writer (extra train)
 
                 self._tb = SummaryWriter(str(self.run_dir / "tb"))
             except ImportError:
@@ -144,7 +143,7 @@ class RunLogger:
         self._bar = None
         if progress_bar:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # optional: tqdm (extra train)
 
                 self._bar = tqdm(total=total_iterations, desc="train", dynamic_ncols=True, file=sys.stderr)
             except ImportError:
@@ -224,8 +223,6 @@ def _require_tracker(module: str, key: str, package: str | None = None) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        from trainers.errors import ConfigError
-
         raise ConfigError(
             f"run.{key} is true but {package or module} cannot be imported ({e}); install it with "
             f"pip install -e '.[{key}]', or set run.{key}=false"
@@ -251,8 +248,8 @@ class MlflowRun:
 
     def __init__(self, run_dir: Path, config: dict[str, Any]):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.entities import Param
-        from mlflow.tracking import MlflowClient
+        from mlflow.entities import Param  # optional: mlflow-skinny (extra mlflow)
+        from mlflow.tracking import MlflowClient  # optional: mlflow-skinny (extra mlflow)
 
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
         self.client = MlflowClient(self.uri)
@@ -265,7 +262,7 @@ class MlflowRun:
             self.client.log_batch(self.run_id, params=params[i : i + self.BATCH], synchronous=True)
 
     def log(self, iteration: int, scalars: dict[str, float]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional: mlflow-skinny (extra mlflow)
 
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, iteration) for k, v in scalars.items()]
@@ -312,13 +309,13 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path | No
     if not recs:
         return None
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib (extra train)
     except ImportError:
         print("matplotlib is not installed; no curves.png (pip install matplotlib)", file=sys.stderr)
         return None
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib (extra train), after matplotlib.use("Agg")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, keys, title in (

@@ -7,6 +7,12 @@ architectures in tests/trainers/test_scale.py.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from pathlib import Path
+
+import gymnasium as gym
+
 from agent_gym.cli_errors import UserError
 
 QWEN25_3B = dict(
@@ -187,9 +193,9 @@ def check_fits(estimate: dict[str, float], what: str, keys: str, available_gib: 
     naming the components and the config ``keys`` that lower the peak; ``available_gib`` overrides
     the measured figure."""
     if available_gib is None:
-        import psutil
-
-        available_gib = (psutil.virtual_memory().available + psutil.Process().memory_info().rss) / 2**30
+        available_gib = available_memory_gib()
+        if available_gib is None:  # not Linux: nothing to hold the estimate against
+            return
     total = estimate["total"]
     if total <= available_gib:
         return
@@ -200,16 +206,29 @@ def check_fits(estimate: dict[str, float], what: str, keys: str, available_gib: 
     )
 
 
+def available_memory_gib() -> float | None:
+    """Memory this process may grow into, GiB: the kernel's ``MemAvailable`` (free and reclaimable)
+    plus what the process holds now (``VmRSS``), from /proc; None where /proc has neither (not Linux)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+
+    def kib(text: str, key: str) -> int | None:
+        line = next((x for x in text.splitlines() if x.startswith(key + ":")), None)
+        return int(line.split()[1]) if line else None
+
+    free, rss = kib(meminfo, "MemAvailable"), kib(status, "VmRSS")
+    return None if free is None or rss is None else (free + rss) / 2**20
+
+
 def context_bound(env_id: str, env_kwargs: dict) -> int | None:
     """The env's ``max_context_tokens``: from ``env_kwargs``, else the registration's kwargs, else
     the env class's default; None where none is found (no env is built)."""
-    import inspect
-
     if env_kwargs.get("max_context_tokens"):
         return int(env_kwargs["max_context_tokens"])
     try:
-        import gymnasium as gym
-
         spec = gym.spec(env_id)
     except Exception:  # an id a plugin registers later, or none: no bound known
         return None
@@ -217,8 +236,6 @@ def context_bound(env_id: str, env_kwargs: dict) -> int | None:
         return int(spec.kwargs["max_context_tokens"])
     entry = spec.entry_point
     if isinstance(entry, str):
-        import importlib
-
         mod, _, name = entry.partition(":")
         try:
             entry = getattr(importlib.import_module(mod), name)
@@ -266,7 +283,7 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
 def peak_rss_gib() -> float:
     """This process's peak resident memory so far, GiB (``getrusage``; 0.0 where it is missing)."""
     try:
-        import resource
+        import resource  # optional: the standard library's resource is Unix-only
     except ImportError:  # Windows
         return 0.0
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux

@@ -66,7 +66,7 @@ def check_model_source(name: str, what: str = "model", choices: str = MODEL_CHOI
             f"name owner/name); pass {choices}"
         )
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # deferred: transformers' dependency, for offline runs
 
         if not isinstance(try_to_load_from_cache(name, "config.json"), str):
             raise ModelLoadError(
@@ -135,7 +135,7 @@ def load_policy(model: ModelConfig, tokenizer: Any, seed: int = 0) -> nn.Module:
 
 
 def _from_pretrained(source: str, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: transformers (seconds) stays out of the trainer's import
 
     check_model_source(source)
     try:

@@ -88,7 +88,7 @@ class RolloutWorkerError(RuntimeError):
 
 def _ray():
     try:
-        import ray
+        import ray  # optional: ray (extra scale)
     except ImportError as e:  # pragma: no cover - ray is in the scale extra
         raise ImportError(
             f"rollout_workers > 0 needs Ray: pip install -e '.[scale]' (or set rollout_workers: 0). Import error: {e}"
@@ -129,7 +129,7 @@ class RolloutWorker:
 
     def where(self) -> tuple[int, str, str]:
         """This worker's process id, and the id and address of the Ray node it runs on."""
-        import ray
+        import ray  # optional: ray (extra scale)
 
         ctx = ray.get_runtime_context()
         return os.getpid(), ctx.get_node_id(), ray.util.get_node_ip_address()

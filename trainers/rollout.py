@@ -20,6 +20,7 @@ import torch
 
 from agent_gym.episode import Episode
 from agent_gym.vector import ToolVectorEnv
+from trainers.algos import place_rewards
 from trainers.backends.base import GenerationBackend, SamplingConfig
 
 
@@ -88,8 +89,6 @@ def pad_rows(rows: Sequence[Sequence[float]], pad_value: float, dtype: torch.dty
 
 
 def build_batch(trajs: Sequence[Trajectory], pad_id: int) -> RolloutBatch:
-    from trainers.algos import place_rewards
-
     eps = [tr.episode for tr in trajs]
     ids = pad_rows([ep.token_ids for ep in eps], pad_id, torch.long)  # (B, T)
     attn = pad_rows([[1] * len(ep.token_ids) for ep in eps], 0, torch.long)  # (B, T)

@@ -25,6 +25,8 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 from typing import Any, Callable, Iterator
 
 import torch
@@ -169,9 +171,6 @@ def release_freed_memory() -> bool:
     32 MiB), after which such blocks come from the heap and stay resident, fragmented: the process
     then holds a step's transient peak long after the step. Returns whether it applied (False on a
     C library without ``mallopt``: musl, macOS, Windows)."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
@@ -200,7 +199,7 @@ def add_lora(model: nn.Module, scale: Any) -> nn.Module:
     ``scale`` section (``ScaleConfig``); the base weights are frozen and the adapters are float32
     (peft upcasts them from a bf16 base)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # optional: peft (extra scale)
     except ImportError as e:
         raise ScaleConfigError("lora_r > 0 needs peft: pip install -e '.[scale]'") from e
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
@@ -251,7 +250,7 @@ def inference_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
     ``W + scale * B @ A``, computed out of place (the trained module is not touched)."""
     if not is_peft(policy):
         return policy.state_dict()
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # optional: peft (extra scale)
 
     base = policy.get_base_model()
     merged: dict[str, torch.Tensor] = {}
@@ -292,7 +291,10 @@ def fsdp_wrap(model: nn.Module, mesh: Any = None, mp_bf16: bool = False) -> nn.M
     (``torchrun``). ``mp_bf16``: bf16 compute with float32 sharded master weights and float32
     gradient reduction (``MixedPrecisionPolicy``). FSDP averages gradients over ranks: a rank's
     loss must be its share of the global loss times the world size for the sum to come out."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (  # deferred: ~1 s of import, only with scale.fsdp
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
 
     kw: dict[str, Any] = {"mesh": mesh} if mesh is not None else {}
     if mp_bf16:

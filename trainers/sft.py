@@ -26,7 +26,10 @@ import numpy as np
 import yaml
 
 from agent_gym.episode import Episode
+from agent_gym.factory import EnvFactory
 from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
+from trainers.logger import RunLogger, claim_run_dir
+from trainers.memory_budget import check_fits, host_step_estimate, peak_rss_gib
 
 if TYPE_CHECKING:  # torch loads with the functions that use it: checking an SFTConfig does not import it
     import torch
@@ -99,7 +102,7 @@ class SFTConfig(Sectioned):
 def lr_factor(cfg: SFTConfig, step: int) -> float:
     """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then
     constant or cosine decay to 0 at ``cfg.steps`` (``trainers.trainer.lr_multiplier``)."""
-    from trainers.trainer import lr_multiplier
+    from trainers.trainer import lr_multiplier  # deferred: torch stays out of `import trainers.sft`
 
     return lr_multiplier(step, cfg.warmup_steps, cfg.lr_schedule, cfg.steps)
 
@@ -155,7 +158,7 @@ def demonstrations(
 
 def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the tokens under ``mask`` (B, T), predicted from their prefixes."""
-    from trainers.models import token_logprobs
+    from trainers.models import token_logprobs  # deferred: torch stays out of `import trainers.sft`
 
     lp, _ = token_logprobs(model, ids, attn, loss_mask=mask)  # (B, T), scored under the mask only
     return -(lp * mask).sum() / mask.sum().clamp(min=1)
@@ -163,9 +166,9 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask
 
 def episodes_loss(model: torch.nn.Module, rows: list[Episode], pad_id: int) -> torch.Tensor:
     """``sft_loss`` of a batch of episodes (right-padded): each one's agent tokens, under its loss mask."""
-    import torch
+    import torch  # deferred: torch stays out of `import trainers.sft`
 
-    from trainers.rollout import pad_rows
+    from trainers.rollout import pad_rows  # deferred: torch stays out of `import trainers.sft`
 
     ids = pad_rows([r.token_ids for r in rows], pad_id, torch.long)  # (B, T)
     attn = pad_rows([[1] * len(r.token_ids) for r in rows], 0, torch.long)  # (B, T)
@@ -180,7 +183,7 @@ def episodes_backward(
     ``scale.max_tokens_per_microbatch`` padded tokens (``trainers.scale.pack_by_tokens``), each
     weighted by its share of the batch's loss tokens, under ``scale.mixed_precision``; returns the
     batch's loss. One micro-batch (no budget) is the plain ``episodes_loss(rows).backward()``."""
-    from trainers.scale import autocast, pack_by_tokens
+    from trainers.scale import autocast, pack_by_tokens  # deferred: torch stays out of `import trainers.sft`
 
     groups = pack_by_tokens([len(r.token_ids) for r in rows], scale.max_tokens_per_microbatch)
     total = sum(sum(r.loss_mask) for r in rows)
@@ -198,8 +201,7 @@ def episodes_backward(
 def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTConfig) -> dict[str, float]:
     """``host_step_estimate`` of the worst step: a batch of the ``batch_size`` longest
     demonstrations, its largest micro-batch (``scale.max_tokens_per_microbatch``)."""
-    from trainers.memory_budget import host_step_estimate
-    from trainers.scale import pack_by_tokens
+    from trainers.scale import pack_by_tokens  # deferred: torch stays out of `import trainers.sft`
 
     longest = sorted(demos, key=lambda d: -len(d.token_ids))[: cfg.batch_size]
     groups = pack_by_tokens([len(d.token_ids) for d in longest], cfg.scale.max_tokens_per_microbatch)
@@ -210,16 +212,17 @@ def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTCo
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
-    import torch
+    import torch  # deferred: torch stays out of `import trainers.sft`
 
-    from agent_gym.factory import EnvFactory
-    from trainers.backends.base import SamplingConfig
-    from trainers.backends.hf_backend import HFBackend
-    from trainers.logger import RunLogger, claim_run_dir
-    from trainers.memory_budget import peak_rss_gib
-    from trainers.models import load_policy, load_tokenizer_for, save_policy
-    from trainers.scale import prepare_process
-    from trainers.sources import evaluate_greedy
+    from trainers.backends.base import SamplingConfig  # deferred: torch stays out of `import trainers.sft`
+    from trainers.backends.hf_backend import HFBackend  # deferred: torch stays out of `import trainers.sft`
+    from trainers.models import (  # deferred: torch stays out of `import trainers.sft`
+        load_policy,
+        load_tokenizer_for,
+        save_policy,
+    )
+    from trainers.scale import prepare_process  # deferred: torch stays out of `import trainers.sft`
+    from trainers.sources import evaluate_greedy  # deferred: torch stays out of `import trainers.sft`
 
     torch.manual_seed(cfg.seed)
     prepare_process(cfg.model, cfg.scale)  # model.torch_threads was ignored by SFT before
@@ -230,7 +233,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     tok = load_tokenizer_for(cfg.model)
     model = load_policy(cfg.model, tok, seed=cfg.seed)
     if cfg.scale.gradient_checkpointing:
-        from trainers.scale import enable_checkpointing
+        from trainers.scale import enable_checkpointing  # deferred: torch stays out of `import trainers.sft`
 
         enable_checkpointing(model)
     envs = EnvFactory(cfg.env_id, cfg.env_kwargs, tok, vocab_size=model.get_input_embeddings().num_embeddings)
@@ -241,8 +244,6 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     )
     estimate = sft_memory_estimate(model, demos, cfg)
     if cfg.scale.memory_check and str(cfg.model.device) == "cpu":
-        from trainers.memory_budget import check_fits
-
         check_fits(
             estimate,
             f"SFT of {cfg.model.name} at batch_size {cfg.batch_size}",

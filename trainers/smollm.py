@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_gym.cli_errors import UserError
+from trainers.hf_save import save_policy
 
 NAME = "smollm2-135m-instruct"
 ALIASES = (NAME, "smollm2-135m", "smollm2")
@@ -117,10 +118,12 @@ def ensure_converted(cache: str | os.PathLike | None = None) -> str:
 
 def convert(src: Path, out: Path) -> None:
     """Dequantize ``src`` (a GGUF file) into a plain ``save_pretrained`` directory ``out``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from trainers.hf_save import save_policy
+    import torch  # optional: torch (extra train); only a conversion needs it
+    from transformers import (  # deferred: transformers (seconds) stays out of `import trainers.models`
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)

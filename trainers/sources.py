@@ -65,6 +65,7 @@ from agent_gym.tokenizer import pad_token_id
 from agent_gym.vector import ToolVectorEnv
 from trainers import scale
 from trainers.backends.base import SamplingConfig
+from trainers.backends.hf_backend import HFBackend
 from trainers.config import RolloutConfig
 from trainers.rollout import RolloutTimes, Trajectory, collect, summarize
 
@@ -105,10 +106,8 @@ def make_backend(
     """The rollout section's ``backend`` (with its ``vllm_kwargs``; ``mode: async``: the asynchronous
     engine) over ``policy`` on ``device`` (``model.device``), seeded with ``seed`` (``run.seed``)."""
     if rollout.backend == "hf":
-        from trainers.backends.hf_backend import HFBackend  # optional engines load on demand
-
         return HFBackend(policy, pad_token_id=pad_token_id(tokenizer), device=device, tokenizer=tokenizer)
-    from trainers.backends.vllm_backend import AsyncVLLMBackend, VLLMBackend
+    from trainers.backends.vllm_backend import AsyncVLLMBackend, VLLMBackend  # optional: vLLM (extra vllm)
 
     path = scale.save_for_inference(policy, tokenizer, run_dir / "vllm_init")
     if rollout.mode == "async":  # trainers/rollout_async.py's engine

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from agent_gym.tokenizer import pad_token_id
+
 
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
@@ -33,9 +35,10 @@ def build_tiny_qwen2(
     tokenizer can emit has a row. eos/pad/bos ids come from the tokenizer (bos falls back to eos
     when the tokenizer has none, as Qwen2 does). The same ``seed`` gives the same weights.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from agent_gym.tokenizer import pad_token_id
+    from transformers import (  # deferred: transformers (seconds) stays out of `import trainers.models`
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     eos_id = tokenizer.eos_token_id
     pad_id = pad_token_id(tokenizer)

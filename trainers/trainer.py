@@ -46,7 +46,7 @@ from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_ch
 from trainers.config import TrainConfig, to_dict
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
-from trainers.memory_budget import peak_rss_gib
+from trainers.memory_budget import check_fits, peak_rss_gib, rl_step_estimate
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
@@ -126,8 +126,6 @@ class Trainer:
         """The estimated peak (GiB) of an update on the CPU, refused at start when it exceeds the
         memory available (``scale.memory_check``); None on a GPU or where the env's context bound
         is unknown."""
-        from trainers.memory_budget import check_fits, rl_step_estimate
-
         cfg = self.cfg
         if str(cfg.model.device) != "cpu" or cfg.scale.fsdp:
             return None

@@ -50,6 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import gymnasium as gym
+
+import agent_gym  # noqa: F401  (registers the ids)
+from agent_gym.episode import Episode
+from agent_gym.wrappers import ChatView
+
 RETRY_STATUS = frozenset({408, 409, 429})
 """Statuses retried besides every 5xx."""
 
@@ -142,7 +148,7 @@ class ChatClient:
 
     def __init__(self, cfg: ClientConfig, sleep: Callable[[float], None] = time.sleep, seed: int = 0):
         try:
-            import openai
+            import openai  # optional: the openai client (extra openai)
         except ImportError as e:
             raise ImportError(
                 f"the OpenAI-compatible policy needs the openai client ({e}); "
@@ -382,11 +388,6 @@ def evaluate_rows(
     appending each row's record to ``out/rows.jsonl`` and skipping rows it already holds as
     finished. Returns ``{"records": [...], "skipped": n}``: the final record of every row, in
     ``rows`` order."""
-    import gymnasium as gym
-
-    import agent_gym  # noqa: F401  (registers the ids)
-    from agent_gym.wrappers import ChatView
-
     if concurrency < 1:
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     # What the rows depend on (the URL is not: a server that moved serves the same rows).
@@ -439,6 +440,4 @@ def evaluate_rows(
 
 def episodes_of(records: list[dict[str, Any]]):
     """The ``Episode`` of each finished record."""
-    from agent_gym.episode import Episode
-
     return [Episode(**r["episode"]) for r in records if r.get("status") == "ok"]

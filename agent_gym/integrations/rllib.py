@@ -210,12 +210,14 @@ def build_ppo_config(
     ``num_env_runners`` env runners (Ray actors, one env each) and the learner in the driver.
     The train batch is one fragment per runner per iteration. ``gamma`` defaults to 1: the reward
     comes at the end of a turn and every token of the turn should share it."""
-    # optional dependencies: ray[rllib] (the rllib extra) and torch (rllib_module's network)
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-    from ray.tune.registry import register_env
+    from ray.rllib.algorithms.ppo import PPOConfig  # optional: ray[rllib] (extra rllib)
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec  # optional: ray[rllib] (extra rllib)
+    from ray.tune.registry import register_env  # optional: ray[rllib] (extra rllib)
 
-    from agent_gym.integrations.rllib_module import EpisodeStatsCallback, TokenTransformerModule
+    from agent_gym.integrations.rllib_module import (  # optional: torch and ray[rllib] (extras train, rllib)
+        EpisodeStatsCallback,
+        TokenTransformerModule,
+    )
 
     if num_env_runners < 1:
         raise ValueError(f"num_env_runners must be at least 1 (the env runners are Ray actors), got {num_env_runners}")
@@ -275,7 +277,7 @@ def summarize(result: dict[str, Any]) -> dict[str, float]:
 def init_ray(num_cpus: int = 2) -> bool:
     """Start a small local Ray cluster unless one is up (no dashboard, a 256 MB object store);
     returns whether it started one (then the caller shuts it down)."""
-    import ray  # optional dependency (the rllib extra)
+    import ray  # optional: ray (extra rllib)
 
     if ray.is_initialized():
         return False
@@ -291,8 +293,8 @@ def train(
     ``torch_threads`` sets this process's torch threads (the learner runs here; None leaves
     torch's default): 1 is several times faster for this small model on a busy 2-core CPU. The
     env runners are Ray actors with one CPU each, where Ray sets one thread."""
-    import ray  # optional dependencies: the rllib extra, and torch (the train extra)
-    import torch
+    import ray  # optional: ray (extra rllib)
+    import torch  # optional: torch (extra train)
 
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)

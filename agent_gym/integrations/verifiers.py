@@ -55,6 +55,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium as gym
+
+import agent_gym  # noqa: F401  (registers the ids)
+from agent_gym.wrappers import ChatView
+
 try:
     import verifiers.v1 as vf
     from verifiers.v1.types import content_text
@@ -130,11 +135,6 @@ class AgentGymTask(vf.Task[AgentGymData, vf.State, vf.TaskConfig]):
 
 
 def _make_view(env_id: str, env_kwargs: dict[str, Any]):
-    import gymnasium as gym
-
-    import agent_gym  # noqa: F401  (registers the ids)
-    from agent_gym.wrappers import ChatView
-
     try:
         view = ChatView(gym.make(env_id, **env_kwargs))
     except gym.error.Error as e:
@@ -236,7 +236,7 @@ class AgentGymHarness(vf.Harness[AgentGymHarnessConfig]):
     NEEDS_CONTAINER = False
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None):
-        import openai
+        import openai  # optional: the openai client (extra openai)
 
         req = data.info["request"]
         body: dict[str, Any] = {

@@ -21,21 +21,21 @@ __all__ = ["RETRIEVERS", "Passage", "Retriever", "RetrieverError", "make_retriev
 
 @register_retriever("bm25")
 def _bm25(**kwargs: Any) -> Retriever:
-    from .bm25 import BM25Retriever  # import-time cost: ~50 ms (agent_gym.datasets.base)
+    from .bm25 import BM25Retriever  # deferred: agent_gym.datasets.base (~45 ms) waits for a retriever
 
     return BM25Retriever(**kwargs)
 
 
 @register_retriever("pyserini")
 def _pyserini(**kwargs: Any) -> Retriever:
-    from .pyserini_bm25 import PyseriniBM25Retriever  # import-time cost: ~50 ms (agent_gym.datasets.base)
+    from .pyserini_bm25 import PyseriniBM25Retriever  # deferred: agent_gym.datasets.base (~45 ms) waits for a retriever
 
     return PyseriniBM25Retriever(**kwargs)
 
 
 @register_retriever("dense")
 def _dense(**kwargs: Any) -> Retriever:
-    from .dense import DenseRetriever  # import-time cost: ~50 ms (agent_gym.datasets.base)
+    from .dense import DenseRetriever  # deferred: agent_gym.datasets.base (~45 ms) waits for a retriever
 
     return DenseRetriever(**kwargs)
 
@@ -47,6 +47,6 @@ def _ray(**kwargs: Any) -> Retriever:
 
 @register_retriever("http")
 def _http(**kwargs: Any) -> Retriever:
-    from .client import HTTPRetriever  # import-time cost: ~50 ms (agent_gym.datasets.base, http.client)
+    from .client import HTTPRetriever  # deferred: agent_gym.datasets.base (~45 ms) and http.client wait for a retriever
 
     return HTTPRetriever(**kwargs)

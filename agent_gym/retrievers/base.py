@@ -75,7 +75,10 @@ CorpusLike = "str | Path | Sequence[Mapping[str, Any]]"
 
 def load_docs(corpus: str | Path | Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """A corpus JSONL path or a list of rows (e.g. `corpus_from_tasks`) -> normalized docs."""
-    from agent_gym.datasets.base import load_corpus, normalize_doc
+    from agent_gym.datasets.base import (  # deferred: agent_gym.datasets.base (~45 ms) waits for a retriever
+        load_corpus,
+        normalize_doc,
+    )
 
     if isinstance(corpus, (str, Path)):
         return load_corpus(corpus)

@@ -58,7 +58,7 @@ class LuceneLikeAnalyzer:
         self._stem = None
         if stemmer is not None:
             try:
-                import Stemmer  # PyStemmer
+                import Stemmer  # optional: PyStemmer, for stemming only (a core dependency; stemmer=None runs without it)
             except ImportError as err:
                 raise ImportError(
                     "BM25 stemming needs PyStemmer: pip install PyStemmer (or pass stemmer=None)"
@@ -73,7 +73,7 @@ class LuceneLikeAnalyzer:
         self.__dict__.update(state)
         self._stem = None
         if self.stemmer_name is not None:
-            import Stemmer
+            import Stemmer  # optional: PyStemmer, for stemming only (a core dependency; stemmer=None runs without it)
 
             self._stem = Stemmer.Stemmer(self.stemmer_name).stemWords
 
@@ -103,7 +103,7 @@ def import_bm25s():
     for n in names:
         sys.modules[n] = None  # type: ignore[assignment]  # "import jax" raises ImportError
     try:
-        import bm25s
+        import bm25s  # deferred: imported here with JAX hidden; a top-level import would start JAX's backend
     finally:
         for n in names:
             if n in before:

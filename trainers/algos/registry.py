@@ -15,6 +15,7 @@ start against the estimator's signature (``None``: the function takes ``**kwargs
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from typing import Any, Callable
@@ -181,8 +182,6 @@ def check_kwargs(
     what: str, name: str, kwargs: dict[str, Any], params: frozenset[str] | None, fixed: frozenset[str]
 ) -> str | None:
     """Why ``kwargs`` cannot be passed to the registered ``name`` (None when they can)."""
-    import difflib
-
     bad = sorted(k for k in kwargs if not isinstance(k, str) or k in fixed or (params is not None and k not in params))
     if not bad:
         return None

@@ -13,7 +13,7 @@ __all__ = ["EngineDiedError", "Generation", "GenerationBackend", "HFBackend", "S
 def __getattr__(name: str):
     # Lazy, so `import trainers.backends` never imports vllm.
     if name == "VLLMBackend":
-        from trainers.backends.vllm_backend import VLLMBackend
+        from trainers.backends.vllm_backend import VLLMBackend  # optional: vLLM (extra vllm)
 
         return VLLMBackend
     raise AttributeError(name)

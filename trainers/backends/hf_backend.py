@@ -204,7 +204,7 @@ class HFBackend:
 
 
 def _new_cache(model: Any):
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # deferred: transformers (seconds) stays out of `import trainers.backends`
 
     return DynamicCache(config=model.config)
 

@@ -56,6 +56,7 @@ reruns the call, or raises ``EngineDiedError`` saying what died and what to do (
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -501,10 +502,8 @@ class AsyncVLLMBackend(_ClosedOnExit):
         max_restarts: int = 0,
         **engine_kwargs: Any,
     ):
-        import asyncio
-
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # optional: vLLM (extra vllm)
+        from vllm.v1.engine.async_llm import AsyncLLM  # optional: vLLM (extra vllm)
 
         if max_restarts != 0:
             raise ValueError(
@@ -552,8 +551,6 @@ class AsyncVLLMBackend(_ClosedOnExit):
 
     def run(self, coro: Any) -> Any:
         """Run ``coro`` on the engine's event loop and return its result (blocking this thread)."""
-        import asyncio
-
         if threading.current_thread() is self._thread:
             raise RuntimeError("AsyncVLLMBackend.run called from the engine's own loop; await the coroutine instead")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -572,8 +569,8 @@ class AsyncVLLMBackend(_ClosedOnExit):
     ) -> Generation:
         """One continuation of ``prompt`` (token ids), as one engine request; await it on the engine's
         loop (``run``). ``seed`` seeds this request alone; ``stop``: its stop strings."""
-        from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.exceptions import EngineDeadError
+        from vllm.sampling_params import RequestOutputKind  # optional: vLLM (extra vllm)
+        from vllm.v1.engine.exceptions import EngineDeadError  # optional: vLLM (extra vllm)
 
         self._check_open()
         if len(prompt) == 0:
@@ -606,8 +603,6 @@ class AsyncVLLMBackend(_ClosedOnExit):
         stop_strings: Sequence[Sequence[str]] | None = None,
     ) -> list[Generation]:
         """One continuation per prompt, in prompt order: every request in flight at once."""
-        import asyncio
-
         self._check_open()
         _check_prompts(prompts, seeds)
         stops = check_stop_strings(stop_strings, len(prompts)) or [[]] * len(prompts)
@@ -659,7 +654,6 @@ class AsyncVLLMBackend(_ClosedOnExit):
         let it finish cancelling, then stop and close the loop. A loop stopped with tasks still
         pending leaves them to the garbage collector, which prints "Task was destroyed but it is
         pending!" at exit."""
-        import asyncio
 
         async def drain() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -777,7 +771,7 @@ class _EngineWatch:
         return "is gone (its exit status was not readable)"
 
     def _wake_callers(self) -> None:
-        from vllm.v1.engine.exceptions import EngineDeadError
+        from vllm.v1.engine.exceptions import EngineDeadError  # optional: vLLM (extra vllm)
 
         client = self._client()
         if client is None:
@@ -829,7 +823,7 @@ def _to_generation(completion: Any) -> Generation:
 
 
 def _is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # optional: vLLM (extra vllm)
 
     return current_platform.is_cpu()
 
@@ -860,7 +854,7 @@ def _check_tied_head(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def write_state_dict(state_dict: dict[str, Any], path: str) -> str:
     """Write a torch state dict as one safetensors file (contiguous, detached, on the CPU)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # optional: safetensors (extra train)
 
     tensors: dict[str, Any] = {}
     seen: set[int] = set()
@@ -881,7 +875,7 @@ class WeightSyncExtension:
 
     def reload_weights_from_file(self, path: str) -> None:
         """In-place reload from a safetensors file of HF-named tensors."""
-        from safetensors import safe_open
+        from safetensors import safe_open  # optional: safetensors (extra train)
 
         def weights():
             with safe_open(path, framework="pt", device="cpu") as f:
@@ -923,9 +917,9 @@ def make_gpu_ipc_weight_sender(backend: VLLMBackend, module: Any) -> Any:
     handles crossing ``collective_rpc`` need ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in the
     environment. See docs/vllm.md and vLLM's "Weight Transfer" docs.
     """
-    from vllm.distributed.weight_transfer.base import ModuleSource
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+    from vllm.distributed.weight_transfer.base import ModuleSource  # optional: vLLM (extra vllm)
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # optional: vLLM (extra vllm)
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo  # optional: vLLM (extra vllm)
 
     # The transfer engine lives in this engine's workers and the weights it sends leave no file:
     # a restarted engine could get neither, so a death from now on is final (EngineDiedError).

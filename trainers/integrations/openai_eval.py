@@ -7,20 +7,22 @@ trainer's evaluation keys and trajectory records, so it lives in ``trainers``: d
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import yaml
+
+import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.integrations.openai_policy import ClientConfig, episodes_of, evaluate_rows
+from trainers.eval_tasks import clamp_tasks
 
 
 def run_cli(args: Any, ap: Any) -> int:
     """``trainers/evaluate.py --openai-base-url URL --model NAME``: evaluate, write ``summary.json``,
     ``trajectories.jsonl`` (finished rows) and ``rows.jsonl`` to ``--out``; exit status 1 if any
     row failed (a rerun retries those rows only)."""
-    import sys
-
-    import yaml
-
     if args.checkpoint or args.backend != "hf" or args.decode not in ("greedy", "sample"):
         ap.error(
             "--openai-base-url runs the served model: --checkpoint, --backend and --decode "
@@ -49,12 +51,8 @@ def run_cli(args: Any, ap: Any) -> int:
         )
     except ValueError as e:
         ap.error(str(e))
-    import gymnasium as gym
-
-    import agent_gym  # noqa: F401
-    from trainers.eval_tasks import clamp_tasks
-    from trainers.rollout import summarize
-    from trainers.sources import episode_record, eval_keys
+    from trainers.rollout import summarize  # deferred: torch stays out of `import trainers.evaluate`
+    from trainers.sources import episode_record, eval_keys  # deferred: torch stays out of `import trainers.evaluate`
 
     probe = gym.make(env_id, **env_kwargs).unwrapped
     try:

@@ -42,9 +42,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import gymnasium as gym
 import numpy as np
 
 from agent_gym.episode import Episode
+from agent_gym.factory import EnvFactory
+from agent_gym.tokenizer import load_tokenizer
 
 __all__ = ["EnvRollout", "env_reward"]
 
@@ -98,11 +101,6 @@ class EnvRollout:
         seed: int = 0,
         env_server: str | None = None,
     ):
-        import gymnasium as gym
-
-        from agent_gym.factory import EnvFactory
-        from agent_gym.tokenizer import load_tokenizer
-
         if env_id not in gym.registry:
             raise ValueError(
                 f"unknown env id {env_id!r}; import agent_gym first, or pick one of "
@@ -149,7 +147,7 @@ class EnvRollout:
         ``prompt`` (the task's rendered prompt text, the key the rollout maps back to the task) and
         ``task_index``. Two indices whose prompts read the same must be the same task (apart from its
         id): the policy cannot tell them apart, and TRL gives the rollout only the prompt."""
-        from datasets import Dataset
+        from datasets import Dataset  # optional: datasets (extra trl)
 
         env = self._envs(1).envs[0]
         prompts, indices = [], []
@@ -171,9 +169,9 @@ class EnvRollout:
     # -- the rollout ---------------------------------------------------------------------------
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
-        from trainers.backends.base import SamplingConfig
-        from trainers.backends.hf_backend import HFBackend
-        from trainers.rollout import collect
+        from trainers.backends.base import SamplingConfig  # deferred: torch stays out of this module's import
+        from trainers.backends.hf_backend import HFBackend  # deferred: torch stays out of this module's import
+        from trainers.rollout import collect  # deferred: torch stays out of this module's import
 
         tasks = []
         for p in prompts:
