@@ -187,6 +187,11 @@ class MemoryBudgetError(UserError, MemoryError):
     """A run whose estimated peak does not fit the memory this machine has free."""
 
 
+class MemoryBudgetWarning(UserWarning):
+    """An RL run whose worst case (every episode at the context bound, no micro-batch budget) would
+    not fit the memory this machine has free."""
+
+
 def check_fits(estimate: dict[str, float], what: str, keys: str, available_gib: float | None = None) -> None:
     """Refuse (``MemoryBudgetError``) when ``estimate['total']`` exceeds the memory available to
     this process (what the system reports free and reclaimable, plus what the process holds now),

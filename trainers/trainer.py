@@ -31,6 +31,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,7 +47,7 @@ from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_ch
 from trainers.config import TrainConfig, to_dict
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
-from trainers.memory_budget import check_fits, peak_rss_gib, rl_step_estimate
+from trainers.memory_budget import MemoryBudgetError, MemoryBudgetWarning, check_fits, peak_rss_gib, rl_step_estimate
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
@@ -123,9 +124,12 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------
 
     def _check_memory(self) -> float | None:
-        """The estimated peak (GiB) of an update on the CPU, refused at start when it exceeds the
-        memory available (``scale.memory_check``); None on a GPU or where the env's context bound
-        is unknown."""
+        """The estimated peak (GiB) of an update on the CPU at its worst (``rl_step_estimate``); None
+        on a GPU or where the env's context bound is unknown. With ``scale.memory_check``, when it
+        exceeds the memory available: refused at start where ``scale.max_tokens_per_microbatch``
+        bounds the micro-batch; without a budget the micro-batch is the whole minibatch, whose size
+        depends on how long the episodes turn out (most end far below the context bound), so the
+        worst case is a warning that names the budget key instead."""
         cfg = self.cfg
         if str(cfg.model.device) != "cpu" or cfg.scale.fsdp:
             return None
@@ -134,12 +138,22 @@ class Trainer:
         if est is None:
             return None
         if cfg.scale.memory_check:
-            check_fits(
-                est,
-                f"an update of {cfg.model.name} ({cfg.algorithm.minibatch_size} episodes a minibatch)",
+            what = f"an update of {cfg.model.name} ({cfg.algorithm.minibatch_size} episodes a minibatch)"
+            keys = (
                 "scale.max_tokens_per_microbatch (e.g. 4096), scale.gradient_checkpointing=true, scale.lora_r, "
-                "a smaller algorithm.minibatch_size or the env's max_context_tokens",
+                "a smaller algorithm.minibatch_size or the env's max_context_tokens"
             )
+            try:
+                check_fits(est, what, keys)
+            except MemoryBudgetError as e:
+                if cfg.scale.max_tokens_per_microbatch is not None:
+                    raise
+                warnings.warn(
+                    f"{e} (A warning, not a refusal: without scale.max_tokens_per_microbatch this is every episode "
+                    "at the env's context bound.)",
+                    MemoryBudgetWarning,
+                    stacklevel=2,
+                )
         return est["total"]
 
     def setup(self) -> None:

