@@ -134,6 +134,13 @@ tokenizer, the envs, and the loaded checkpoint's file pages (measured with SmolL
 0.24 GiB after the imports; 2.06 GiB after a step holding 1.5 GiB of weights and AdamW moments)."""
 
 
+def kv_width(config) -> int:
+    """Key (or value) width of a transformers config: KV heads x head dim."""
+    return config.num_key_value_heads * (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+
+
 def host_step_estimate(
     model,
     tokens: int,
@@ -158,7 +165,7 @@ def host_step_estimate(
     CPU"); ``benchmarks/perf/memory_model.py`` measures them."""
     cfg = model.config
     H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    KV = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads)
+    KV = kv_width(cfg)
     V = model.get_output_embeddings().weight.shape[0]
     G = 2**30
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -273,12 +280,10 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
     est = host_step_estimate(
         model, tokens, int(AGENT_FRACTION * tokens), cfg.scale.gradient_checkpointing, reference_copy, critic
     )
-    if cfg.scale.lora_r > 0:  # the frozen base has no gradients or moments: only the adapters
-        n = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-        est["gradients (float32)"], est["AdamW moments (float32)"] = 4 * n / 2**30, 8 * n / 2**30
+    # (under LoRA the base model holds the adapters, the only parameters that require gradients)
     if cfg.rollout.backend == "hf":
         c = model.config
-        kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        kv = kv_width(c)
         batch = cfg.rollout.tasks_per_iter * cfg.rollout.group_size
         est[f"HF generation KV cache, {batch} episodes"] = batch * ctx * c.num_hidden_layers * 2 * kv * 4 / 2**30
     est["total"] = sum(v for k, v in est.items() if k != "total")

