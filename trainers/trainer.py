@@ -50,6 +50,7 @@ from trainers.logger import NullLogger, RunLogger, claim_run_dir
 from trainers.memory_budget import MemoryBudgetError, MemoryBudgetWarning, check_fits, peak_rss_gib, rl_step_estimate
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
+from trainers.phases import PhaseTimes
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
 from trainers.sources import RolloutSource, derive_seed, episode_record, make_backend
 
@@ -119,6 +120,7 @@ class Trainer:
         self._overlong_rows = torch.zeros(0, dtype=torch.bool)
         self.gc_stats: GcStats | None = None
         self.memory_estimate: float | None = None  # GiB, set up by _check_memory (CPU runs)
+        self.phases = PhaseTimes()  # time/<phase>_s, taken once per iteration
         self.version = 0
         """The learner's weight version: the number of updates made (the start iteration after --resume)."""
 
@@ -234,6 +236,7 @@ class Trainer:
         last: dict[str, float] = {}
         self.gc_stats = GcStats(freeze=cfg.run.gc_freeze)  # after set-up: freezes what set-up built
         self.engine_restarts = EngineRestarts(self.backend)  # an in-process engine's; Ray workers' come from the source
+        self.phases = PhaseTimes()  # from zero: set-up and a resume's restore are not an iteration's
         self.version = self.start_iteration
         for it in range(self.start_iteration, cfg.run.iterations):
             t0 = time.perf_counter()
@@ -244,8 +247,10 @@ class Trainer:
                 trajs, rt, dyn_metrics = self.dynamic_sample(it, trajs, rt)
             t_fb = time.perf_counter()
             if trajs:
-                batch = self.score(trajs)
-                adv_metrics = self.compute_advantages(batch)
+                with self.phases("score"):
+                    batch = self.score(trajs)
+                with self.phases("advantages"):
+                    adv_metrics = self.compute_advantages(batch)
                 update_metrics = self.update(batch, it)
             else:  # every group dropped and the refill cap spent: nothing to train on
                 batch, adv_metrics, update_metrics = (
@@ -256,7 +261,8 @@ class Trainer:
             t_fb = time.perf_counter() - t_fb
             staleness = self.version - version  # the weights that sampled the batch, against the ones it updated
             self.version += 1
-            self.sync_weights()  # an overlap part holds the weights until no rollout is in flight
+            with self.phases("sync"):
+                self.sync_weights()  # an overlap part holds the weights until no rollout is in flight
             metrics = {
                 **summarize(sampled),
                 **self.source.metrics(),
@@ -269,23 +275,30 @@ class Trainer:
                 "rollout/staleness_max": float(staleness),
             }
             if (it + 1) % cfg.eval.every == 0 or it == cfg.run.iterations - 1 or it == 0:
-                metrics.update(self.evaluate())
+                with self.phases("eval"):
+                    metrics.update(self.evaluate())
             total = time.perf_counter() - t0
             metrics.update(self.timing(rt, t_fb, total))
+            metrics.update(self.phases.take())
             metrics["time/rollout_wait_s"] = waited
             metrics.update(self.gc_stats.take())
             metrics.update(self.engine_restarts.take())
-            self.logger.log(it, metrics)
-            logged = sampled[: cfg.run.log_trajectories]
-            self.logger.log_trajectories(
-                it,
-                with_advantages(
-                    self.trajectory_records(logged, policy_version=version, staleness=staleness), logged, trajs, batch
-                ),
-            )
+            with self.phases("log"):
+                self.logger.log(it, metrics)
+                logged = sampled[: cfg.run.log_trajectories]
+                self.logger.log_trajectories(
+                    it,
+                    with_advantages(
+                        self.trajectory_records(logged, policy_version=version, staleness=staleness),
+                        logged,
+                        trajs,
+                        batch,
+                    ),
+                )
             last = metrics
             if (it + 1) % cfg.run.checkpoint_every == 0 or it == cfg.run.iterations - 1 or self.should_stop(metrics):
-                self.checkpoint(it)
+                with self.phases("checkpoint"):
+                    self.checkpoint(it)
             if self.should_stop(metrics):
                 break
         return last
@@ -518,20 +531,31 @@ class Trainer:
             self.critic.train()
         g = torch.Generator().manual_seed(derive_seed(cfg.run.seed, it, 1))
         sums: dict[str, float] = {}
-        count = 0
+        count, tokens, padded = 0, 0.0, 0.0
         for _ in range(cfg.algorithm.ppo_epochs):
             for idx in torch.randperm(len(batch), generator=g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)
-                m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
-                self._step(self.opt, self.policy, self.sched)
+                with self.phases("update"):
+                    m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
+                with self.phases("optimizer"):
+                    self._step(self.opt, self.policy, self.sched)
                 if self.critic is not None:
-                    m.update(self.accumulate(self.critic_opt, micro, self.value_loss, it, "value"))
-                    self._step(self.critic_opt, self.critic, self.critic_sched)
+                    with self.phases("update"):
+                        m.update(self.accumulate(self.critic_opt, micro, self.value_loss, it, "value"))
+                    with self.phases("optimizer"):
+                        self._step(self.critic_opt, self.critic, self.critic_sched)
                 m["perf/microbatches"] = len(micro)
+                tokens += sum(float(mb.attention_mask.sum()) for mb, _ in micro)
+                padded += sum(float(mb.input_ids.numel()) for mb, _ in micro)
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
-        return {**{k: v / count for k, v in sums.items()}, "update/skipped": 0.0}
+        return {
+            **{k: v / count for k, v in sums.items()},
+            "update/skipped": 0.0,
+            "perf/update_tokens": tokens,
+            "perf/update_padding_frac": 1.0 - tokens / padded if padded else 0.0,
+        }
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
