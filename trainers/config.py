@@ -365,6 +365,13 @@ class ScaleConfig(Section):
     fsdp: bool = False
     """Run as torchrun processes, each with an FSDP2 shard of the models (trainers/distributed.py,
     docs/scaling.md): ``torchrun --nproc_per_node N trainers/train_grpo.py --config CONFIG scale.fsdp=true``."""
+    share_prefix: bool = False
+    """Score and train the rows that begin with the same tokens (a GRPO group's prompt) with one
+    forward of that prefix, the rest of each row on top of its key/value cache
+    (``trainers.models.decoder_hidden``): a group of G rows with a prompt of P tokens costs P + G x
+    (rest) token positions instead of G x (P + rest). Micro-batches then hold the rows of one group
+    and minibatches whole groups (shuffled by group, not by row); the log-probs equal the plain
+    forward's up to float rounding. No effect under gradient checkpointing (HF disables the cache)."""
     memory_check: bool = True
     """Refuse at start a run whose estimated peak memory exceeds what the machine has available
     (``trainers.memory_budget.host_step_estimate``, on the CPU), with the estimate per component and

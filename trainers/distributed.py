@@ -214,13 +214,15 @@ class FSDP:
         return torch.cat(parts).to(out.device)
 
     def microbatches(
-        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str, by_prefix: bool = False
     ) -> list[tuple[RolloutBatch, float]]:
         units = scale.agg_units(agg)
         total = float(units(batch.loss_mask[idx]))
         mine = idx[self.rank :: self.world]
         share = float(units(batch.loss_mask[mine])) / total if total > 0 else 1.0 / self.world
-        micro = [(mb, w * share * self.world) for mb, w in scale.microbatches(batch.select(mine), max_tokens, agg)]
+        micro = [
+            (mb, w * share * self.world) for mb, w in scale.microbatches(batch.select(mine), max_tokens, agg, by_prefix)
+        ]
         n = all_reduce([len(micro)], dist.ReduceOp.MAX)[0]
         # zero-weight repeats keep every rank's number of forward/backward passes (collectives) equal
         return micro + [(micro[0][0], 0.0)] * (int(n) - len(micro))

@@ -158,9 +158,12 @@ class Critic(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    share_prefix = False
+    """Run the rows' common prefix once (``decoder_hidden``; the trainer sets it from ``scale.share_prefix``)."""
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T) values, where values[:, t] = V(ids[:, :t]) and values[:, 0] = 0."""
-        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        h = decoder_hidden(self.backbone, input_ids, attention_mask, self.share_prefix)  # (B, T, H)
         # (B, T-1): hidden at t-1 scores token t; a bf16 backbone's hidden goes to the float32 head
         v = self.head(h[:, :-1].to(self.head.weight.dtype)).squeeze(-1).float()
         return torch.nn.functional.pad(v, (1, 0))  # (B, T)
@@ -173,6 +176,52 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref
 
 
+MIN_SHARED_PREFIX = 32
+"""The shortest common prefix ``decoder_hidden`` computes once for all rows; below it the plain
+batched forward is as cheap (two forwards instead of one have their own overhead)."""
+
+
+def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many leading positions every row of a right-padded batch shares, token for token (all
+    real tokens), capped so that every row keeps at least one token of its own after it."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = ((input_ids == input_ids[:1]) & (attention_mask > 0)).all(0)  # (T,)
+    n = int(same.long().cumprod(0).sum())  # the leading run of positions where every row agrees
+    return max(0, min(n, int(attention_mask.sum(-1).min()) - 1))
+
+
+def decoder_hidden(
+    decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, share_prefix: bool = False
+) -> torch.Tensor:
+    """The decoder's last hidden states, (B, T, H). ``share_prefix``: when the rows begin with the
+    same ``P >= MIN_SHARED_PREFIX`` tokens (a GRPO group's prompt, ``shared_prefix_len``), those
+    are run once, as one row, and the rest of every row runs on top of their key/value cache,
+    expanded to the batch; the prefix's hidden states are the same for every row and its gradient is
+    the sum of the rows' (autograd through the expansion). The values equal the plain forward's up
+    to float rounding (the matmuls' shapes differ). The plain forward where the rows share less,
+    and in training under gradient checkpointing (HF turns the cache off there)."""
+    n = shared_prefix_len(input_ids, attention_mask) if share_prefix else 0
+    if n < MIN_SHARED_PREFIX or (decoder.training and getattr(decoder, "gradient_checkpointing", False)):
+        return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    from transformers import DynamicCache  # deferred: transformers' cache, on this path only
+
+    b, t = input_ids.shape
+    cache = DynamicCache()
+    head = decoder(
+        input_ids=input_ids[:1, :n], attention_mask=attention_mask[:1, :n], past_key_values=cache, use_cache=True
+    ).last_hidden_state  # (1, n, H)
+    cache.batch_repeat_interleave(b)
+    rest = decoder(
+        input_ids=input_ids[:, n:],
+        attention_mask=attention_mask,  # prefix and rest: the cache's positions come first
+        past_key_values=cache,
+        use_cache=True,
+        position_ids=torch.arange(n, t, device=input_ids.device)[None].expand(b, -1),
+    ).last_hidden_state  # (B, T - n, H)
+    return torch.cat([head.expand(b, -1, -1), rest], 1)
+
+
 def token_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -181,6 +230,7 @@ def token_logprobs(
     temperature: float = 1.0,
     loss_mask: torch.Tensor | None = None,
     entropy_grad: bool = True,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(ids[:, t] | ids[:, :t]) for every t, (B, T) with column 0 = 0; optionally the
     entropy of each position's distribution, (B, T). ``entropy_grad=False`` computes the entropy
@@ -193,7 +243,8 @@ def token_logprobs(
     projection and softmax run on those hidden states alone. On a tiny model the vocabulary
     projection is most of the compute, and agent tokens are a minority of a multi-turn context
     (about 30% on the CPU demo), so this is the fast path for the trainer's losses. The values
-    under the mask are the same as without it (up to float rounding)."""
+    under the mask are the same as without it (up to float rounding). ``share_prefix`` (with
+    ``loss_mask``): the rows' common prefix runs once (``decoder_hidden``; ``scale.share_prefix``)."""
     head = model.get_output_embeddings() if loss_mask is not None else None
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
@@ -205,7 +256,7 @@ def token_logprobs(
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
         return lp, ent
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+    hidden = decoder_hidden(model.get_decoder(), input_ids, attention_mask, share_prefix)  # (B, T, H)
     sel = loss_mask[:, 1:] > 0  # (B, T-1): position t-1 predicts token t
     logits = head(hidden[:, :-1][sel]).float()  # (N, V)
     if temperature > 0 and temperature != 1.0:

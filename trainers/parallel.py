@@ -61,7 +61,7 @@ class Parallelism(Protocol):
     ) -> torch.Tensor: ...
 
     def microbatches(
-        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str, by_prefix: bool = False
     ) -> list[tuple[RolloutBatch, float]]: ...
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]: ...
@@ -109,9 +109,9 @@ class SingleProcess:
         return fn(batch)
 
     def microbatches(
-        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str
+        self, batch: RolloutBatch, idx: torch.Tensor, max_tokens: int | None, agg: str, by_prefix: bool = False
     ) -> list[tuple[RolloutBatch, float]]:
-        return scale.microbatches(batch.select(idx), max_tokens, agg)
+        return scale.microbatches(batch.select(idx), max_tokens, agg, by_prefix)
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return metrics

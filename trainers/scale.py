@@ -36,7 +36,7 @@ from agent_gym.cli_errors import UserError
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
-from trainers.models import frozen_copy, token_logprobs
+from trainers.models import frozen_copy, shared_prefix_len, token_logprobs
 
 
 class ScaleConfigError(UserError, ValueError):
@@ -74,14 +74,54 @@ def pack_by_tokens(lengths: list[int], max_tokens: int | None) -> list[list[int]
     return out
 
 
-def microbatches(mb: Any, max_tokens: int | None, agg: str) -> list[tuple[Any, float]]:
+def pack_by_prefix(
+    lengths: list[int], group_ids: list[int], prefix_lens: dict[int, int], max_tokens: int | None
+) -> list[list[int]]:
+    """Rows grouped into micro-batches of one group each (rows of a group share its prompt,
+    ``scale.share_prefix``), in order of first appearance; a group whose shared cost, prefix +
+    rows x (longest row - prefix), exceeds ``max_tokens`` is cut into several, longest rows first.
+    ``prefix_lens``: each group's shared prefix length."""
+    order: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        order.setdefault(g, []).append(i)
+    out: list[list[int]] = []
+    for g, rows in order.items():
+        p = prefix_lens.get(g, 0)
+        rows = sorted(rows, key=lambda i: -lengths[i])
+        part: list[int] = []
+        for i in rows:  # the first row of a part is its longest
+            if part and max_tokens is not None and p + (len(part) + 1) * (lengths[part[0]] - p) > max_tokens:
+                out.append(part)
+                part = []
+            part.append(i)
+        out.append(part)
+    return out
+
+
+def prefix_parts(mb: Any, max_tokens: int | None) -> list[list[int]]:
+    """``pack_by_prefix`` of a ``RolloutBatch``: its groups (``group_ids``), each group's shared
+    prefix measured on its rows' tokens (``shared_prefix_len``)."""
+    lengths = [int(n) for n in mb.attention_mask.sum(-1).tolist()]
+    gids = [int(g) for g in mb.group_ids.tolist()]
+    prefix = {}
+    for g in dict.fromkeys(gids):
+        rows = torch.tensor([i for i, x in enumerate(gids) if x == g])
+        prefix[g] = shared_prefix_len(mb.input_ids[rows], mb.attention_mask[rows])
+    return pack_by_prefix(lengths, gids, prefix, max_tokens)
+
+
+def microbatches(mb: Any, max_tokens: int | None, agg: str, by_prefix: bool = False) -> list[tuple[Any, float]]:
     """``(micro_batch, weight)`` pairs for a minibatch ``mb`` (a ``RolloutBatch``), each micro-batch
     trimmed to its longest row. ``sum(weight * aggregate(loss, micro.loss_mask))`` equals
     ``aggregate(loss, mb.loss_mask)`` for an aggregation registered with ``units`` (``agg_units``):
     the weight is the micro-batch's share of the denominator (loss tokens for token-mean, rows with
-    a loss token for the seq-mean modes). Without a budget: ``[(mb trimmed, 1.0)]``, the plain path."""
-    lengths = mb.attention_mask.sum(-1).tolist()
-    groups = pack_by_tokens([int(n) for n in lengths], max_tokens)
+    a loss token for the seq-mean modes). Without a budget: ``[(mb trimmed, 1.0)]``, the plain path.
+    ``by_prefix``: one group per micro-batch (``pack_by_prefix``), the budget counting a group's
+    shared prefix once."""
+    if by_prefix:
+        groups = prefix_parts(mb, max_tokens)
+    else:
+        groups = pack_by_tokens([int(n) for n in mb.attention_mask.sum(-1).tolist()], max_tokens)
     if len(groups) == 1:
         return [(trim(mb), 1.0)]
     units = agg_units(agg)

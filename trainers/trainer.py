@@ -173,6 +173,8 @@ class Trainer:
         self.policy = load_policy(cfg.model, self.tokenizer, seed=cfg.run.seed)
         self.critic = Critic(self.policy).to(cfg.model.device) if cfg.algorithm.uses_critic else None
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
+        if self.critic is not None:
+            self.critic.share_prefix = cfg.scale.share_prefix
         self.parallel.shard(self.policy, self.critic, self.ref)
         self.memory_estimate = self._check_memory()  # before any engine, worker or env starts
         a = cfg.algorithm
@@ -444,9 +446,12 @@ class Trainer:
         cfg = self.cfg
         self.policy.eval()
         temp = cfg.rollout.temperature
+        share = cfg.scale.share_prefix
         if cfg.rollout.recompute_logprobs:
             batch.old_logprobs = self._rows(
-                lambda ids, am, lm: token_logprobs(self.policy, ids, am, temperature=temp, loss_mask=lm)[0],
+                lambda ids, am, lm: token_logprobs(
+                    self.policy, ids, am, temperature=temp, loss_mask=lm, share_prefix=share
+                )[0],
                 batch,
                 self.policy,
             )
@@ -460,7 +465,9 @@ class Trainer:
             self._is_metrics = {k: float(v) for k, v in m.items()}
         if self.ref is not None:
             batch.ref_logprobs = self._rows(
-                lambda ids, am, lm: scale.ref_logprobs(self.ref, ids, am, temperature=temp, loss_mask=lm),
+                lambda ids, am, lm: scale.ref_logprobs(
+                    self.ref, ids, am, temperature=temp, loss_mask=lm, share_prefix=share
+                ),
                 batch,
                 self.ref,
             )
@@ -533,7 +540,7 @@ class Trainer:
         sums: dict[str, float] = {}
         count, tokens, padded = 0, 0.0, 0.0
         for _ in range(cfg.algorithm.ppo_epochs):
-            for idx in torch.randperm(len(batch), generator=g).split(cfg.algorithm.minibatch_size):
+            for idx in self.shuffled(batch, g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)
                 with self.phases("update"):
                     m = self.accumulate(self.opt, micro, self.policy_loss, it, "policy")
@@ -560,7 +567,23 @@ class Trainer:
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
         """The ``(micro-batch, weight)`` pairs of minibatch ``idx`` this process trains on."""
         return self.parallel.microbatches(
-            batch, idx, self.cfg.scale.max_tokens_per_microbatch, self.cfg.algorithm.loss_agg
+            batch,
+            idx,
+            self.cfg.scale.max_tokens_per_microbatch,
+            self.cfg.algorithm.loss_agg,
+            self.cfg.scale.share_prefix,
+        )
+
+    def shuffled(self, batch: RolloutBatch, g: torch.Generator) -> torch.Tensor:
+        """The rows of ``batch`` in a random order for one epoch's minibatches: a permutation of the
+        rows, or with ``scale.share_prefix`` of whole groups (each group's rows together, so that a
+        minibatch holds whole groups and its micro-batches share their prompts)."""
+        if not self.cfg.scale.share_prefix:
+            return torch.randperm(len(batch), generator=g)
+        gids = batch.group_ids.tolist()
+        groups = list(dict.fromkeys(gids))
+        return torch.tensor(
+            [i for k in torch.randperm(len(groups), generator=g).tolist() for i, x in enumerate(gids) if x == groups[k]]
         )
 
     def policy_loss(self, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -577,6 +600,7 @@ class Trainer:
             temperature=self.cfg.rollout.temperature,
             loss_mask=mb.loss_mask,
             entropy_grad=a.entropy_coef > 0,
+            share_prefix=self.cfg.scale.share_prefix,
         )
         loss, m = algos.policy_loss(
             lp,
@@ -781,7 +805,11 @@ class Trainer:
         return self.parallel.score_rows(batch, model, lambda rows: self._chunked(fn, rows))
 
     def _chunked(self, fn: Any, batch: RolloutBatch, size: int = 16) -> torch.Tensor:
-        """``fn`` on the batch's rows in chunks of ``size`` rows, or of the token budget."""
+        """``fn`` on the batch's rows in chunks of ``size`` rows, or of the token budget; with
+        ``scale.share_prefix``, one group's rows at a time (``scale.prefix_parts``, as the update's
+        micro-batches), each part trimmed to its longest row and 0 past it."""
+        if self.cfg.scale.share_prefix:
+            return self._chunked_by_prefix(fn, batch)
         if self.cfg.scale.max_tokens_per_microbatch:  # rows of the padded batch within the token budget
             size = max(1, self.cfg.scale.max_tokens_per_microbatch // batch.input_ids.shape[1])
         out = []
@@ -790,6 +818,19 @@ class Trainer:
             with scale.autocast(self.cfg.scale.mixed_precision, self.cfg.model.device):
                 out.append(fn(batch.input_ids[sl], batch.attention_mask[sl], batch.loss_mask[sl]))
         return torch.cat(out)
+
+    def _chunked_by_prefix(self, fn: Any, batch: RolloutBatch) -> torch.Tensor:
+        lengths = batch.attention_mask.sum(-1)
+        out = None
+        for part in scale.prefix_parts(batch, self.cfg.scale.max_tokens_per_microbatch):
+            rows = torch.tensor(part)
+            t = int(lengths[rows].max())
+            with scale.autocast(self.cfg.scale.mixed_precision, self.cfg.model.device):
+                got = fn(batch.input_ids[rows, :t], batch.attention_mask[rows, :t], batch.loss_mask[rows, :t])
+            if out is None:
+                out = got.new_zeros(batch.input_ids.shape)
+            out[rows, :t] = got
+        return out
 
 
 def keep_spread_groups(trajs: list[Trajectory], pad_id: int) -> tuple[list[list[Trajectory]], int]:
