@@ -9,6 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from agent_gym.provenance import write_raw
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -25,3 +27,12 @@ def save(name: str, out: dict[str, Any]) -> Path:
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")
     return path
+
+
+def write_result(script: str, result: dict[str, Any], out: str | Path, argv: list[str] | None) -> None:
+    """Write ``result`` to ``out`` (a script's ``--out``, under benchmarks/results/ by default) and its
+    raw copy with provenance under results/ (``write_raw``)."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_raw(script, result, argv=argv, outputs=[str(path)])

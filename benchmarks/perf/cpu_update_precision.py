@@ -51,6 +51,21 @@ def _batch(tokenizer, rows: int, tokens: int, agent_fraction: float, seed: int):
     return input_ids, torch.ones_like(input_ids), mask
 
 
+def lora_policy(model_name: str, lora_r: int, threads: int):
+    """``(tokenizer, policy, AdamW)``: the model and its LoRA adapters (r ``lora_r``, alpha 2r, the
+    default target modules) as the trainer builds them, in training mode, on ``threads`` threads."""
+    from trainers import scale
+    from trainers.config import ModelConfig, ScaleConfig
+    from trainers.models import load_policy, load_tokenizer_for
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = ModelConfig(name=model_name)
+    tokenizer = load_tokenizer_for(model)
+    policy = scale.add_lora(load_policy(model, tokenizer), ScaleConfig(lora_r=lora_r, lora_alpha=2 * lora_r)).train()
+    return tokenizer, policy, torch.optim.AdamW(scale.trainable(policy), lr=1e-6)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or HF directory")
@@ -64,17 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from trainers import scale
-    from trainers.config import ModelConfig, ScaleConfig
-    from trainers.models import load_policy, load_tokenizer_for, token_logprobs
+    from trainers.models import token_logprobs
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = ModelConfig(name=args.model)
-    tokenizer = load_tokenizer_for(model)
-    policy = scale.add_lora(
-        load_policy(model, tokenizer), ScaleConfig(lora_r=args.lora_r, lora_alpha=2 * args.lora_r)
-    ).train()
-    opt = torch.optim.AdamW(scale.trainable(policy), lr=1e-6)
+    tokenizer, policy, opt = lora_policy(args.model, args.lora_r, args.threads)
     ids, attn, mask = _batch(tokenizer, args.rows, args.tokens, args.agent_fraction, seed=0)
 
     def precision(mp: str):
