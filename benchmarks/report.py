@@ -9,8 +9,6 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from agent_gym.provenance import write_raw
-
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -29,10 +27,8 @@ def save(name: str, out: dict[str, Any]) -> Path:
     return path
 
 
-def write_result(script: str, result: dict[str, Any], out: str | Path, argv: list[str] | None) -> None:
-    """Write ``result`` to ``out`` (a script's ``--out``, under benchmarks/results/ by default) and its
-    raw copy with provenance under results/ (``write_raw``)."""
+def write_json(out: str | Path, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``out`` (a script's ``--out``, under benchmarks/results/ by default)."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    write_raw(script, result, argv=argv, outputs=[str(path)])

@@ -36,7 +36,7 @@ from agent_gym.cli_errors import UserError
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
-from trainers.models import frozen_copy, shared_prefix_len, token_logprobs
+from trainers.models import MIN_SHARED_PREFIX, frozen_copy, shared_prefix_len, token_logprobs
 
 
 class ScaleConfigError(UserError, ValueError):
@@ -100,14 +100,25 @@ def pack_by_prefix(
 
 def prefix_parts(mb: Any, max_tokens: int | None) -> list[list[int]]:
     """``pack_by_prefix`` of a ``RolloutBatch``: its groups (``group_ids``), each group's shared
-    prefix measured on its rows' tokens (``shared_prefix_len``)."""
+    prefix measured on its rows' tokens (``shared_prefix_len``). The rows of groups that share
+    less than ``MIN_SHARED_PREFIX`` tokens (a group of one row, prompts that differ) gain nothing
+    from a micro-batch of their own: they are packed together by tokens (``pack_by_tokens``)."""
     lengths = [int(n) for n in mb.attention_mask.sum(-1).tolist()]
     gids = [int(g) for g in mb.group_ids.tolist()]
-    prefix = {}
+    prefix, loose = {}, []
     for g in dict.fromkeys(gids):
-        rows = torch.tensor([i for i, x in enumerate(gids) if x == g])
-        prefix[g] = shared_prefix_len(mb.input_ids[rows], mb.attention_mask[rows])
-    return pack_by_prefix(lengths, gids, prefix, max_tokens)
+        rows = [i for i, x in enumerate(gids) if x == g]
+        n = shared_prefix_len(mb.input_ids[rows], mb.attention_mask[rows])
+        if n >= MIN_SHARED_PREFIX:
+            prefix[g] = n
+        else:
+            loose += rows
+    shared = [i for i, g in enumerate(gids) if g in prefix]
+    parts = pack_by_prefix([lengths[i] for i in shared], [gids[i] for i in shared], prefix, max_tokens)
+    parts = [[shared[j] for j in part] for part in parts]
+    if loose:
+        parts += [[loose[j] for j in part] for part in pack_by_tokens([lengths[i] for i in loose], max_tokens)]
+    return parts
 
 
 def microbatches(mb: Any, max_tokens: int | None, agg: str, by_prefix: bool = False) -> list[tuple[Any, float]]:

@@ -28,7 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.report import write_result
+from agent_gym.provenance import write_raw
+from benchmarks.report import write_json
 from trainers import smollm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {k}: {g:.0f} GFLOP/s"
                     + (f", {100 * roof:.0f}% of the roofline's {result['roofline_gflop_per_s']:.0f}" if roof else "")
                 )
-    write_result(__file__, result, args.out, argv)
+    write_json(args.out, result)
+    write_raw(__file__, result, argv=argv, outputs=[args.out])
     return 0
 
 

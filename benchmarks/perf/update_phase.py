@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import spread, write_result
+from agent_gym.provenance import write_raw
+from benchmarks.report import spread, write_json
 from trainers import scale
 from trainers.models import MIN_SHARED_PREFIX, shared_prefix_len, token_logprobs
 from trainers.rollout import RolloutBatch, pad_rows
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "skipped_updates": {name[s]: sum(r["update_skipped"] for r in runs[s]) for s in sides},
     }
     print(json.dumps(result, indent=2))
-    write_result(__file__, result, args.out, argv)
+    write_json(args.out, result)
+    write_raw(__file__, result, argv=argv, outputs=[args.out])
     return 0
 
 

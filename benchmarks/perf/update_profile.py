@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from agent_gym.provenance import write_raw
 from benchmarks.perf.cpu_update_precision import _batch, lora_policy
-from benchmarks.report import write_result
+from benchmarks.report import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in result["top_ops"]:
         rate = f"  {t['gflop_per_s']:.0f} GFLOP/s" if t["gflop_per_s"] else ""
         print(f"    {t['op'][:48]:48s} {t['calls']:6d} {t['self_s']:7.3f} s {100 * t['share']:5.1f}%{rate}")
-    write_result(__file__, result, args.out, argv)
+    write_json(args.out, result)
+    write_raw(__file__, result, argv=argv, outputs=[args.out])
     return 0
 
 

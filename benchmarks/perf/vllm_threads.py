@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import spread, write_result
+from agent_gym.provenance import write_raw
+from benchmarks.report import spread, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = (
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     print(json.dumps(result, indent=2))
-    write_result(__file__, result, args.out, argv)
+    write_json(args.out, result)
+    write_raw(__file__, result, argv=argv, outputs=[args.out])
     return 0
 
 

@@ -130,6 +130,26 @@ def test_pack_by_prefix():
     assert scale.pack_by_prefix(lengths, gids, {7: 0, 9: 0}, 550) == [[0], [2], [1, 3], [4, 5]]
 
 
+def test_rows_without_a_shared_prompt_are_packed_together():
+    """Groups that share a prompt get a micro-batch each; rows of groups that share less than
+    MIN_SHARED_PREFIX tokens (groups of one row here) are packed by tokens, as without sharing,
+    instead of one micro-batch a row."""
+    from types import SimpleNamespace
+
+    ids, attn, _ = _group(seed=1, b=2, prefix=MIN_SHARED_PREFIX + 10, rest=8)  # rows 0-1: 50, 43 tokens, one prompt
+    lone, lone_attn, _ = _group(seed=2, b=3, prefix=0)  # rows 2-4: 30, 23, 16 tokens, a group each
+    t = max(ids.shape[1], lone.shape[1])
+    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]))  # noqa: E731
+    mb = SimpleNamespace(
+        input_ids=torch.cat([pad(ids), pad(lone)]),
+        attention_mask=torch.cat([pad(attn), pad(lone_attn)]),
+        group_ids=torch.tensor([0, 0, 1, 2, 3]),
+    )
+    assert scale.prefix_parts(mb, None) == [[0, 1], [2, 3, 4]]
+    # a budget of 70: the group costs 42 + 2 x 8 = 58; the loose rows pack as pack_by_tokens packs them
+    assert scale.prefix_parts(mb, 70) == [[0, 1], [2, 3], [4]]
+
+
 @pytest.mark.timeout(300)
 def test_grpo_update_with_a_shared_prefix_equals_the_plain_update(tmp_path, sft_model, monkeypatch):
     """One GRPO iteration from the same seed, the minibatch the whole batch: the rollout is the same,
