@@ -116,6 +116,7 @@ class Trainer:
         """The iteration whose rollout was asked for last (``rollout``)."""
         self._kl_reward_metrics: dict[str, Any] = {}
         self._is_metrics: dict[str, float] = {}
+        self._mismatch_parts: list[torch.Tensor] = []  # old_from_update: |old - sampler| on agent tokens
         self._overlong_metrics: dict[str, float] = {}
         self._overlong_rows = torch.zeros(0, dtype=torch.bool)
         self.gc_stats: GcStats | None = None
@@ -196,7 +197,13 @@ class Trainer:
         own_copy = self.overlap is not None and learner is None and rollout.backend == "hf"
         sampler = copy.deepcopy(self.policy).eval().requires_grad_(False) if own_copy else self.policy
         self.backend = make_backend(
-            rollout, sampler, self.tokenizer, self.run_dir, device=cfg.model.device, seed=cfg.run.seed
+            rollout,
+            sampler,
+            self.tokenizer,
+            self.run_dir,
+            device=cfg.model.device,
+            seed=cfg.run.seed,
+            lone=self.overlap is None,  # lockstep: nothing else runs while the engine generates
         )
         source = self.rollout_cls(
             cfg, env_factory=self.env_factory, policy=self.policy, backend=self.backend, parallel=self.parallel
@@ -447,7 +454,13 @@ class Trainer:
         self.policy.eval()
         temp = cfg.rollout.temperature
         share = cfg.scale.share_prefix
-        if cfg.rollout.recompute_logprobs:
+        self._mismatch_parts: list[torch.Tensor] = []
+        if self.old_from_update(len(batch)):
+            # One optimizer step on this batch: the update's forward runs the very weights that
+            # sampled it, so its log-probs (detached) are the old ones and a scoring pass would
+            # only repeat that forward.
+            batch.old_logprobs = None
+        elif cfg.rollout.recompute_logprobs:
             batch.old_logprobs = self._rows(
                 lambda ids, am, lm: token_logprobs(
                     self.policy, ids, am, temperature=temp, loss_mask=lm, share_prefix=share
@@ -480,6 +493,23 @@ class Trainer:
             self.critic.eval()
             batch.values = self._rows(lambda ids, am, lm: self.critic(ids, am), batch, self.critic)
         return batch
+
+    def old_from_update(self, rows: int) -> bool:
+        """Whether the old log-probs come from the update's own forward instead of a scoring pass:
+        ``recompute_logprobs`` with a single optimizer step on the batch (one PPO epoch, one minibatch
+        of ``rows``), no reference model (its KL may sit in the rewards, which need the old log-probs
+        before the advantages) and no behaviour weights (computed from the old log-probs before the
+        update). Every micro-batch of that step then runs the weights that sampled the batch, so the
+        recomputation and the update's forward are one and the same (docs/scaling.md, "Old
+        log-probs from the update's forward")."""
+        a = self.cfg.algorithm
+        return (
+            self.cfg.rollout.recompute_logprobs
+            and a.ppo_epochs == 1
+            and rows <= a.minibatch_size
+            and self.ref is None
+            and not self.corrects_behaviour
+        )
 
     @property
     def corrects_behaviour(self) -> bool:
@@ -602,9 +632,14 @@ class Trainer:
             entropy_grad=a.entropy_coef > 0,
             share_prefix=self.cfg.scale.share_prefix,
         )
+        old = mb.old_logprobs
+        if old is None:  # old_from_update: this forward is the recomputation
+            old = lp.detach()
+            if self.cfg.rollout.top_p == 1.0:
+                self._mismatch_parts.append((old - mb.sampler_logprobs).abs()[mb.loss_mask > 0])
         loss, m = algos.policy_loss(
             lp,
-            mb.old_logprobs,
+            old,
             mb.advantages,
             mb.loss_mask,
             clip_low=a.clip_low,
@@ -695,7 +730,12 @@ class Trainer:
         if self.cfg.rollout.top_p != 1.0 or not self.cfg.rollout.recompute_logprobs or not m.any():
             # top-p changes the sampled distribution's support; without a recomputation there is nothing to compare
             return {}
-        diff = (batch.old_logprobs - batch.sampler_logprobs).abs()[m]
+        if batch.old_logprobs is None:  # taken in the update's forward (old_from_update); this process's rows
+            diff = torch.cat(self._mismatch_parts) if self._mismatch_parts else None
+            if diff is None or not len(diff):
+                return {}
+        else:
+            diff = (batch.old_logprobs - batch.sampler_logprobs).abs()[m]
         return {"train/logprob_mismatch_mean": float(diff.mean()), "train/logprob_mismatch_max": float(diff.max())}
 
     def timing(self, rt: Any, fwd_bwd: float, total: float) -> dict[str, float]:
