@@ -117,6 +117,9 @@ class RolloutConfig(Section):
     over the batch: exact for the ``hf`` backend (same module, mismatch ~1e-6), approximate for
     vLLM; it needs ``top_p: 1.0`` (top-p changes the sampled distribution's support)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The vLLM backend's arguments (``max_restarts``, ``kv_cache_memory_bytes``, ``omp_threads_bind``)
+    and anything else for ``vllm.LLM``. On the CPU a lockstep run's engine gets ``omp_threads_bind:
+    all`` unless set here or by ``VLLM_CPU_OMP_THREADS_BIND`` (docs/vllm.md)."""
     workers: int = 0
     """Ray actors that collect the rollout, each a slice of tasks_per_iter (0: in-process, no Ray);
     see docs/scaling.md, "Ray rollout workers"."""

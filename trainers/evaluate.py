@@ -159,7 +159,7 @@ def model_episodes(
     rollout = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, backend=backend, max_turn_tokens=max_turn_tokens)
     factory = EnvFactory(env_id, env_kwargs, tok, vocab_size=policy.get_input_embeddings().num_embeddings)
     envs = factory.make_vector(len(tasks))
-    be = make_backend(rollout, policy, tok, Path(".cache/evaluate"), device=device, seed=seed)
+    be = make_backend(rollout, policy, tok, Path(".cache/evaluate"), device=device, seed=seed, lone=True)
     wrapped = (
         BestOfK(be, k, decode, critic, pad_token_id=factory.pad_id) if decode in ("value-guided", "random-of-k") else be
     )

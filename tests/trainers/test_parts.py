@@ -56,3 +56,23 @@ def test_no_class_subclasses_the_trainer():
                     subclasses.append(f"{path.relative_to(ROOT)}:{node.name}")
     assert (ROOT / "trainers" / "trainer.py").is_file()
     assert subclasses == []
+
+
+def test_a_lone_lockstep_engine_takes_every_core(monkeypatch):
+    # make_backend's placement of vLLM's OpenMP threads on the CPU: every core for a lockstep
+    # trainer's or an evaluator's engine; vLLM's own for an async engine (it generates while the
+    # learner trains), a Ray worker's, and wherever the kwargs or the environment already say.
+    from trainers.config import RolloutConfig
+    from trainers.sources import vllm_engine_kwargs
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    lockstep = RolloutConfig(env_id="AgentR1/FactChain-v0", backend="vllm", vllm_kwargs={"max_restarts": 2})
+    assert vllm_engine_kwargs(lockstep, lone=True) == {"max_restarts": 2, "omp_threads_bind": "all"}
+    assert vllm_engine_kwargs(lockstep, lone=False) == {"max_restarts": 2}
+    assert lockstep.vllm_kwargs == {"max_restarts": 2}  # the config is not changed
+    asynch = RolloutConfig(env_id="AgentR1/FactChain-v0", backend="vllm", mode="async")
+    assert vllm_engine_kwargs(asynch, lone=True) == {}
+    mine = RolloutConfig(env_id="AgentR1/FactChain-v0", backend="vllm", vllm_kwargs={"omp_threads_bind": "1"})
+    assert vllm_engine_kwargs(mine, lone=True) == {"omp_threads_bind": "1"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert vllm_engine_kwargs(lockstep, lone=True) == {"max_restarts": 2}

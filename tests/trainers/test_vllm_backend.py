@@ -253,6 +253,40 @@ def test_tied_embeddings_sync_matches_hf(tok, tmp_path):
         backend.generate(prompts, sampling)
 
 
+# -- placement of the engine's OpenMP threads ----------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(bool(_VLLM_MISSING), reason=_VLLM_MISSING or "-")
+def test_omp_threads_bind_all_uses_every_core(tiny_dir, engine):
+    """``omp_threads_bind: all`` (what make_backend gives a lone lockstep engine) puts the worker's
+    OpenMP threads on every core this process may use (vLLM's ``auto`` leaves them all on core 0
+    here, the last core kept for its scheduler), and the tokens stay the default engine's."""
+    from trainers.backends.vllm_backend import VLLMBackend, cpu_bind_value
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert cpu_bind_value("all") == ",".join(map(str, cores)) and cpu_bind_value("0-1") == "0-1"
+    with pytest.raises(ValueError, match="omp_threads_bind must be a string"):
+        VLLMBackend(tiny_dir, omp_threads_bind=2)
+    prompts = _prompts(4, seed=9)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0)
+    with VLLMBackend(tiny_dir, seed=0, max_model_len=1024, omp_threads_bind="all") as backend:
+        workers = [pid for pid, role in backend.engine_processes().items() if role == "VLLM::Worker"]
+        assert workers, backend.engine_processes()
+        placed = set()
+        for pid in workers:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    aff = os.sched_getaffinity(int(tid))
+                except ProcessLookupError:  # a thread that ended meanwhile
+                    continue
+                if len(aff) == 1:  # an OpenMP thread, bound to its core
+                    placed |= aff
+        assert sorted(placed) == cores
+        got = backend.generate(prompts, sampling)
+    assert [g.token_ids for g in got] == [g.token_ids for g in engine.generate(prompts, sampling)]
+
+
 # -- lifecycle ------------------------------------------------------------------------------
 
 _CHILD = """

@@ -76,7 +76,7 @@ def test_rl_with_vllm_backend_end_to_end(tmp_path, sft_model, engine, algo, lora
     from trainers import scale
     from trainers.compose import build_trainer
 
-    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed):
+    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed, lone=False):
         assert rollout.backend == "vllm" and rollout.vllm_kwargs == VLLM_KWARGS and seed == 0
         engine.load_weights(scale.inference_state_dict(policy))  # what make_backend saves for the engine
         return _Shared(engine)
@@ -124,7 +124,7 @@ def test_overlapped_rollout_with_vllm_is_one_version_old(tmp_path, sft_model, en
             pushed.append(float(sum(v.double().sum() for v in state_dict.values())))
             super().load_weights(state_dict)
 
-    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed):
+    def shared_backend(rollout, policy, tokenizer, run_dir, *, device, seed, lone=False):
         engine.load_weights(policy.state_dict())
         return Recording(engine)
 
@@ -202,7 +202,9 @@ def test_ray_worker_with_its_own_vllm_engine_matches_in_process(tmp_path, sft_mo
         },
     )
 
-    def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed):  # synced to the run's initial policy
+    def module_engine(
+        rollout, policy, tokenizer, run_dir, *, device, seed, lone=False
+    ):  # synced to the run's initial policy
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
 
@@ -330,7 +332,7 @@ def _grpo_run(tmp_path, sft_model, engine, monkeypatch, name, before_rollout=Non
     import trainers.trainer as trainer_mod
     from trainers.compose import build_trainer
 
-    def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed):
+    def module_engine(rollout, policy, tokenizer, run_dir, *, device, seed, lone=False):
         engine.load_weights(policy.state_dict())
         return _Shared(engine)
 

@@ -111,10 +111,16 @@ def _engine_settings(
     kv_cache_memory_bytes: int | None,
     enforce_eager: bool,
     engine_kwargs: dict[str, Any],
+    omp_threads_bind: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The engine's arguments (for ``vllm.LLM`` or ``AsyncEngineArgs``) and the environment its
     processes inherit, shared by ``VLLMBackend`` and ``AsyncVLLMBackend`` (arguments as there)."""
     on_cpu = _is_cpu_platform()
+    if omp_threads_bind is not None and not isinstance(omp_threads_bind, str):
+        raise ValueError(
+            f"omp_threads_bind must be a string ('all', 'auto', 'nobind' or core ids such as '0-1'), "
+            f"got {omp_threads_bind!r}"
+        )
     if gpu_memory_utilization is None and kv_cache_memory_bytes is None:
         if on_cpu:
             kv_cache_memory_bytes = _DEFAULT_KV_CACHE_BYTES
@@ -150,7 +156,20 @@ def _engine_settings(
     env: dict[str, str] = {}
     if on_cpu:
         env[_STEP_TIMEOUT_VAR] = os.environ.get(_STEP_TIMEOUT_VAR, str(_CPU_STEP_TIMEOUT_S))
+        if omp_threads_bind is not None:
+            env[OMP_BIND_VAR] = cpu_bind_value(omp_threads_bind)
     return kwargs, env
+
+
+OMP_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_bind_value(bind: str) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``omp_threads_bind``: ``all`` is every core this process may
+    run on (``0,1`` here), anything else (``auto``, ``nobind``, ``0-3``) goes to vLLM as it is."""
+    if bind == "all":
+        return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    return bind
 
 
 class _ClosedOnExit:
@@ -191,6 +210,11 @@ class VLLMBackend(_ClosedOnExit):
         the KV cache by ``kv_cache_memory_bytes`` instead (512 MiB), which fits a small machine.
     kv_cache_memory_bytes: explicit KV cache size; overrides ``gpu_memory_utilization``.
     enforce_eager: skip torch.compile and CUDA graphs (fast start; needed on the CPU).
+    omp_threads_bind: on the CPU, the cores of the engine's OpenMP threads
+        (``VLLM_CPU_OMP_THREADS_BIND`` of its processes): ``all`` (every core this process may use:
+        for one engine in a lockstep run, which has the machine to itself while it generates),
+        ``auto``, ``nobind`` or core ids; None leaves vLLM's own (the variable, else ``auto``: the
+        last core kept for its scheduler). docs/vllm.md, "Several engines on one machine".
     engine_kwargs: anything else for ``vllm.LLM``.
     """
 
@@ -204,6 +228,7 @@ class VLLMBackend(_ClosedOnExit):
         kv_cache_memory_bytes: int | None = None,
         enforce_eager: bool = True,
         max_restarts: int = 1,
+        omp_threads_bind: str | None = None,
         **engine_kwargs: Any,
     ):
         if max_restarts < 0:
@@ -222,6 +247,7 @@ class VLLMBackend(_ClosedOnExit):
             kv_cache_memory_bytes,
             enforce_eager,
             engine_kwargs,
+            omp_threads_bind,
         )
         self._closed = True  # until the engine is up: close() has nothing to do before
         self._token = uuid.uuid4().hex
@@ -500,6 +526,7 @@ class AsyncVLLMBackend(_ClosedOnExit):
         kv_cache_memory_bytes: int | None = None,
         enforce_eager: bool = True,
         max_restarts: int = 0,
+        omp_threads_bind: str | None = None,
         **engine_kwargs: Any,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs  # optional: vLLM (extra vllm)
@@ -522,6 +549,7 @@ class AsyncVLLMBackend(_ClosedOnExit):
             kv_cache_memory_bytes,
             enforce_eager,
             engine_kwargs,
+            omp_threads_bind,
         )
         kwargs.setdefault("disable_log_stats", True)  # as vllm.LLM does; AsyncEngineArgs logs every 10 s
         self._closed = True
