@@ -2,6 +2,9 @@
 
     .venv-vllm/bin/python -m benchmarks.perf.iteration_ab --old c782ba5 \
         --config configs/smollm2_qa_grpo_from_sft.yaml rollout.backend=vllm
+    .venv-vllm/bin/python -m benchmarks.perf.iteration_ab --old . --iterations 3 \
+        --old-overrides algorithm.dynamic_sampling=false --new-overrides algorithm.dynamic_sampling=true \
+        --config configs/smollm2_qa_grpo_from_sft.yaml rollout.backend=vllm   # one commit, two settings
 
 Each side is a commit checked out in its own git worktree (under .cache/iteration_ab/, made once;
 ``--new .`` is this checkout, the default). Each round runs ``trainers/train_grpo.py`` of the old
@@ -15,7 +18,11 @@ iteration's seconds (``time/iteration_s``) and its phases as that commit logs th
 (``time/generate_s``, ``time/env_s``, ``time/forward_backward_s``: scoring, advantages and update),
 and what the batch was (episode length, agent tokens, the sampled reward), so that a reader sees both sides
 trained on the same kind of batch; also the whole command's wall time (start-up, engine start,
-checkpoint included). Printed and saved (benchmarks/results/iteration_ab.json and a raw copy under
+checkpoint included). ``--old-overrides``/``--new-overrides`` add a side's own settings (both sides
+may be one commit: an A/B of a config key); with DAPO's dynamic sampling on either side the groups
+that carried a reward spread (GRPO's useful groups: ``dynamic/kept_groups``, or the groups whose
+advantages were not all zero, ``tasks_per_iter x (1 - adv/zero_std_group_frac)``) and the seconds
+per useful group are reported too. Printed and saved (benchmarks/results/iteration_ab.json and a raw copy under
 results/): per side the median and range, the per-round ratio old / new, and the load average before
 each run.
 """
@@ -31,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from agent_gym.provenance import write_raw
 from benchmarks.report import spread, write_json
 
@@ -39,6 +48,7 @@ TREES = ROOT / ".cache" / "iteration_ab"
 RUNS = ROOT / "runs" / "bench_iteration_ab"
 PHASES = ("time/iteration_s", "time/generate_s", "time/env_s", "time/forward_backward_s", "time/other_s")
 BATCH = ("rollout/length_mean", "rollout/agent_tokens_mean", "rollout/reward_mean", "perf/generated_tokens_per_s")
+GROUPS = ("adv/zero_std_group_frac", "dynamic/kept_groups", "dynamic/dropped_groups", "dynamic/extra_episodes")
 
 
 def checkout(rev: str) -> tuple[Path, str]:
@@ -75,7 +85,7 @@ def run_side(tree: Path, run_dir: Path, config: str, overrides: list[str], timeo
     return {
         "wall_s": wall,
         "load_avg_1m": load,
-        "iterations": [{k: r[k] for k in (*PHASES, *BATCH) if k in r} for r in rows],
+        "iterations": [{k: r[k] for k in (*PHASES, *BATCH, *GROUPS) if k in r} for r in rows],
     }
 
 
@@ -87,7 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iterations", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=1800.0, help="the deadline of one run")
+    p.add_argument(
+        "--tasks-per-iter",
+        type=int,
+        default=None,
+        help="for the useful groups without dynamic sampling (default: the config's)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "iteration_ab.json"))
+    p.add_argument("--old-overrides", nargs="*", default=[], help="the old side's own overrides, key=value")
+    p.add_argument("--new-overrides", nargs="*", default=[], help="the new side's own overrides, key=value")
     p.add_argument("overrides", nargs="*", help="config overrides for both sides, key=value")
     args = p.parse_args(argv)
     if args.rounds < 3:
@@ -104,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side, (tree, sha) in sides.items():
-            got = run_side(tree, RUNS / f"{side}_r{r}", args.config, overrides, args.timeout_s)
+            own = args.old_overrides if side == "old" else args.new_overrides
+            got = run_side(tree, RUNS / f"{side}_r{r}", args.config, [*overrides, *own], args.timeout_s)
             runs[side].append(got)
             it = [x["time/iteration_s"] for x in got["iterations"]]
             print(
@@ -118,17 +137,42 @@ def main(argv: list[str] | None = None) -> int:
         vals = [[x[key] for x in run["iterations"] if key in x] for run in runs[side]]
         return [sum(v) / len(v) for v in vals if v]
 
+    tasks = args.tasks_per_iter
+    if tasks is None:  # the config's own (an override of it wins)
+        given = [o.split("=", 1)[1] for o in args.overrides if o.startswith("rollout.tasks_per_iter=")]
+        cfg = yaml.safe_load((sides["new"][0] / args.config).read_text())
+        tasks = int(given[-1]) if given else (cfg.get("rollout") or {}).get("tasks_per_iter")
+
+    def useful(it: dict) -> float | None:
+        """The groups of an iteration that carried a reward spread."""
+        if "dynamic/kept_groups" in it:
+            return it["dynamic/kept_groups"]
+        if "adv/zero_std_group_frac" in it and tasks:
+            return tasks * (1.0 - it["adv/zero_std_group_frac"])
+        return None
+
+    for side in sides:
+        for run in runs[side]:
+            groups = [useful(it) for it in run["iterations"]]
+            if all(g is not None for g in groups) and sum(groups) > 0:
+                run["useful_groups"] = sum(groups)
+                run["s_per_useful_group"] = sum(it["time/iteration_s"] for it in run["iterations"]) / sum(groups)
     summary = {
         side: {
-            **{k: spread(per_run(side, k)) for k in (*PHASES, *BATCH) if per_run(side, k)},
+            **{k: spread(per_run(side, k)) for k in (*PHASES, *BATCH, *GROUPS) if per_run(side, k)},
             "wall_s": spread(run["wall_s"] for run in runs[side]),
+            **{
+                k: spread(run[k] for run in runs[side])
+                for k in ("useful_groups", "s_per_useful_group")
+                if all(k in run for run in runs[side])
+            },
         }
         for side in sides
     }
     ratio = [o / n for o, n in zip(per_run("old", "time/iteration_s"), per_run("new", "time/iteration_s"))]
     result = {
-        "old": {"rev": args.old, "commit": sides["old"][1]},
-        "new": {"rev": args.new, "commit": sides["new"][1]},
+        "old": {"rev": args.old, "commit": sides["old"][1], "overrides": args.old_overrides},
+        "new": {"rev": args.new, "commit": sides["new"][1], "overrides": args.new_overrides},
         "config": args.config,
         "overrides": overrides,
         "rounds": args.rounds,
@@ -141,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     for side in sides:
         it = summary[side]["time/iteration_s"]
         print(f"{side}: iteration {it['median']:.1f} s ({it['min']:.1f}-{it['max']:.1f})")
+    for side in sides:
+        if "s_per_useful_group" in summary[side]:
+            u, g = summary[side]["s_per_useful_group"], summary[side]["useful_groups"]
+            print(
+                f"{side}: {g['median']:.1f} useful groups a run, {u['median']:.1f} s each ({u['min']:.1f}-{u['max']:.1f})"
+            )
     rr = result["ratio_old_over_new_iteration"]
     print(f"old / new: {rr['median']:.2f}x ({rr['min']:.2f}-{rr['max']:.2f})")
     write_json(args.out, result)

@@ -87,7 +87,9 @@ def analyse(rows: list[dict], model_cfg: dict, lora: bool, threads: int, epochs:
         ctx = r.get("rollout/length_mean", 0.0)
         frac = r.get("rollout/agent_tokens_mean", 0.0) / ctx if ctx else 0.0
         upd = tokens * flops_per_token(model_cfg, ctx, frac, lora, backward=True) / 1e9
-        score = (tokens / max(epochs, 1)) * passes * flops_per_token(model_cfg, ctx, frac, lora, backward=False) / 1e9
+        # The old log-probs' pass is not run when the update's forward gives them (train/old_from_update).
+        n = passes - int(bool(r.get("train/old_from_update")))
+        score = (tokens / max(epochs, 1)) * n * flops_per_token(model_cfg, ctx, frac, lora, backward=False) / 1e9
         row = {
             "iteration": r["iteration"],
             "iteration_s": total,
@@ -96,8 +98,8 @@ def analyse(rows: list[dict], model_cfg: dict, lora: bool, threads: int, epochs:
             "update_tokens": tokens,
             "update_gflop": upd,
             "update_gflop_per_s": upd / ph["update"] if ph["update"] else None,
-            "score_passes": passes,
-            "score_gflop_per_s": score / ph["score"] if ph["score"] and passes else None,
+            "score_passes": n,
+            "score_gflop_per_s": score / ph["score"] if ph["score"] and n else None,
             "generated_tokens_per_s": r.get("perf/generated_tokens_per_s"),
         }
         if peak:

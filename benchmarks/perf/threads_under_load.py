@@ -1,8 +1,10 @@
-"""Torch intra-op threads on a busy machine: 1 thread, 2 threads, and 2 threads with
-``OMP_WAIT_POLICY=PASSIVE``, on one step's worth of work (HF sampling of 16 prompts x 2 turns x
-32 tokens on the tiny Qwen2, then a forward/backward over the sampled rows).
+"""Torch intra-op threads on a busy (or idle) machine: 1 thread, 2 threads (libgomp's default wait),
+2 threads with ``OMP_WAIT_POLICY=PASSIVE``, 2 threads whose waits spin 10,000 times before they sleep
+(``GOMP_SPINCOUNT=10000``, the policy unset), and 2 threads passive with the sampler on 1, on one
+step's worth of work (HF sampling of 16 prompts x 2 turns x 32 tokens on the tiny Qwen2, then a
+forward/backward over the sampled rows).
 
-    python -m benchmarks.perf.threads_under_load [--hogs 2] [--rounds 3]
+    python -m benchmarks.perf.threads_under_load [--hogs 2] [--rounds 3] [--configs 1_thread 2_threads ...]
 
 ``--hogs N`` starts N busy-loop processes for the duration (N=0: whatever else runs on the
 machine is the load). Every configuration runs in its own fresh process (the OpenMP wait policy
@@ -37,10 +39,11 @@ from agent_gym.tokenizer import default_tokenizer
 from trainers.backends import HFBackend, SamplingConfig
 from trainers.tiny_model import build_tiny_qwen2
 threads = int(sys.argv[2])
+gen_threads = int(sys.argv[3])
 torch.set_num_threads(threads)
 tok = default_tokenizer()
 model = build_tiny_qwen2(tok, seed=0)
-hf = HFBackend(model, pad_token_id=tok.pad_token_id, num_threads=threads)
+hf = HFBackend(model, pad_token_id=tok.pad_token_id, num_threads=gen_threads)
 g = torch.Generator().manual_seed(0)
 prompts = [torch.randint(5, 200, (int(n),), generator=g).tolist() for n in torch.randint(40, 120, (16,), generator=g)]
 sampling = SamplingConfig(max_new_tokens=32, temperature=1.0, stop_token_ids=[tok.eos_token_id])
@@ -69,15 +72,23 @@ def hog(stop_at: float) -> None:
         x = (x * 31 + 7) % 1000003
 
 
-CONFIGS = {"1_thread": (1, {}), "2_threads": (2, {}), "2_threads_passive": (2, {"OMP_WAIT_POLICY": "PASSIVE"})}
+_UNSET = {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}
+# name -> (torch threads, the sampler's threads, environment: None unsets a variable)
+CONFIGS = {
+    "1_thread": (1, 1, _UNSET),
+    "2_threads": (2, 2, _UNSET),
+    "2_threads_passive": (2, 2, {**_UNSET, "OMP_WAIT_POLICY": "PASSIVE"}),
+    "2_threads_spin10k": (2, 2, {**_UNSET, "GOMP_SPINCOUNT": "10000"}),
+    "2_threads_passive_sample1": (2, 1, {**_UNSET, "OMP_WAIT_POLICY": "PASSIVE"}),
+}
 
 
-def run_one(threads: int, extra_env: dict[str, str], timeout: float) -> float:
-    env = {**os.environ, **extra_env}
-    if not extra_env:
-        env.pop("OMP_WAIT_POLICY", None)
+def run_one(threads: int, gen_threads: int, extra_env: dict[str, str | None], timeout: float) -> float:
+    env = {**os.environ, **{k: v for k, v in extra_env.items() if v is not None}}
+    for k in [k for k, v in extra_env.items() if v is None]:
+        env.pop(k, None)
     out = subprocess.run(
-        [sys.executable, "-c", WORKER, str(ROOT), str(threads)],
+        [sys.executable, "-c", WORKER, str(ROOT), str(threads), str(gen_threads)],
         env=env,
         capture_output=True,
         text=True,
@@ -94,17 +105,21 @@ def main() -> None:
     ap.add_argument("--hogs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per worker process")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="which to run")
     args = ap.parse_args()
+    configs = {k: CONFIGS[k] for k in args.configs}
+    if "1_thread" not in configs:
+        ap.error("--configs must include 1_thread (the ratios are to it)")
     load_before = os.getloadavg()
-    stop_at = time.time() + args.rounds * len(CONFIGS) * args.timeout
+    stop_at = time.time() + args.rounds * len(configs) * args.timeout
     hogs = [mp.Process(target=hog, args=(stop_at,), daemon=True) for _ in range(args.hogs)]
     for h in hogs:
         h.start()
-    secs: dict[str, list[float]] = {k: [] for k in CONFIGS}
+    secs: dict[str, list[float]] = {k: [] for k in configs}
     try:
         for r in range(args.rounds):
-            for name, (threads, extra) in CONFIGS.items():
-                secs[name].append(run_one(threads, extra, args.timeout))
+            for name, (threads, gen_threads, extra) in configs.items():
+                secs[name].append(run_one(threads, gen_threads, extra, args.timeout))
                 print(f"round {r}: {name} {secs[name][-1]:.3f} s", flush=True)
     finally:
         for h in hogs:
