@@ -279,6 +279,7 @@ class Trainer:
                 **adv_metrics,
                 **update_metrics,
                 **(self.mismatch(batch) if batch is not None else {}),
+                "train/old_from_update": float(batch is not None and batch.old_logprobs is None),
                 "rollout/policy_version": float(version),
                 "rollout/staleness_mean": float(staleness),
                 "rollout/staleness_max": float(staleness),

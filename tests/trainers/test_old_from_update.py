@@ -49,6 +49,8 @@ def test_update_forward_gives_the_old_logprobs(tmp_path, sft_model, monkeypatch)
         assert b["train/logprob_mismatch_mean"] == pytest.approx(a["train/logprob_mismatch_mean"], abs=1e-5)
         assert b["train/logprob_mismatch_max"] < 1e-3
     assert r_one[0]["policy/clipfrac"] == 0.0  # ratio exactly 1: nothing to clip
+    assert [r["train/old_from_update"] for r in r_one] == [1.0, 1.0]
+    assert [r["train/old_from_update"] for r in r_sep] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(
