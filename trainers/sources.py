@@ -133,9 +133,9 @@ def vllm_engine_kwargs(rollout: RolloutConfig, lone: bool) -> dict[str, Any]:
     """``rollout.vllm_kwargs``, with ``omp_threads_bind: all`` for a ``lone`` lockstep engine
     (``make_backend``) unless the kwargs or ``VLLM_CPU_OMP_THREADS_BIND`` already place it."""
     kwargs = dict(rollout.vllm_kwargs)
-    if lone and rollout.mode != "async" and "omp_threads_bind" not in kwargs:
-        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            kwargs["omp_threads_bind"] = "all"
+    placed = "omp_threads_bind" in kwargs or "VLLM_CPU_OMP_THREADS_BIND" in os.environ
+    if lone and rollout.mode != "async" and not placed:
+        kwargs["omp_threads_bind"] = "all"
     return kwargs
 
 

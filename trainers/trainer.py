@@ -455,7 +455,7 @@ class Trainer:
         self.policy.eval()
         temp = cfg.rollout.temperature
         share = cfg.scale.share_prefix
-        self._mismatch_parts: list[torch.Tensor] = []
+        self._mismatch_parts = []
         if self.old_from_update(len(batch)):
             # One optimizer step on this batch: the update's forward runs the very weights that
             # sampled it, so its log-probs (detached) are the old ones and a scoring pass would
@@ -732,8 +732,8 @@ class Trainer:
             # top-p changes the sampled distribution's support; without a recomputation there is nothing to compare
             return {}
         if batch.old_logprobs is None:  # taken in the update's forward (old_from_update); this process's rows
-            diff = torch.cat(self._mismatch_parts) if self._mismatch_parts else None
-            if diff is None or not len(diff):
+            diff = torch.cat(self._mismatch_parts) if self._mismatch_parts else torch.zeros(0)
+            if not len(diff):  # a void update ran no forward
                 return {}
         else:
             diff = (batch.old_logprobs - batch.sampler_logprobs).abs()[m]
