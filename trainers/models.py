@@ -131,7 +131,75 @@ def load_policy(model: ModelConfig, tokenizer: Any, seed: int = 0) -> nn.Module:
         )
     else:
         policy = _from_pretrained(source, dtype)
+    use_gqa_sdpa(policy)
     return policy.to(device=m.device, dtype=dtype).train()
+
+
+GQA_SDPA = "agent_gym_sdpa"
+"""transformers' SDPA attention, except that on the CPU grouped-query attention with a mask runs as
+one SDPA call with ``enable_gqa`` instead of keys and values repeated to every head (``use_gqa_sdpa``)."""
+
+
+def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
+    """``sdpa_attention_forward`` with one change: a CPU call with a mask and grouped KV heads passes
+    ``enable_gqa=True`` to SDPA rather than materializing ``repeat_kv``'s (B, heads, T, D) copies,
+    which a training forward keeps for the backward (with 9 query heads over 3 KV heads, three times
+    the keys' and values' memory). transformers repeats them whenever a mask is given, because CUDA's
+    fused kernels reject a mask with ``enable_gqa``; torch's CPU flash kernel takes both (the
+    outputs are identical: tests/trainers/test_gqa_sdpa.py). The boolean mask, the same tensor in every
+    layer, goes to SDPA as an additive float mask made once per forward (``_additive``): given the
+    boolean one, the CPU kernel converts it in every layer and keeps each copy for the backward."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # deferred: transformers
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (
+        query.device.type != "cpu"
+        or attention_mask is None
+        or groups == 1
+        or kw.get("position_bias") is not None
+        or kw.get("cache") is not None
+        or kw.get("output_attentions", False)
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kw)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=_additive(attention_mask, query.dtype),
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as SDPA's additive one (0 where attended, -inf elsewhere, as torch
+    converts it), made once per mask tensor: kept on the boolean tensor, which lives as long as the
+    forward that built it."""
+    if mask.dtype != torch.bool:
+        return mask
+    cached = getattr(mask, "_agent_gym_additive", None)
+    if cached is None or cached.dtype != dtype:
+        cached = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        mask._agent_gym_additive = cached
+    return cached
+
+
+def use_gqa_sdpa(model: nn.Module) -> None:
+    """Switch a transformers model that attends with ``sdpa`` to ``GQA_SDPA`` (registered with
+    transformers' ``AttentionInterface`` and, with SDPA's masks, ``AttentionMaskInterface``). Other
+    implementations (eager, flash-attention) are left as they are."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return
+    from transformers import AttentionInterface  # deferred: transformers
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if GQA_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionInterface.register(GQA_SDPA, _gqa_sdpa_forward)
+        AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
+    model.set_attn_implementation(GQA_SDPA)
 
 
 def _from_pretrained(source: str, dtype: torch.dtype) -> nn.Module:
