@@ -268,8 +268,10 @@ about 0.3 in the multi-turn QA and FactChain runs, so the estimate leans high)."
 def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, float] | None:
     """``host_step_estimate`` of an RL update at its worst: every episode at the env's context
     bound (``context_bound``), the largest micro-batch that ``algorithm.minibatch_size`` and
-    ``scale.max_tokens_per_microbatch`` allow, ``AGENT_FRACTION`` of it scored; with the HF rollout
-    backend, the KV cache of generating the whole batch at once. None when no context bound is known."""
+    ``scale.max_tokens_per_microbatch`` allow, ``AGENT_FRACTION`` of it scored; with
+    ``scale.share_prefix``, the keys and values its rows keep of their shared prompt; with the HF
+    rollout backend, the KV cache of generating the whole batch at once. None when no context bound
+    is known."""
     ctx = context_bound(cfg.rollout.env_id, cfg.rollout.env_kwargs)
     if ctx is None:
         return None
@@ -281,8 +283,18 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
         model, tokens, int(AGENT_FRACTION * tokens), cfg.scale.gradient_checkpointing, reference_copy, critic
     )
     # (under LoRA the base model holds the adapters, the only parameters that require gradients)
+    c = model.config
+    if cfg.scale.share_prefix and budget is not None and not cfg.scale.gradient_checkpointing:
+        # A micro-batch of one group's rows runs their prompt once, but each row keeps the keys and
+        # values of its whole length, prompt included: at worst group_size rows whose shared prefix
+        # fills the budget but for one token each (``scale.pack_by_prefix``).
+        g = min(cfg.rollout.group_size, rows)
+        prefix = min(budget - g, ctx - 1)
+        positions = max(0, (g - 1) * prefix)
+        est[f"keys and values of a shared prompt, {g} rows"] = (
+            positions * c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30
+        )
     if cfg.rollout.backend == "hf":
-        c = model.config
         kv = kv_width(c)
         batch = cfg.rollout.tasks_per_iter * cfg.rollout.group_size
         est[f"HF generation KV cache, {batch} episodes"] = batch * ctx * c.num_hidden_layers * 2 * kv * 4 / 2**30

@@ -78,3 +78,32 @@ def test_the_context_bound_comes_from_kwargs_registration_or_the_class_default()
     assert context_bound("AgentR1/FactChain-v0", {"max_context_tokens": 777}) == 777
     assert context_bound("AgentR1/FactChain-v0", {}) == 1024  # FactChainEnv's default
     assert context_bound("NoSuch/Env-v0", {}) is None
+
+
+@pytest.mark.timeout(300)
+def test_a_shared_prompt_adds_the_keys_and_values_its_rows_keep():
+    from trainers.memory_budget import kv_width, rl_step_estimate
+
+    over = [
+        *BASE,
+        "rollout.env_kwargs={max_context_tokens: 4096}",
+        "rollout.group_size=4",
+        "algorithm.minibatch_size=8",
+        "scale.max_tokens_per_microbatch=1024",
+    ]
+    mc = ModelConfig(name="tiny", torch_threads=1)
+    model = load_policy(mc, load_tokenizer_for(mc))
+    plain = rl_step_estimate(load_config(None, over), model, None, reference_copy=False)
+    shared = rl_step_estimate(load_config(None, [*over, "scale.share_prefix=true"]), model, None, reference_copy=False)
+    ckpt = rl_step_estimate(
+        load_config(None, [*over, "scale.share_prefix=true", "scale.gradient_checkpointing=true"]),
+        model,
+        None,
+        reference_copy=False,
+    )
+    key = "keys and values of a shared prompt, 4 rows"
+    assert key not in plain and key not in ckpt  # (checkpointing runs every row whole)
+    # by hand: 4 rows sharing a prompt of 1024 - 4 tokens, each keeping it: 3 x 1020 extra positions
+    c = model.config
+    assert shared[key] == pytest.approx(3 * 1020 * c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30)
+    assert shared["total"] == pytest.approx(plain["total"] + shared[key])
