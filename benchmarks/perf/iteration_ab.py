@@ -16,6 +16,7 @@ relative paths, the data and the warm start, are the same files) with ``PYTHONPA
 side's tree, and writes under runs/bench_iteration_ab/. From each run's metrics.jsonl: the
 iteration's seconds (``time/iteration_s``) and its phases as that commit logs them
 (``time/generate_s``, ``time/env_s``, ``time/forward_backward_s``: scoring, advantages and update),
+the trainer's peak resident memory and its estimate (``memory/peak_rss_gib``, ``memory/estimate_gib``),
 and what the batch was (episode length, agent tokens, the sampled reward), so that a reader sees both sides
 trained on the same kind of batch; also the whole command's wall time (start-up, engine start,
 checkpoint included). ``--old-overrides``/``--new-overrides`` add a side's own settings (both sides
@@ -48,6 +49,7 @@ TREES = ROOT / ".cache" / "iteration_ab"
 RUNS = ROOT / "runs" / "bench_iteration_ab"
 PHASES = ("time/iteration_s", "time/generate_s", "time/env_s", "time/forward_backward_s", "time/other_s")
 BATCH = ("rollout/length_mean", "rollout/agent_tokens_mean", "rollout/reward_mean", "perf/generated_tokens_per_s")
+MEMORY = ("memory/peak_rss_gib", "memory/estimate_gib")
 GROUPS = ("adv/zero_std_group_frac", "dynamic/kept_groups", "dynamic/dropped_groups", "dynamic/extra_episodes")
 
 
@@ -85,7 +87,7 @@ def run_side(tree: Path, run_dir: Path, config: str, overrides: list[str], timeo
     return {
         "wall_s": wall,
         "load_avg_1m": load,
-        "iterations": [{k: r[k] for k in (*PHASES, *BATCH, *GROUPS) if k in r} for r in rows],
+        "iterations": [{k: r[k] for k in (*PHASES, *BATCH, *GROUPS, *MEMORY) if k in r} for r in rows],
     }
 
 
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 run["s_per_useful_group"] = sum(it["time/iteration_s"] for it in run["iterations"]) / sum(groups)
     summary = {
         side: {
-            **{k: spread(per_run(side, k)) for k in (*PHASES, *BATCH, *GROUPS) if per_run(side, k)},
+            **{k: spread(per_run(side, k)) for k in (*PHASES, *BATCH, *GROUPS, *MEMORY) if per_run(side, k)},
             "wall_s": spread(run["wall_s"] for run in runs[side]),
             **{
                 k: spread(run[k] for run in runs[side])
@@ -184,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for side in sides:
         it = summary[side]["time/iteration_s"]
-        print(f"{side}: iteration {it['median']:.1f} s ({it['min']:.1f}-{it['max']:.1f})")
+        mem = summary[side].get("memory/peak_rss_gib")
+        peak = f", trainer's peak {mem['median']:.2f} GiB ({mem['min']:.2f}-{mem['max']:.2f})" if mem else ""
+        print(f"{side}: iteration {it['median']:.1f} s ({it['min']:.1f}-{it['max']:.1f}){peak}")
     for side in sides:
         if "s_per_useful_group" in summary[side]:
             u, g = summary[side]["s_per_useful_group"], summary[side]["useful_groups"]

