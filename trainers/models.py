@@ -194,7 +194,11 @@ def use_gqa_sdpa(model: nn.Module) -> None:
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return
     from transformers import AttentionInterface  # deferred: transformers
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import (  # deferred: transformers
+        ALL_MASK_ATTENTION_FUNCTIONS,
+        AttentionMaskInterface,
+        sdpa_mask,
+    )
 
     if GQA_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
         AttentionInterface.register(GQA_SDPA, _gqa_sdpa_forward)
