@@ -19,7 +19,8 @@ prompts differ), so the steps read what an uncached batch's would.
 The bound for a decode step (``--bandwidth-gbs``, ``--gflops``: the roofline's 2-thread read
 bandwidth and float32 matmul throughput, results/roofline/): the step reads the weights once and the
 KV cache of every sequence (``30 layers x 2 x 192 x 4`` bytes a token in float32) and does
-``2 x parameters`` FLOP a token plus attention's ``4 x layers x 576 x context``; the step takes at
+``iteration_profile.flops_per_token``'s forward FLOP a token (2 per weight, the head, attention
+over the whole context); the step takes at
 least the larger of bytes / bandwidth and FLOP / throughput, and ``batch`` tokens per step is the
 bound. Printed and saved (benchmarks/results/vllm_curve.json, a raw copy under results/vllm_curve/).
 """
@@ -33,16 +34,22 @@ import sys
 import time
 
 from agent_gym.provenance import write_raw
+from benchmarks.perf.iteration_profile import flops_per_token
 from benchmarks.report import RESULTS, spread, write_json
+from trainers.memory_budget import kv_width
 
-KV_BYTES_PER_TOKEN = 30 * 2 * 192 * 4  # SmolLM2-135M: 30 layers, keys and values of 3 x 64, float32
+
+def kv_bytes_per_token(cfg) -> int:
+    """Keys and values of one token over every layer, float32 (SmolLM2-135M: 30 x 2 x 192 x 4)."""
+    return cfg.num_hidden_layers * 2 * kv_width(cfg) * 4
 
 
-def step_bound(batch: int, context: int, params: int, bandwidth_gbs: float, gflops: float) -> dict[str, float]:
+def step_bound(cfg, batch: int, context: int, bandwidth_gbs: float, gflops: float) -> dict[str, float]:
     """The decode-step floor and the tokens/s it allows (docstring of the module)."""
-    kv = batch * context * KV_BYTES_PER_TOKEN
-    read_s = (4 * params + kv) / (bandwidth_gbs * 1e9)
-    flop = batch * (2 * params + 4 * 30 * 576 * context)
+    kv = batch * context * kv_bytes_per_token(cfg)
+    read_s = (4 * parameters(cfg) + kv) / (bandwidth_gbs * 1e9)
+    # a decoded token attends to the whole context (flops_per_token counts half of it, on average)
+    flop = batch * flops_per_token(cfg.to_dict(), 2 * context, agent_frac=1.0, lora=False, backward=False)
     compute_s = flop / (gflops * 1e9)
     step = max(read_s, compute_s)
     return {"read_s": read_s, "compute_s": compute_s, "tokens_per_s": batch / step, "kv_gib": kv / 2**30}
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS / "vllm_curve.json"))
     args = p.parse_args(argv)
 
+    from transformers import AutoConfig
+
     from trainers import smollm
     from trainers.backends.vllm_backend import VLLMBackend
 
@@ -109,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     max_len = max(c for _, c in cells) + args.decode + 1
     # every sequence holds whole blocks of 128 tokens (vLLM's CPU block size)
     kv_tokens = max(b * -(-(c + args.decode + 1) // 128) * 128 for b, c in cells)
-    kv_bytes = int(1.25 * kv_tokens * KV_BYTES_PER_TOKEN) + 64 * 2**20
     path = smollm.ensure_converted()
+    cfg = AutoConfig.from_pretrained(str(path))
+    kv_bytes = int(1.25 * kv_tokens * kv_bytes_per_token(cfg)) + 64 * 2**20
     t0 = time.perf_counter()
     backend = VLLMBackend(
         str(path),
@@ -120,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=max(b for b, _ in cells),
     )
     start_s = time.perf_counter() - t0
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(str(path))
     vocab = cfg.vocab_size
-    params = parameters(cfg)
     rng = random.Random(0)
     readings: dict[tuple[int, int], list[dict]] = {c: [] for c in cells}
     loads = []
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     for b, c in cells:
         rs = readings[(b, c)]
-        bound = step_bound(b, c, params, args.bandwidth_gbs, args.gflops)
+        bound = step_bound(cfg, b, c, args.bandwidth_gbs, args.gflops)
         dec = spread(x["decode_tokens_per_s"] for x in rs)
         table.append(
             {
