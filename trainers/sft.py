@@ -259,6 +259,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
     def evaluate() -> dict[str, float]:
         model.eval()
+        model.zero_grad(set_to_none=True)  # the next step starts from none anyway: no gradients beside the KV cache
         return evaluate_greedy(eval_envs, eval_sets, backend, greedy, cfg.eval.tasks, cfg.seed)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -282,9 +283,23 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
             metrics.update(evaluate())
             print(f"step {step}: loss {loss:.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
         logger.log(step, metrics)
+    train_peak = peak_rss_gib()
+    # The optimizer's moments (twice the weights under full fine-tuning) are not needed past the
+    # last step and are not saved: freed before the final evaluation, whose KV cache would otherwise
+    # sit on top of them and make the run's peak (3.66 GiB against 2.92 for the steps, QA SFT).
+    del opt, sched
     final = {"sft/loss": loss, **evaluate(), "time/elapsed_min": (time.perf_counter() - t0) / 60}
-    logger.log(cfg.steps, final)
+    eval_peak = peak_rss_gib()
     save_policy(model, tok, run_dir / "model")
+    final.update(
+        {
+            "memory/peak_rss_gib": peak_rss_gib(),  # the whole run's, evaluation and saving included
+            "memory/train_peak_rss_gib": train_peak,
+            "memory/eval_peak_rss_gib": eval_peak,
+            "memory/estimate_gib": estimate["total"],
+        }
+    )
+    logger.log(cfg.steps, final)
     (run_dir / "final.json").write_text(json.dumps(final, indent=2))
     logger.close()
     for envs in [eval_envs, *eval_sets.values()]:

@@ -52,3 +52,33 @@ def test_sft_refuses_the_rl_only_scale_keys():
         with pytest.raises(ConfigError, match="scale.lora_r and scale.fsdp are RL keys"):
             SFTConfig(env_id=ENV, scale=bad)
     assert SFTConfig(env_id=ENV, scale={"gradient_checkpointing": True}).scale.gradient_checkpointing
+
+
+def test_the_final_evaluation_runs_without_the_optimizer_and_gradients(tmp_path, monkeypatch):
+    """After the last step SFT frees what only training needs (the AdamW moments, the gradients)
+    before its final evaluation, so the evaluation's KV cache does not sit on top of them; an
+    evaluation during training runs without gradients too. The run's record says its whole peak."""
+    import gc
+    import json
+
+    from trainers import sources
+    from trainers.train_sft import main
+
+    seen = []
+    real = sources.evaluate_greedy
+
+    def spy(*args, **kwargs):
+        gc.collect()
+        adam = [o for o in gc.get_objects() if isinstance(o, torch.optim.AdamW)]
+        model = args[2].model
+        seen.append((len(adam), sum(p.grad is not None for p in model.parameters())))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "evaluate_greedy", spy)
+    run_dir = tmp_path / "sft"
+    args = [f"env_id={ENV}", "model.name=tiny", f"run_dir={run_dir}", "steps=2", "batch_size=2", "num_demos=4"]
+    assert main([*args, "eval.tasks=1", "eval.every=1", "warmup_steps=0", "model.torch_threads=1"]) == 0
+    assert seen == [(1, 0), (1, 0), (0, 0)]  # steps 0 and 1 keep the optimizer; the final evaluation does not
+    final = json.loads((run_dir / "final.json").read_text())
+    assert final["memory/peak_rss_gib"] >= max(final["memory/train_peak_rss_gib"], final["memory/eval_peak_rss_gib"])
+    assert final["memory/train_peak_rss_gib"] > 0 and final["memory/estimate_gib"] > 0
