@@ -9,11 +9,19 @@
 #   bash scripts/qa_table.sh checkpoint NAME RUN_DIR [scaffold|noscaffold]   # a trained run
 #   bash scripts/qa_table.sh model NAME MODEL_DIR CONFIG_YAML   # a saved model (the SFT) with a config's env_kwargs
 #   bash scripts/qa_table.sh table                # runs/qa_table/table.md
+#
+# QA_ROWS=100 evaluates the first 100 held-out rows of each set instead of all of them (0: all);
+# QA_TABLE_OUT puts the outputs elsewhere (default runs/qa_table); QA_CONDITIONS picks the baselines
+# (default: naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold); QA_SPEC the table's spec.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv-vllm/bin/python}
 DATA=${SHARED_DATA:-../shared/data}
-OUT=runs/qa_table
+OUT=${QA_TABLE_OUT:-runs/qa_table}
+ROWS=${QA_ROWS:-0}
+TASKS=$([[ "$ROWS" == 0 ]] && echo 100000 || echo "$ROWS")
+read -r -a CONDITIONS <<< "${QA_CONDITIONS:-naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold}"
+SPEC=${QA_SPEC:-benchmarks/analysis/tables/smollm2_qa.yaml}
 mkdir -p "$OUT"
 declare -A ENV_ID=([hotpotqa]=AgentR1/HotpotQA-v0 [2wikimultihopqa]=AgentR1/2WikiMultiHopQA-v0 [musique]=AgentR1/MuSiQue-v0)
 
@@ -23,9 +31,9 @@ rows_kwargs() {  # the held-out rows of $1 and its own corpus
 
 case "${1:-}" in
 baselines)
-    [[ -f "$OUT/baselines/results.json" ]] && [[ $(grep -c '"condition"' "$OUT/baselines/results.json") -ge 9 ]] \
-        || "$PY" benchmarks/experiments/smollm_baselines.py --backend vllm --rows 0 --rows-dir runs/qa_split \
-            --conditions naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold --out "$OUT/baselines"
+    [[ -f "$OUT/baselines/results.json" ]] && [[ $(grep -c '"condition"' "$OUT/baselines/results.json") -ge $((3 * ${#CONDITIONS[@]})) ]] \
+        || "$PY" benchmarks/experiments/smollm_baselines.py --backend vllm --rows "$ROWS" --rows-dir runs/qa_split \
+            --conditions "${CONDITIONS[@]}" --out "$OUT/baselines"
     ;;
 checkpoint)
     name=$2; run=$3; mode=${4:-scaffold}
@@ -33,7 +41,7 @@ checkpoint)
     for ds in hotpotqa 2wikimultihopqa musique; do
         dir="$OUT/$name/$ds"
         [[ -f "$dir/trajectories.jsonl" ]] && continue
-        "$PY" trainers/evaluate.py --checkpoint "$run" --env "${ENV_ID[$ds]}" --backend vllm --tasks 100000 \
+        "$PY" trainers/evaluate.py --checkpoint "$run" --env "${ENV_ID[$ds]}" --backend vllm --tasks "$TASKS" \
             --env-kwargs "{$(rows_kwargs "$ds")$extra}" --out "$dir"
     done
     ;;
@@ -44,12 +52,12 @@ model)
         [[ -f "$dir/trajectories.jsonl" ]] && continue
         kw=$("$PY" -c "import sys, yaml, json; d = yaml.safe_load(open(sys.argv[1])); \
 d = d.get('env_kwargs') or (d.get('rollout') or {}).get('env_kwargs') or d; d.update(data_path='runs/qa_split/$ds''_heldout.jsonl', corpus_path='$DATA/$ds/corpus.jsonl'); print(json.dumps(d))" "$kwargs_file")
-        "$PY" trainers/evaluate.py --model "$model" --env "${ENV_ID[$ds]}" --backend vllm --tasks 100000 \
+        "$PY" trainers/evaluate.py --model "$model" --env "${ENV_ID[$ds]}" --backend vllm --tasks "$TASKS" \
             --max-turn-tokens 48 --env-kwargs "$kw" --out "$dir"
     done
     ;;
 table)
-    "$PY" benchmarks/analysis/qa_table.py --spec benchmarks/analysis/tables/smollm2_qa.yaml --out "$OUT"
+    "$PY" benchmarks/analysis/qa_table.py --spec "$SPEC" --out "$OUT"
     ;;
 *)
     sed -n '2,12p' "$0"; exit 2

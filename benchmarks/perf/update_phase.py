@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--groups", type=int, default=None, help="groups in the batch (default: the config's tasks_per_iter)"
     )
+    p.add_argument("--sides", default="plain,share_prefix", help="which of plain,share_prefix to run (comma-separated)")
+    p.add_argument(
+        "--with-engine",
+        action="store_true",
+        help="keep the config's rollout backend, so a vLLM engine starts in the process as in a real run",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "update_phase.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args(argv)
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(
         args.config,
-        [*args.overrides, "rollout.backend=hf", "run.tensorboard=false", "run.progress_bar=false"],
+        [*args.overrides, *([] if args.with_engine else ["rollout.backend=hf"]), "run.tensorboard=false"]
+        + ["run.progress_bar=false", "eval.tasks=1"],
     )
     cfg.run.run_dir = str(ROOT / "runs" / "bench_update_phase")
     cfg.run.overwrite = True
@@ -135,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name[share]}: {out['total_s']:.1f} s (update {out['time/update_s']:.1f} s)", flush=True)
             return out
 
-        sides = (False, True)
         name = {False: "plain", True: "share_prefix"}
+        sides = tuple(s for s in (False, True) if name[s] in args.sides.split(","))
         for s in sides:  # warm-up: oneDNN's first call of each shape builds its kernels
             phase(s)
         runs: dict[bool, list[dict[str, float]]] = {s: [] for s in sides}
@@ -151,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("total_s", "time/score_s", "time/advantages_s", "time/update_s", "time/optimizer_s")
     result = {
         "config": args.config,
+        "with_engine": args.with_engine,
+        "trajectories": args.trajectories,
         "overrides": args.overrides,
         "rows": len(batch),
         "groups": int(batch.group_ids.max()) + 1,
@@ -163,11 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens_per_microbatch": budget,
         "ppo_epochs": cfg.algorithm.ppo_epochs,
         "positions_per_epoch": {name[s]: positions(batch, budget, s) for s in sides},
+        "microbatches_per_epoch": {
+            name[s]: sum(
+                len(scale.microbatches(batch.select(idx), budget, "token-mean", s))
+                for idx in torch.arange(len(batch)).split(cfg.algorithm.minibatch_size)
+            )
+            for s in sides
+        },
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "load_avg_1m": loads,
         "seconds": {name[s]: {k: spread([r[k] for r in runs[s]]) for k in keys} for s in sides},
-        "ratio_plain_over_shared": spread([a["total_s"] / b["total_s"] for a, b in zip(runs[False], runs[True])]),
+        "ratio_plain_over_shared": (
+            spread([a["total_s"] / b["total_s"] for a, b in zip(runs[False], runs[True])]) if len(sides) == 2 else None
+        ),
         "skipped_updates": {name[s]: sum(r["update_skipped"] for r in runs[s]) for s in sides},
     }
     print(json.dumps(result, indent=2))
