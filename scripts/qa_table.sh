@@ -60,6 +60,6 @@ table)
     "$PY" benchmarks/analysis/qa_table.py --spec "$SPEC" --out "$OUT"
     ;;
 *)
-    sed -n '2,12p' "$0"; exit 2
+    sed -n '2,15p' "$0"; exit 2
     ;;
 esac
