@@ -70,9 +70,18 @@ class JudgeServer:
                     srv.in_flight += 1
                     srv.peak = max(srv.peak, srv.in_flight)
                     srv.prompts.append(body["messages"][-1]["content"])
+                self._counted = True
                 try:
                     self._answer(mode, body)
                 finally:
+                    self._done()
+
+            def _done(self):
+                # Out of flight before the reply's first byte: once the client has read a reply it
+                # may send its next request while this thread is still returning, and counting that
+                # moment as both in flight overstated the peak (3 for a bound of 2).
+                if self._counted:
+                    self._counted = False
                     with lock:
                         srv.in_flight -= 1
 
@@ -94,6 +103,7 @@ class JudgeServer:
                 self._send(200, _completion("Yes." if ok else "No."))
 
             def _send(self, code, data):
+                self._done()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
