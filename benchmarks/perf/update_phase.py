@@ -71,10 +71,20 @@ def build(groups: list[list[dict]], pad_id: int) -> RolloutBatch:
     return RolloutBatch(ids, attn, mask, rewards, torch.zeros(mask.shape), gids)
 
 
-def positions(batch: RolloutBatch, max_tokens: int | None, share: bool) -> int:
-    """Token positions the update's forwards run over one epoch (padding included; a shared prefix once)."""
+def epoch_microbatches(batch: RolloutBatch, max_tokens: int | None, share: bool, minibatch_size: int) -> list:
+    """The micro-batches of one epoch: the batch cut into minibatches of ``minibatch_size`` rows in
+    order (the trainer shuffles them; the cut is what counts here), each split by the token budget."""
+    return [
+        mb
+        for idx in torch.arange(len(batch)).split(minibatch_size)
+        for mb, _ in scale.microbatches(batch.select(idx), max_tokens, "token-mean", share)
+    ]
+
+
+def positions(microbatches: list, share: bool) -> int:
+    """Token positions the forwards over ``microbatches`` run (padding included; a shared prefix once)."""
     n = 0
-    for mb, _ in scale.microbatches(batch, max_tokens, "token-mean", share):
+    for mb in microbatches:
         p = shared_prefix_len(mb.input_ids, mb.attention_mask) if share else 0
         p = p if p >= MIN_SHARED_PREFIX else 0
         n += mb.input_ids.numel() - (len(mb) - 1) * p
@@ -155,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         tr.cleanup()
 
+    epoch = {s: epoch_microbatches(batch, budget, s, cfg.algorithm.minibatch_size) for s in sides}
     keys = ("total_s", "time/score_s", "time/advantages_s", "time/update_s", "time/optimizer_s")
     result = {
         "config": args.config,
@@ -171,14 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "max_tokens_per_microbatch": budget,
         "ppo_epochs": cfg.algorithm.ppo_epochs,
-        "positions_per_epoch": {name[s]: positions(batch, budget, s) for s in sides},
-        "microbatches_per_epoch": {
-            name[s]: sum(
-                len(scale.microbatches(batch.select(idx), budget, "token-mean", s))
-                for idx in torch.arange(len(batch)).split(cfg.algorithm.minibatch_size)
-            )
-            for s in sides
-        },
+        "positions_per_epoch": {name[s]: positions(epoch[s], s) for s in sides},
+        "microbatches_per_epoch": {name[s]: len(epoch[s]) for s in sides},
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "load_avg_1m": loads,
