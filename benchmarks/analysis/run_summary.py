@@ -25,8 +25,11 @@ METRICS = (
     "reward/supporting_hit",
     "adv/zero_std_group_frac",
     "rollout/agent_tokens_mean",
+    "overlong/penalized_frac",
+    "value/explained_var",
     "time/iteration_s",
 )
+"""Metrics averaged per window; one a run does not log (a critic's without PPO) is None there."""
 
 
 def summarize_run(run_dir: Path, window: int, turn_limit: int | None) -> dict:
