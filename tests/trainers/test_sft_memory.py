@@ -60,9 +60,17 @@ def test_the_final_evaluation_runs_without_the_optimizer_and_gradients(tmp_path,
     evaluation during training runs without gradients too. The run's record says its whole peak."""
     import gc
     import json
+    import weakref
 
     from trainers import sources
     from trainers.train_sft import main
+
+    made = []  # weak references to the optimizers this run constructs (not other tests' in this process)
+    real_init = torch.optim.AdamW.__init__
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
 
     seen = []
     real = sources.evaluate_greedy
@@ -70,15 +78,10 @@ def test_the_final_evaluation_runs_without_the_optimizer_and_gradients(tmp_path,
     def spy(*args, **kwargs):
         gc.collect()
         model = args[2].model
-        mine = {id(p) for p in model.parameters()}  # other tests' optimizers may live in this process
-        adam = [
-            o
-            for o in gc.get_objects()
-            if isinstance(o, torch.optim.AdamW) and any(id(q) in mine for g in o.param_groups for q in g["params"])
-        ]
-        seen.append((len(adam), sum(p.grad is not None for p in model.parameters())))
+        seen.append((sum(r() is not None for r in made), sum(p.grad is not None for p in model.parameters())))
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", recording_init)
     monkeypatch.setattr(sources, "evaluate_greedy", spy)
     run_dir = tmp_path / "sft"
     args = [f"env_id={ENV}", "model.name=tiny", f"run_dir={run_dir}", "steps=2", "batch_size=2", "num_demos=4"]
