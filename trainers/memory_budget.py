@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -310,3 +311,15 @@ def peak_rss_gib() -> float:
         return 0.0
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return kib / 2**20
+
+
+def rss_gib() -> float | None:
+    """This process's resident memory now, GiB (``/proc/self/statm``; None where it is missing).
+    Beside ``peak_rss_gib``, which only rises, it tells a leak (what stays resident after each
+    iteration grows) from a peak that rises with the largest micro-batch yet seen."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):  # not Linux
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30

@@ -151,6 +151,15 @@ def trim(mb: Any) -> Any:
     return type(mb)(**kw)
 
 
+def forward_positions(mb: Any, share_prefix: bool) -> int:
+    """The positions a forward over micro-batch ``mb`` runs (padding included): ``B x T``, or with
+    ``share_prefix`` and a shared prefix of ``n >= MIN_SHARED_PREFIX`` tokens ``n + B x (T - n)``
+    (``decoder_hidden``). The activations a training forward keeps grow with it."""
+    b, t = mb.input_ids.shape
+    n = shared_prefix_len(mb.input_ids, mb.attention_mask) if share_prefix else 0
+    return n + b * (t - n) if n >= MIN_SHARED_PREFIX else b * t
+
+
 def combine_metrics(parts: list[tuple[dict[str, Any], float]]) -> dict[str, float]:
     """A minibatch's metrics from its micro-batches': the weighted sum (a token or row mean under
     the aggregation's weights), except ``*_max`` keys, which take the maximum."""

@@ -47,7 +47,14 @@ from trainers.checkpoint import CheckpointError, load_latest_checkpoint, save_ch
 from trainers.config import TrainConfig, to_dict
 from trainers.gc_stats import GcStats
 from trainers.logger import NullLogger, RunLogger, claim_run_dir
-from trainers.memory_budget import MemoryBudgetError, MemoryBudgetWarning, check_fits, peak_rss_gib, rl_step_estimate
+from trainers.memory_budget import (
+    MemoryBudgetError,
+    MemoryBudgetWarning,
+    check_fits,
+    peak_rss_gib,
+    rl_step_estimate,
+    rss_gib,
+)
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
 from trainers.phases import PhaseTimes
@@ -569,7 +576,8 @@ class Trainer:
             self.critic.train()
         g = torch.Generator().manual_seed(derive_seed(cfg.run.seed, it, 1))
         sums: dict[str, float] = {}
-        count, tokens, padded = 0, 0.0, 0.0
+        count, tokens, padded, widest = 0, 0.0, 0.0, 0
+        share = cfg.scale.share_prefix and not cfg.scale.gradient_checkpointing  # decoder_hidden's condition
         for _ in range(cfg.algorithm.ppo_epochs):
             for idx in self.shuffled(batch, g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)
@@ -585,6 +593,7 @@ class Trainer:
                 m["perf/microbatches"] = len(micro)
                 tokens += sum(float(mb.attention_mask.sum()) for mb, _ in micro)
                 padded += sum(float(mb.input_ids.numel()) for mb, _ in micro)
+                widest = max([widest] + [scale.forward_positions(mb, share) for mb, _ in micro])
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
@@ -593,6 +602,7 @@ class Trainer:
             "update/skipped": 0.0,
             "perf/update_tokens": tokens,
             "perf/update_padding_frac": 1.0 - tokens / padded if padded else 0.0,
+            "perf/max_microbatch_positions": float(widest),
         }
 
     def microbatches(self, batch: RolloutBatch, idx: torch.Tensor) -> list[tuple[RolloutBatch, float]]:
@@ -751,6 +761,7 @@ class Trainer:
             "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
             "memory/peak_rss_gib": peak_rss_gib(),
+            **({"memory/rss_gib": rss} if (rss := rss_gib()) is not None else {}),
             **({"memory/estimate_gib": self.memory_estimate} if self.memory_estimate is not None else {}),
         }
 

@@ -3,6 +3,9 @@ with the estimate and the keys to change; the estimate follows the memory keys."
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from trainers.compose import build_trainer
@@ -107,3 +110,20 @@ def test_a_shared_prompt_adds_the_keys_and_values_its_rows_keep():
     c = model.config
     assert shared[key] == pytest.approx(3 * 1020 * c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30)
     assert shared["total"] == pytest.approx(plain["total"] + shared[key])
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="/proc is Linux's")
+def test_rss_gib_is_the_resident_memory_now_and_falls_back():
+    """``memory/rss_gib``: what is resident now (psutil agrees), up by what a buffer touches and down
+    when it is freed, unlike the peak."""
+    import psutil
+
+    from trainers.memory_budget import peak_rss_gib, rss_gib
+
+    before = rss_gib()
+    assert before == pytest.approx(psutil.Process().memory_info().rss / 2**30, abs=0.05)
+    buf = np.ones(256 * 2**20 // 8)  # 256 MiB, every page written
+    held = rss_gib()
+    assert held - before == pytest.approx(0.25, abs=0.05)
+    del buf
+    assert rss_gib() < held - 0.2 and peak_rss_gib() >= held - 0.01

@@ -6,6 +6,7 @@ micro-batches hold one group each; the update equals the plain one when the mini
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -119,6 +120,14 @@ def test_the_critic_shares_the_prefix_too():
     torch.testing.assert_close(shared[m], plain[m], atol=1e-5, rtol=1e-5)
 
 
+def test_forward_positions_count_a_shared_prefix_once():
+    ids, attn, _ = _group(b=4, prefix=48, rest=30)  # 78 positions a row
+    assert scale.forward_positions(SimpleNamespace(input_ids=ids, attention_mask=attn), False) == 4 * 78
+    assert scale.forward_positions(SimpleNamespace(input_ids=ids, attention_mask=attn), True) == 48 + 4 * 30
+    ids, attn, _ = _group(b=4, prefix=MIN_SHARED_PREFIX - 1, rest=30)  # too short to share: the plain forward
+    assert scale.forward_positions(SimpleNamespace(input_ids=ids, attention_mask=attn), True) == 4 * ids.shape[1]
+
+
 def test_pack_by_prefix():
     # rows 0-3 group 7 (prefix 100), rows 4-5 group 9 (prefix 50); lengths as given
     lengths, gids = [300, 250, 280, 200, 120, 90], [7, 7, 7, 7, 9, 9]
@@ -197,3 +206,11 @@ def test_grpo_update_with_a_shared_prefix_equals_the_plain_update(tmp_path, sft_
     assert len(groups) == 4 and all(len(g) == 1 for g in groups)  # one group each
     assert sum(w for _, w in micro1[0]) == pytest.approx(1.0)
     assert seen and max(seen) >= MIN_SHARED_PREFIX, seen  # the groups' prompts were shared
+    # the largest forward, by hand: rows x length plain; the prompt once, then each row's rest, shared
+    widest_plain = max(mb.input_ids.numel() for mb, _ in micro0[0])
+    widest_shared = max(
+        (n := real(mb.input_ids, mb.attention_mask)) + mb.input_ids.shape[0] * (mb.input_ids.shape[1] - n)
+        for mb, _ in micro1[0]
+    )
+    assert row0["perf/max_microbatch_positions"] == widest_plain
+    assert row1["perf/max_microbatch_positions"] == widest_shared < widest_plain
