@@ -196,26 +196,21 @@ class ToolEnv(gym.Env):
         tool_record: str | None = None,
         tool_replay: str | None = None,
     ):
-        if answer_source not in ANSWER_SOURCES:
-            raise ValueError(
-                f"answer_source must be one of {ANSWER_SOURCES}, got {answer_source!r}: 'tags' scores "
-                "only <answer>...</answer>; 'text' also reads the short answer a reply without tags "
-                "gives; 'reply' takes the whole reply as the answer"
-            )
         if max_calls_per_turn is None:
             max_calls_per_turn = max_tool_calls
-        for name, v in (
-            ("max_turns", max_turns),
-            ("max_context_tokens", max_context_tokens),
-            ("max_tool_calls", max_tool_calls),
-            ("max_invalid_calls", max_invalid_calls),
-            ("max_calls_per_turn", max_calls_per_turn),
-            ("max_tool_output_chars", max_tool_output_chars),
-        ):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        _check_settings(
+            type(self),
+            dict(
+                answer_source=answer_source,
+                max_turns=max_turns,
+                max_context_tokens=max_context_tokens,
+                max_tool_calls=max_tool_calls,
+                max_invalid_calls=max_invalid_calls,
+                max_calls_per_turn=max_calls_per_turn,
+                max_tool_output_chars=max_tool_output_chars,
+                render_mode=render_mode,
+            ),
+        )
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
@@ -894,6 +889,66 @@ class _Turn:
     truncated: bool = False
     reason: str | None = None
     extracted: bool = False  # the answer came from untagged_answer, not from answer tags
+
+
+_LIMITS = (
+    "max_turns",
+    "max_context_tokens",
+    "max_tool_calls",
+    "max_invalid_calls",
+    "max_calls_per_turn",
+    "max_tool_output_chars",
+)
+
+
+def _check_settings(env_cls: type, settings: dict[str, Any]) -> None:
+    """``ToolEnv``'s checks of its own settings, on those present in ``settings``: the limits are
+    positive integers, ``answer_source``, ``render_mode`` and ``tool_format`` are known ones."""
+    for name in _LIMITS:
+        v = settings.get(name)
+        if name in settings and (v is not None or name != "max_calls_per_turn"):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if "answer_source" in settings and settings["answer_source"] not in ANSWER_SOURCES:
+        raise ValueError(
+            f"answer_source must be one of {ANSWER_SOURCES}, got {settings['answer_source']!r}: 'tags' scores "
+            "only <answer>...</answer>; 'text' also reads the short answer a reply without tags "
+            "gives; 'reply' takes the whole reply as the answer"
+        )
+    modes = env_cls.metadata["render_modes"]
+    if settings.get("render_mode") is not None and settings["render_mode"] not in modes:
+        raise ValueError(f"render_mode must be None or one of {modes}, got {settings['render_mode']!r}")
+    if "tool_format" in settings:
+        get_format(settings["tool_format"])  # raises naming the valid formats
+
+
+def check_env_kwargs(env_cls: type, kwargs: dict[str, Any]) -> None:
+    """Refuse, before an env subclass reads any data, what ``ToolEnv.__init__`` would refuse only
+    after it: a keyword argument neither the subclass nor ``ToolEnv`` takes (``TypeError`` naming
+    the nearest valid name and all of them) and a bad value of a ``ToolEnv`` setting
+    (``_check_settings``). ``kwargs``: what the subclass passes on to ``ToolEnv``, with the
+    ``ToolEnv`` settings it names itself (``max_turns``, ``tool_format``, ...)."""
+    import difflib  # deferred: only where a subclass checks its kwargs
+
+    def params(fn: Any) -> set[str]:
+        return {
+            n
+            for n, p in inspect.signature(fn).parameters.items()
+            if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+
+    base = params(ToolEnv.__init__) - {"tools"}
+    own = set().union(*(params(c.__init__) for c in env_cls.__mro__ if "__init__" in vars(c) and c is not ToolEnv))
+    valid = sorted(base | own - {"tools"})
+    unknown = [k for k in kwargs if k not in base]
+    if unknown:
+        k = unknown[0]
+        near = difflib.get_close_matches(k, valid, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise TypeError(
+            f"{env_cls.__name__} got an unknown keyword argument {k!r}{hint}. Valid arguments: {', '.join(valid)}"
+        )
+    _check_settings(env_cls, kwargs)
 
 
 def call_signature(name: Any, arguments: Any) -> str:

@@ -110,7 +110,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_gym.cli_errors import UserError
-from agent_gym.env import ToolEnv
+from agent_gym.env import ToolEnv, check_env_kwargs
 from agent_gym.sandbox import PythonTool, SandboxLimits, SandboxResult, check_available, run_python
 from envs import code_harness
 
@@ -669,6 +669,7 @@ class CodeEnv(ToolEnv):
         rewards: Any = None,
         **kwargs: Any,
     ):
+        check_env_kwargs(type(self), {**kwargs, "max_turns": max_turns, "max_context_tokens": max_context_tokens})
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         self.data_path, self.split = data_path, split

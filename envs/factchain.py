@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from agent_gym.env import ToolEnv
+from agent_gym.env import ToolEnv, check_env_kwargs
 from agent_gym.formats import CallOutcome, HermesFormat, ToolCallFormat
 from agent_gym.scoring import exact_match
 from agent_gym.tools import Tool, ToolResult
@@ -153,6 +153,11 @@ class FactChainEnv(ToolEnv):
         exclude_train_tasks: int = 0,
         **kwargs: Any,
     ):
+        limits = {
+            "max_context_tokens": max_context_tokens,
+            **({"max_turns": max_turns} if max_turns is not None else {}),
+        }
+        check_env_kwargs(type(self), {**kwargs, **limits})
         if not 1 <= num_relations <= len(RELATIONS):
             raise ValueError(f"num_relations must be in 1..{len(RELATIONS)}, got {num_relations}")
         for name, v in (

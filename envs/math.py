@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from agent_gym.cli_errors import UserError
-from agent_gym.env import ToolEnv
+from agent_gym.env import ToolEnv, check_env_kwargs
 from agent_gym.math_answer import DEFAULT_TIMEOUT_S, check_answer, extract_answer, last_boxed, normalize
 from agent_gym.math_answer import check_available as check_math_verify_available
 from agent_gym.sandbox import PythonTool, check_available
@@ -325,6 +325,7 @@ class MathEnv(ToolEnv):
         rewards: Any = None,
         **kwargs: Any,
     ):
+        check_env_kwargs(type(self), {**kwargs, "max_turns": max_turns, "max_context_tokens": max_context_tokens})
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         if not isinstance(num_tasks, int) or isinstance(num_tasks, bool) or num_tasks <= 0:

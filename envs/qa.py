@@ -110,7 +110,7 @@ from agent_gym.datasets.base import (
     resolve_data_file,
     string_list,
 )
-from agent_gym.env import RewardConfig, ToolEnv
+from agent_gym.env import RewardConfig, ToolEnv, check_env_kwargs
 from agent_gym.formats import CallOutcome
 from agent_gym.judge import Judge, JudgeConfig, get_judge
 from agent_gym.retrievers import RETRIEVERS, Passage, Retriever, make_retriever
@@ -211,6 +211,10 @@ class MultiHopQAEnv(ToolEnv):
         if self.dataset not in DATASETS:
             raise TypeError(f"{type(self).__name__} must set `dataset` to one of {sorted(DATASETS)}")
         # Cheap checks first, so a bad argument fails before any data is read.
+        check_env_kwargs(
+            type(self),
+            {**kwargs, "tool_format": tool_format, "max_turns": max_turns, "max_context_tokens": max_context_tokens},
+        )
         self.topk = _positive_int("topk", topk)
         self.max_result_tokens = _positive_int("max_result_tokens", max_result_tokens)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
