@@ -784,10 +784,65 @@ def load_config(
             raise ConfigError(f"{p}: the top level must be a mapping of config keys")
         data = merge(data, loaded, shorthand(cls))
         source = str(p)
-    data = merge(data, parse_overrides(overrides or []), shorthand(cls))
+    data = merge(data, nested_overrides(data, parse_overrides(overrides or []), cls), shorthand(cls))
     if plugins:
         data["plugins"] = list(dict.fromkeys([*(data.get("plugins") or []), *plugins]))
     return from_dict(data, source, cls)
+
+
+def _mapping_fields(section: type) -> set[str]:
+    """The fields of a section whose type is a mapping (``dict[...]`` or ``dict[...] | None``)."""
+    hints = typing.get_type_hints(section)
+    out = set()
+    for f in dataclasses.fields(section):
+        tp = hints[f.name]
+        args = (
+            typing.get_args(tp)
+            if typing.get_origin(tp) is typing.Union or str(typing.get_origin(tp)) == "types.UnionType"
+            else (tp,)
+        )
+        if any(typing.get_origin(a) is dict or a is dict for a in args):
+            out.add(f.name)
+    return out
+
+
+def nested_overrides(data: dict[str, Any], over: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``section.field.key[.key...]=value`` overrides of a mapping field (``rollout.env_kwargs.topk=5``,
+    ``eval.sets.heldout.limit=50``, ``rollout.vllm_kwargs.max_model_len=4096``) as one
+    ``section.field`` override: the field's mapping so far (from ``data``, an earlier override, or its
+    default) with that key set, the rest kept. Other keys pass through unchanged."""
+    sections = section_types(cls)
+    out: dict[str, Any] = {}
+    for key, value in over.items():
+        parts = key.split(".") if isinstance(key, str) else []
+        if len(parts) < 3 or parts[0] not in sections or parts[1] not in _mapping_fields(sections[parts[0]]):
+            out[key] = value
+            continue
+        sec, name, path = parts[0], parts[1], parts[2:]
+        dotted = f"{sec}.{name}"
+        if dotted in out:
+            current = out[dotted]
+        elif dotted in data:
+            current = data[dotted]
+        elif isinstance(data.get(sec), dict) and name in data[sec]:
+            current = data[sec][name]
+        else:
+            f = {f.name: f for f in dataclasses.fields(sections[sec])}[name]
+            current = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        mapping = copy.deepcopy(current) if current is not None else {}
+        node = mapping
+        for i, part in enumerate(path[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                where = ".".join([sec, name, *path[: i + 1]])
+                shown = repr(nxt) if len(repr(nxt)) <= 60 else repr(nxt)[:57] + "..."
+                raise ConfigError(
+                    f"override {key!r}: {where} is {shown}, not a mapping, so it has no key {path[i + 1]!r}"
+                )
+            node = nxt
+        node[path[-1]] = value
+        out[dotted] = mapping
+    return out
 
 
 def shorthand(cls: type) -> dict[str, str]:

@@ -77,6 +77,36 @@ def test_overrides_parse_as_yaml_and_algo_sets_estimator():
     assert load_config(None, [*ENV, "algorithm.algo=ppo"]).algorithm.uses_critic
 
 
+def test_a_dotted_override_sets_one_key_of_a_mapping_and_keeps_the_rest(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "rollout: {env_id: AgentR1/FactChain-v0, env_kwargs: {num_hops: 2, rewards: {extra: {hop: 0.2}, format: 0.1}}}\n"
+        "eval: {sets: {heldout: {split: test}}}\n"
+    )
+    cfg = load_config(
+        f,
+        [
+            "rollout.env_kwargs.num_hops=3",
+            "rollout.env_kwargs.rewards.extra.hop=0.5",
+            "eval.sets.heldout.exclude_train_tasks=64",
+            "eval.sets.fresh.kb_seed=1000",  # a new set
+            "rollout.vllm_kwargs.max_model_len=4096",  # from the field's default ({})
+        ],
+    )
+    assert cfg.rollout.env_kwargs == {"num_hops": 3, "rewards": {"extra": {"hop": 0.5}, "format": 0.1}}
+    assert cfg.eval.sets == {"heldout": {"split": "test", "exclude_train_tasks": 64}, "fresh": {"kb_seed": 1000}}
+    assert cfg.rollout.vllm_kwargs == {"max_model_len": 4096}
+    # after a whole-mapping override, a dotted one sets its key on that mapping; the file is not read again
+    cfg = load_config(f, ["rollout.env_kwargs={num_hops: 4}", "rollout.env_kwargs.kb_seed=7"])
+    assert cfg.rollout.env_kwargs == {"num_hops": 4, "kb_seed": 7}
+    with pytest.raises(ConfigError, match=r"rollout\.env_kwargs\.num_hops is 2, not a mapping, so it has no key 'x'"):
+        load_config(f, ["rollout.env_kwargs.num_hops.x=1"])
+    with pytest.raises(
+        ConfigError, match=r"unknown config key\(s\) 'algorithm\.lr\.x' \(did you mean 'algorithm\.lr'\?\)"
+    ):
+        load_config(f, ["algorithm.lr.x=1"])  # not a mapping field: the unknown-key error, as before
+
+
 @pytest.mark.parametrize("cls", [TrainConfig, SFTConfig])
 def test_a_model_name_override_keeps_the_rest_of_the_model_section(tmp_path, cls):
     # model=PATH (the flat spelling of model.name) names the model; the file's dtype and device
