@@ -30,6 +30,7 @@ from agent_gym.factory import EnvFactory
 from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
 from trainers.logger import RunLogger, claim_run_dir
 from trainers.memory_budget import check_fits, host_step_estimate, peak_rss_gib
+from trainers.stop_signals import GracefulStop
 
 if TYPE_CHECKING:  # torch loads with the functions that use it: checking an SFTConfig does not import it
     import torch
@@ -265,24 +266,35 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     t0 = time.perf_counter()
-    for step in range(cfg.steps):
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        batch = [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)]
-        loss = episodes_backward(model, batch, pad_id, cfg.scale, cfg.model.device)
-        opt.step()
-        metrics = {
-            "sft/loss": loss,
-            "memory/peak_rss_gib": peak_rss_gib(),
-            "memory/estimate_gib": estimate["total"],
-            "sft/lr": sched.get_last_lr()[0],
-            "time/elapsed_min": (time.perf_counter() - t0) / 60,
-        }
-        sched.step()
-        if cfg.eval.every and step % cfg.eval.every == 0:
-            metrics.update(evaluate())
-            print(f"step {step}: loss {loss:.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
-        logger.log(step, metrics)
+    stop = GracefulStop("finishing this step, then the final evaluation, and saving the model").install()
+    steps_done = 0
+    try:
+        for step in range(cfg.steps):
+            if stop.requested:
+                break
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            batch = [demos[i] for i in rng.choice(len(demos), size=cfg.batch_size)]
+            loss = episodes_backward(model, batch, pad_id, cfg.scale, cfg.model.device)
+            opt.step()
+            metrics = {
+                "sft/loss": loss,
+                "memory/peak_rss_gib": peak_rss_gib(),
+                "memory/estimate_gib": estimate["total"],
+                "sft/lr": sched.get_last_lr()[0],
+                "time/elapsed_min": (time.perf_counter() - t0) / 60,
+            }
+            sched.step()
+            if cfg.eval.every and step % cfg.eval.every == 0:
+                metrics.update(evaluate())
+                print(f"step {step}: loss {loss:.3f} eval success {metrics['eval/success_rate']:.3f}", flush=True)
+            logger.log(step, metrics)
+            steps_done = step + 1
+    finally:
+        stop.restore()  # a signal during the final evaluation and the saving quits at once, as before
+    if stop.requested and steps_done == 0:
+        logger.close()
+        raise KeyboardInterrupt("stopped before the first step: no model to save")
     train_peak = peak_rss_gib()
     # The optimizer's moments (twice the weights under full fine-tuning) are not needed past the
     # last step and are not saved: freed before the final evaluation, whose KV cache would otherwise
@@ -297,9 +309,10 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
             "memory/train_peak_rss_gib": train_peak,
             "memory/eval_peak_rss_gib": eval_peak,
             "memory/estimate_gib": estimate["total"],
+            "sft/steps_done": steps_done,  # below cfg.steps when stopped by Ctrl-C or SIGTERM
         }
     )
-    logger.log(cfg.steps, final)
+    logger.log(steps_done, final)
     (run_dir / "final.json").write_text(json.dumps(final, indent=2))
     logger.close()
     for envs in [eval_envs, *eval_sets.values()]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import signal
 import sys
 import time
 import warnings
@@ -60,6 +59,7 @@ from trainers.parallel import Parallelism
 from trainers.phases import PhaseTimes
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
 from trainers.sources import RolloutSource, derive_seed, episode_record, make_backend
+from trainers.stop_signals import GracefulStop
 
 
 class NonFiniteLossError(RuntimeError):
@@ -237,13 +237,9 @@ class Trainer:
         if self.resume:
             self._restore()
         self.t_start = time.perf_counter()
-        signal.signal(signal.SIGINT, self._on_sigint)
-
-    def _on_sigint(self, *_: Any) -> None:
-        if self._stop:  # a second Ctrl-C quits at once
-            raise KeyboardInterrupt
-        print("\nCtrl-C: finishing this iteration and saving a checkpoint (Ctrl-C again to quit now)")
-        self._stop = True
+        self._graceful = GracefulStop(
+            "finishing this iteration and saving a checkpoint", on_request=lambda: setattr(self, "_stop", True)
+        ).install()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -329,6 +325,8 @@ class Trainer:
             part = getattr(self, name, None)
             if part is not None:
                 part.close()
+        if getattr(self, "_graceful", None) is not None:
+            self._graceful.restore()
 
     # -- steps ---------------------------------------------------------------------------------
 
