@@ -25,6 +25,7 @@ from typing import Any, Callable
 import yaml
 
 import agent_gym
+from agent_gym.registration import unknown_env_argument
 from trainers.config import ConfigError, TrainConfig, agg_units_problem, from_dict
 from trainers.distributed import FSDP
 from trainers.multiagent import TeamRollout
@@ -107,7 +108,26 @@ def _script_message(s: Setting) -> str:
     )
 
 
+def _env_argument_problem(s: Setting) -> str | None:
+    """The first env keyword a built-in env does not take, in ``rollout.env_kwargs``, ``eval.env_kwargs``
+    or an ``eval.sets`` entry (``agent_gym.registration.unknown_env_argument``), named by its config key."""
+    cfg = s.cfg
+    places = [("rollout.env_kwargs", cfg.rollout.env_kwargs), ("eval.env_kwargs", cfg.eval.env_kwargs)]
+    places += [(f"eval.sets.{name}", kw) for name, kw in cfg.eval.sets.items()]
+    for key, kwargs in places:
+        why = unknown_env_argument(cfg.rollout.env_id, kwargs or {})
+        if why is not None:
+            return f"{key}: {why}"
+    return None
+
+
 REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        "env_arguments_taken",
+        ("rollout.env_kwargs", "eval.env_kwargs", "eval.sets", "rollout.env_id"),
+        lambda s: _env_argument_problem(s) is not None,
+        lambda s: f"{_env_argument_problem(s)} (refused before any model, engine or env is started)",
+    ),
     # the rollout section's keys among themselves
     Refusal(
         "recompute_needs_top_p_1",

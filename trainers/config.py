@@ -808,33 +808,40 @@ def _mapping_fields(section: type) -> set[str]:
 
 def nested_overrides(data: dict[str, Any], over: dict[str, Any], cls: type) -> dict[str, Any]:
     """``section.field.key[.key...]=value`` overrides of a mapping field (``rollout.env_kwargs.topk=5``,
-    ``eval.sets.heldout.limit=50``, ``rollout.vllm_kwargs.max_model_len=4096``) as one
-    ``section.field`` override: the field's mapping so far (from ``data``, an earlier override, or its
-    default) with that key set, the rest kept. Other keys pass through unchanged."""
+    ``eval.sets.heldout.limit=50``, ``rollout.vllm_kwargs.max_model_len=4096``; a plain mapping field
+    of ``cls`` likewise, SFT's ``env_kwargs.topk=5``) as one ``section.field`` override: the field's
+    mapping so far (from ``data``, an earlier override, or its default) with that key set, the rest
+    kept. Other keys pass through unchanged."""
     sections = section_types(cls)
+    plain = _mapping_fields(cls) - set(sections)
     out: dict[str, Any] = {}
     for key, value in over.items():
         parts = key.split(".") if isinstance(key, str) else []
-        if len(parts) < 3 or parts[0] not in sections or parts[1] not in _mapping_fields(sections[parts[0]]):
+        if len(parts) >= 3 and parts[0] in sections and parts[1] in _mapping_fields(sections[parts[0]]):
+            owner, sec, name, path = sections[parts[0]], parts[0], parts[1], parts[2:]
+            dotted = f"{sec}.{name}"
+            held = data.get(sec) if isinstance(data.get(sec), dict) else {}
+        elif len(parts) >= 2 and parts[0] in plain:
+            owner, sec, name, path = cls, None, parts[0], parts[1:]
+            dotted, held = name, data
+        else:
             out[key] = value
             continue
-        sec, name, path = parts[0], parts[1], parts[2:]
-        dotted = f"{sec}.{name}"
         if dotted in out:
             current = out[dotted]
         elif dotted in data:
             current = data[dotted]
-        elif isinstance(data.get(sec), dict) and name in data[sec]:
-            current = data[sec][name]
+        elif name in held:
+            current = held[name]
         else:
-            f = {f.name: f for f in dataclasses.fields(sections[sec])}[name]
+            f = {f.name: f for f in dataclasses.fields(owner)}[name]
             current = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         mapping = copy.deepcopy(current) if current is not None else {}
         node = mapping
         for i, part in enumerate(path[:-1]):
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                where = ".".join([sec, name, *path[: i + 1]])
+                where = ".".join([dotted, *path[: i + 1]])
                 shown = repr(nxt) if len(repr(nxt)) <= 60 else repr(nxt)[:57] + "..."
                 raise ConfigError(
                     f"override {key!r}: {where} is {shown}, not a mapping, so it has no key {path[i + 1]!r}"

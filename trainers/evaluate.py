@@ -47,6 +47,7 @@ import yaml
 import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.cli_errors import ArgumentParser, check_env_id, command, prog_name, yaml_message
 from agent_gym.factory import EnvFactory
+from agent_gym.registration import unknown_env_argument
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig, RolloutConfig, from_dict
 from trainers.eval_tasks import clamp_tasks
@@ -269,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--policy {args.policy} is scripted: --checkpoint and --decode apply to --policy model")
     if args.env is not None:
         check_env_id(args.env, "--env")  # before a model is loaded for it
+        if (why := unknown_env_argument(args.env, env_kwargs)) is not None:
+            ap.error(f"--env-kwargs: {why}")
     tasks = list(range(args.tasks))
     summary_extra: dict[str, Any] = {}
     if args.policy == "model":
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                 **env_kwargs,
             }
             env_id = env_id or cfg.rollout.env_id
+            if (why := unknown_env_argument(env_id, env_kwargs)) is not None:
+                ap.error(f"the run's env_kwargs with --env-kwargs and --eval-set: {why}")
             temperature = cfg.rollout.temperature if temperature is None else temperature
             max_turn = max_turn or cfg.rollout.max_turn_tokens
             summary_extra = {"checkpoint": str(ckpt), "checkpoint_algo": cfg.algorithm.algo, "eval_set": args.eval_set}

@@ -27,6 +27,7 @@ import yaml
 
 from agent_gym.episode import Episode
 from agent_gym.factory import EnvFactory
+from agent_gym.registration import unknown_env_argument
 from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
 from trainers.logger import RunLogger, claim_run_dir
 from trainers.memory_budget import check_fits, host_step_estimate, peak_rss_gib
@@ -211,6 +212,18 @@ def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTCo
     tokens = padded(worst)
     scored = int(sum(sum(longest[i].loss_mask) for i in worst))
     return host_step_estimate(model, tokens, scored, cfg.scale.gradient_checkpointing)
+
+
+def check_env_arguments(cfg: SFTConfig) -> None:
+    """``ConfigError`` naming the first key of ``env_kwargs``, ``eval.env_kwargs`` or an ``eval.sets``
+    entry that the built-in env does not take (``agent_gym.registration.unknown_env_argument``),
+    before any demonstration is made or model loaded."""
+    places = [("env_kwargs", cfg.env_kwargs), ("eval.env_kwargs", cfg.eval.env_kwargs)]
+    places += [(f"eval.sets.{name}", kw) for name, kw in cfg.eval.sets.items()]
+    for key, kwargs in places:
+        why = unknown_env_argument(cfg.env_id, kwargs or {})
+        if why is not None:
+            raise ConfigError(f"{key}: {why}")
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:

@@ -12,7 +12,7 @@ import yaml
 from agent_gym.cli_errors import SFT_ENV_KWARGS, ArgumentParser, command, config_yaml_message, prog_name, report
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, load_config
-from trainers.sft import SFTConfig, run_sft
+from trainers.sft import SFTConfig, check_env_arguments, run_sft
 
 
 @command(env_kwargs=SFT_ENV_KWARGS)  # without argv (the command line): one line and exit 2 on a bad input
@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     try:
         plugins.load(args.plugin, "--plugin")
         cfg = load_config(args.config, args.overrides, cls=SFTConfig, plugins=args.plugin)
+        check_env_arguments(cfg)
     except ConfigError as e:
         return report(str(e), 2)
     except yaml.YAMLError as e:  # the config file or an override's value

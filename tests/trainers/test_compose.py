@@ -19,6 +19,12 @@ SERVER = "http://127.0.0.1:8000"
 
 # row name -> (the config's sections, check()'s keyword arguments, torchrun's WORLD_SIZE, a needle of its message)
 TRIPS = {
+    "env_arguments_taken": (
+        {"eval": {"sets": {"heldout": {"split": "test", "num_hopz": 3}}}},
+        {},
+        None,
+        "eval.sets.heldout: AgentR1/FactChain-v0 takes no argument 'num_hopz' (did you mean 'num_hops'?)",
+    ),
     "recompute_needs_top_p_1": (
         {"rollout": {"recompute_logprobs": False, "top_p": 0.9}},
         {},

@@ -134,34 +134,31 @@ def test_missing_file(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_env_kwargs_are_arguments_of_the_env(path):
     """Without building the env (no data, no model): every env_kwargs key is a constructor
-    argument somewhere in the env class's hierarchy."""
-    import inspect
-
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    import agent_gym  # noqa: F401
+    argument somewhere in the env class's hierarchy (``agent_gym.registration.env_arguments``)."""
+    from agent_gym.registration import env_arguments
 
     first = path.read_text().splitlines()[0]
     cfg = load_config(path, cls=SFTConfig if "train_sft" in first else TrainConfig)
     env = cfg if isinstance(cfg, SFTConfig) else cfg.rollout  # SFT's env keys are its own, RL's the rollout's
-    multi = agent_gym.MULTIAGENT_IDS.get(env.env_id)
-    cls = load_env_creator(multi[0] if multi else gym.spec(env.env_id).entry_point)
-    klasses = list(cls.__mro__)
-    if multi:  # a multi-agent env passes the ToolEnv arguments it does not name on to every seat
-        from agent_gym.multiagent import SeatEnv
-
-        klasses += SeatEnv.__mro__
-    accepted = set()
-    for klass in klasses:
-        if "__init__" in vars(klass):
-            accepted |= set(inspect.signature(klass.__init__).parameters)
+    accepted = env_arguments(env.env_id)
+    assert accepted and {"max_turns", "max_context_tokens", "system_prompt"} <= accepted
     for key in {
         **env.env_kwargs,
         **cfg.eval.env_kwargs,
         **{k: v for kw in cfg.eval.sets.values() for k, v in kw.items()},
     }:
-        assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {cls.__name__}"
+        assert key in accepted, f"{path.name}: env argument {key!r} is not accepted by {env.env_id}"
+
+
+def test_a_run_whose_env_takes_no_such_argument_is_refused_before_it_starts(tmp_path, capsys):
+    from trainers import cli
+
+    run_dir = tmp_path / "run"
+    args = ["--config", "configs/factchain_grpo.yaml", f"run.run_dir={run_dir}", "rollout.env_kwargs.max_turnz=3"]
+    assert cli.main("grpo", args) == 2
+    err = capsys.readouterr().err
+    assert "rollout.env_kwargs: AgentR1/FactChain-v0 takes no argument 'max_turnz' (did you mean 'max_turns'?)" in err
+    assert not run_dir.exists()  # nothing was started or written
 
 
 @pytest.fixture
@@ -267,3 +264,22 @@ def test_a_taken_name_cannot_be_registered_again_differently(scratch_registratio
         algos.register_agg("token-mean")(lambda m, k: m)
     with pytest.raises(ValueError, match="KL kind 'k3' is already registered"):
         algos.register_kl("k3")(lambda d: d)
+
+
+def test_sft_and_evaluate_refuse_an_env_argument_the_env_does_not_take(tmp_path, capsys):
+    from trainers import evaluate, train_sft
+
+    run_dir = tmp_path / "sft"
+    assert (
+        train_sft.main(["--config", "configs/factchain_sft.yaml", f"run_dir={run_dir}", "env_kwargs.num_hopz=3"]) == 2
+    )
+    assert "env_kwargs: AgentR1/FactChain-v0 takes no argument 'num_hopz' (did you mean 'num_hops'?)" in (
+        capsys.readouterr().err
+    )
+    assert not run_dir.exists()
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--env", "AgentR1/FactChain-v0", "--policy", "oracle", "--env-kwargs", "{max_turnz: 3}"])
+    assert e.value.code == 2
+    assert "--env-kwargs: AgentR1/FactChain-v0 takes no argument 'max_turnz' (did you mean 'max_turns'?)" in (
+        capsys.readouterr().err
+    )
