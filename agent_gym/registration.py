@@ -112,7 +112,8 @@ __all__ = ["ENV_IDS", "MULTIAGENT_IDS", "make_multiagent", "register_env", "regi
 def env_arguments(env_id: str) -> set[str] | None:
     """The keyword arguments a built-in env id accepts, read from the signatures of its class
     hierarchy (and, for a multi-agent id, of the seats it passes the rest on to), without building
-    the env; None for an id that is not built in, whose ``**kwargs`` may be consumed anywhere."""
+    the env; None for an id that is not built in (whose ``**kwargs`` may be consumed anywhere) or
+    whose module cannot be imported."""
     from agent_gym.builtin_envs import BUILTIN_ENVS, BUILTIN_MULTIAGENT  # deferred: the table imports this module
 
     builtin = {**BUILTIN_ENVS, **BUILTIN_MULTIAGENT}
@@ -120,7 +121,10 @@ def env_arguments(env_id: str) -> set[str] | None:
         return None
     from gymnasium.envs.registration import load_env_creator
 
-    klasses = list(load_env_creator(builtin[env_id][0]).__mro__)
+    try:
+        klasses = list(load_env_creator(builtin[env_id][0]).__mro__)
+    except Exception:  # its module cannot be imported here (a missing extra): gym.make will say why
+        return None
     if env_id in BUILTIN_MULTIAGENT:  # a multi-agent env passes the ToolEnv arguments it does not name to every seat
         from agent_gym.multiagent import SeatEnv
 
