@@ -255,7 +255,8 @@ def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
     """What goes wrong in agent RL, per batch (docs/metrics.md, "Collapse monitors"): calls per
     episode, calls that repeat an earlier successful call of the same episode (same name and
     arguments), answers given without any successful call, episodes cut by a length limit, and
-    the agent's reply length per turn (mean and longest)."""
+    the agent's reply length per turn (mean and longest), and answers that are empty (an answer
+    tag with nothing in it: under a length penalty, the shortest reply a process reward still pays)."""
     n = len(eps)
     calls = repeats = 0
     no_call_answers = 0
@@ -277,6 +278,7 @@ def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
         "monitor/calls_per_episode": calls / n,
         "monitor/repeated_calls_per_episode": repeats / n,
         "monitor/answer_without_call_rate": no_call_answers / n,
+        "monitor/empty_answer_rate": sum(e.answered and not e.answer.strip() for e in eps) / n,
         "monitor/length_cut_rate": sum(e.truncation_reason in LENGTH_CUTS for e in eps) / n,
         "monitor/reply_tokens_mean": float(np.mean(replies)) if replies else 0.0,
         "monitor/reply_tokens_max": float(max(replies, default=0)),

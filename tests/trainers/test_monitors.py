@@ -47,6 +47,9 @@ def test_monitors_by_hand():
     assert m["monitor/calls_per_episode"] == (2 + 0 + 2 + 3) / 4
     assert m["monitor/repeated_calls_per_episode"] == (1 + 0 + 0 + 1) / 4
     assert m["monitor/answer_without_call_rate"] == 1 / 4
+    assert m["monitor/empty_answer_rate"] == 0.0
+    empty = summarize([*eps, _ep([[2, 4]], [[]], [[]], " ", None), _ep([[2, 4]], [[]], [[]], "", None)])
+    assert empty["monitor/empty_answer_rate"] == 2 / 6  # a blank answer counts; no answer (None) does not
     assert m["monitor/length_cut_rate"] == 2 / 4
     assert m["monitor/reply_tokens_mean"] == pytest.approx((4 + 5 + 2 + 3 + 8 + 0 + 1 + 1 + 1) / 9)
     assert m["monitor/reply_tokens_max"] == 8.0
