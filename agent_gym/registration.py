@@ -16,11 +16,9 @@ Each id also gets a ``vector_entry_point``: ``gym.make_vec(id, n)`` (or
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.util
-import inspect
 from typing import Any
 
 import gymnasium as gym
@@ -107,48 +105,3 @@ def make_multiagent(env_id: str, parallel: bool = False, **kwargs: Any):
 
 
 __all__ = ["ENV_IDS", "MULTIAGENT_IDS", "make_multiagent", "register_env", "register_multiagent"]
-
-
-def env_arguments(env_id: str) -> set[str] | None:
-    """The keyword arguments a built-in env id accepts, read from the signatures of its class
-    hierarchy (and, for a multi-agent id, of the seats it passes the rest on to), without building
-    the env; None for an id that is not built in (whose ``**kwargs`` may be consumed anywhere) or
-    whose module cannot be imported."""
-    from agent_gym.builtin_envs import BUILTIN_ENVS, BUILTIN_MULTIAGENT  # deferred: the table imports this module
-
-    builtin = {**BUILTIN_ENVS, **BUILTIN_MULTIAGENT}
-    if env_id not in builtin:
-        return None
-    from gymnasium.envs.registration import load_env_creator
-
-    try:
-        klasses = list(load_env_creator(builtin[env_id][0]).__mro__)
-    except Exception:  # its module cannot be imported here (a missing extra): gym.make will say why
-        return None
-    if env_id in BUILTIN_MULTIAGENT:  # a multi-agent env passes the ToolEnv arguments it does not name to every seat
-        from agent_gym.multiagent import SeatEnv
-
-        klasses += SeatEnv.__mro__
-    accepted: set[str] = set()
-    for klass in klasses:
-        if "__init__" in vars(klass):
-            accepted |= {
-                n
-                for n, p in inspect.signature(klass.__init__).parameters.items()
-                if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-            }
-    return accepted - {"tools"}
-
-
-def unknown_env_argument(env_id: str, kwargs: dict[str, Any]) -> str | None:
-    """Why ``kwargs`` cannot go to ``gym.make(env_id)``: the first key the built-in env does not take,
-    with the nearest valid one; None when every key is taken (or the id is not built in)."""
-    accepted = env_arguments(env_id)
-    if accepted is None:
-        return None
-    for key in kwargs:
-        if key not in accepted:
-            near = difflib.get_close_matches(key, sorted(accepted), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            return f"{env_id} takes no argument {key!r}{hint}; it takes: {', '.join(sorted(accepted))}"
-    return None

@@ -46,8 +46,8 @@ import yaml
 
 import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.cli_errors import ArgumentParser, check_env_id, command, prog_name, yaml_message
+from agent_gym.env_arguments import unknown_env_argument
 from agent_gym.factory import EnvFactory
-from agent_gym.registration import unknown_env_argument
 from trainers import plugins
 from trainers.config import ConfigDeprecationWarning, ConfigError, ModelConfig, RolloutConfig, from_dict
 from trainers.eval_tasks import clamp_tasks

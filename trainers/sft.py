@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import yaml
 
+from agent_gym.env_arguments import unknown_env_argument
 from agent_gym.episode import Episode
 from agent_gym.factory import EnvFactory
-from agent_gym.registration import unknown_env_argument
 from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
 from trainers.logger import RunLogger, claim_run_dir
 from trainers.memory_budget import check_fits, host_step_estimate, peak_rss_gib
@@ -216,7 +216,7 @@ def sft_memory_estimate(model: torch.nn.Module, demos: list[Episode], cfg: SFTCo
 
 def check_env_arguments(cfg: SFTConfig) -> None:
     """``ConfigError`` naming the first key of ``env_kwargs``, ``eval.env_kwargs`` or an ``eval.sets``
-    entry that the built-in env does not take (``agent_gym.registration.unknown_env_argument``),
+    entry that the built-in env does not take (``agent_gym.env_arguments.unknown_env_argument``),
     before any demonstration is made or model loaded."""
     places = [("env_kwargs", cfg.env_kwargs), ("eval.env_kwargs", cfg.eval.env_kwargs)]
     places += [(f"eval.sets.{name}", kw) for name, kw in cfg.eval.sets.items()]

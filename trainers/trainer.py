@@ -759,7 +759,7 @@ class Trainer:
             "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
             "memory/peak_rss_gib": peak_rss_gib(),
-            **({"memory/rss_gib": rss} if (rss := rss_gib()) is not None else {}),
+            **({"perf/rss_gib": rss} if (rss := rss_gib()) is not None else {}),
             **({"memory/estimate_gib": self.memory_estimate} if self.memory_estimate is not None else {}),
         }
 

@@ -78,7 +78,7 @@ def test_one_iteration_on_the_env_server_equals_the_in_process_one(server, tmp_p
     assert len({tuple(t.episode.token_ids) for t in got}) > 1
     # The rest of the iteration (scores, advantages, update, in-process evaluation) follows from the
     # same batch: every metric but the timings is the same.
-    skip = ("time/", "perf/")
+    skip = ("time/", "perf/", "memory/")  # timings and memory differ between two runs
     keys = {k for k in local if not k.startswith(skip) and not k.endswith(("_s", "per_s"))}
     assert keys == {k for k in remote if not k.startswith(skip) and not k.endswith(("_s", "per_s"))}
     assert "policy/loss" in keys and "eval/success_rate" in keys

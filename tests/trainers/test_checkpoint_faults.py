@@ -89,7 +89,7 @@ def _config(tmp_path, run_dir, **kw):
 
 def _metrics(run_dir):
     recs = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in recs]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/"))} for r in recs]
 
 
 def _small_state(seed=0):

@@ -134,8 +134,8 @@ def test_missing_file(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_env_kwargs_are_arguments_of_the_env(path):
     """Without building the env (no data, no model): every env_kwargs key is a constructor
-    argument somewhere in the env class's hierarchy (``agent_gym.registration.env_arguments``)."""
-    from agent_gym.registration import env_arguments
+    argument somewhere in the env class's hierarchy (``agent_gym.env_arguments.env_arguments``)."""
+    from agent_gym.env_arguments import env_arguments
 
     first = path.read_text().splitlines()[0]
     cfg = load_config(path, cls=SFTConfig if "train_sft" in first else TrainConfig)

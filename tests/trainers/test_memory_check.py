@@ -114,7 +114,7 @@ def test_a_shared_prompt_adds_the_keys_and_values_its_rows_keep():
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="/proc is Linux's")
 def test_rss_gib_is_the_resident_memory_now_and_falls_back():
-    """``memory/rss_gib``: what is resident now (psutil agrees), up by what a buffer touches and down
+    """``perf/rss_gib``: what is resident now (psutil agrees), up by what a buffer touches and down
     when it is freed, unlike the peak."""
     import psutil
 

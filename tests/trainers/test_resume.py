@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _metrics(run_dir):
     recs = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in recs]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/"))} for r in recs]
 
 
 def _cmd(*args):

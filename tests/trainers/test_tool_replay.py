@@ -24,7 +24,7 @@ def _run(tmp_path, name, sft_model, **env):
     tr.cleanup()
     rec = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
     trajs = (tmp_path / name / "trajectories" / "iter_00000.jsonl").read_text()
-    return {k: v for k, v in rec.items() if not k.startswith(("time/", "perf/", "gc/"))}, trajs
+    return {k: v for k, v in rec.items() if not k.startswith(("time/", "perf/", "gc/", "memory/"))}, trajs
 
 
 def test_an_iteration_replayed_from_its_recording_is_the_same(tmp_path, sft_model):
