@@ -383,3 +383,16 @@ def test_a_prefilled_request_body():
     assert req["body"]["messages"][-1] == {"role": "assistant", "content": "<answer>"}
     assert req["body"]["stop"] == ["</answer>", "\n"]
     assert req["extra"]["continue_final_message"] is True and req["extra"]["add_generation_prompt"] is False
+
+
+@pytest.mark.parametrize("answer, paid", [("Dorsil", 0.2), ("Orlen", 0.2), ("", 0.0), ("  ", 0.0)])
+def test_the_format_reward_pays_a_scaffolded_answer_only_when_it_says_something(answer, paid):
+    """The answer slot's tags are the env's: ``format`` must still tell an empty answer (the model
+    stopping at once) from a real one, or RL finds the empty answer as cheap as any other."""
+    env = QEnv(scaffold={"turns": ["answer"]}, rewards={"answer_weights": {"em": 1.0}, "format": 0.2})
+    env.reset(seed=0, options={"task_index": 0})
+    ids = ids_of(env.tokenizer, answer + "</answer>")
+    _, reward, terminated, _, info = env.step(np.array(ids))
+    assert terminated and info["answer"].strip() == answer.strip()
+    assert info["reward_components"]["format"] == paid
+    assert reward == pytest.approx(paid + float(answer == "Dorsil"))
