@@ -922,31 +922,41 @@ def _check_settings(env_cls: type, settings: dict[str, Any]) -> None:
         get_format(settings["tool_format"])  # raises naming the valid formats
 
 
+def init_arguments(klasses: Any) -> set[str]:
+    """The named arguments (no ``self``, no ``*args`` or ``**kwargs``) of the ``__init__`` each of
+    ``klasses`` defines itself: what a class hierarchy takes, read without building it."""
+    named: set[str] = set()
+    for klass in klasses:
+        if "__init__" in vars(klass):
+            named |= {
+                n
+                for n, p in inspect.signature(klass.__init__).parameters.items()
+                if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            }
+    return named
+
+
+def nearest_hint(key: str, valid: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the valid name nearest ``key``; empty when none is near."""
+    import difflib  # deferred: only on the error path
+
+    near = difflib.get_close_matches(key, sorted(valid), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def check_env_kwargs(env_cls: type, kwargs: dict[str, Any]) -> None:
     """Refuse, before an env subclass reads any data, what ``ToolEnv.__init__`` would refuse only
     after it: a keyword argument neither the subclass nor ``ToolEnv`` takes (``TypeError`` naming
     the nearest valid name and all of them) and a bad value of a ``ToolEnv`` setting
     (``_check_settings``). ``kwargs``: what the subclass passes on to ``ToolEnv``, with the
     ``ToolEnv`` settings it names itself (``max_turns``, ``tool_format``, ...)."""
-    import difflib  # deferred: only where a subclass checks its kwargs
-
-    def params(fn: Any) -> set[str]:
-        return {
-            n
-            for n, p in inspect.signature(fn).parameters.items()
-            if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        }
-
-    base = params(ToolEnv.__init__) - {"tools"}
-    own = set().union(*(params(c.__init__) for c in env_cls.__mro__ if "__init__" in vars(c) and c is not ToolEnv))
-    valid = sorted(base | own - {"tools"})
+    base = init_arguments([ToolEnv]) - {"tools"}
     unknown = [k for k in kwargs if k not in base]
     if unknown:
-        k = unknown[0]
-        near = difflib.get_close_matches(k, valid, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        valid = sorted(base | init_arguments(c for c in env_cls.__mro__ if c is not ToolEnv) - {"tools"})
         raise TypeError(
-            f"{env_cls.__name__} got an unknown keyword argument {k!r}{hint}. Valid arguments: {', '.join(valid)}"
+            f"{env_cls.__name__} got an unknown keyword argument {unknown[0]!r}{nearest_hint(unknown[0], valid)}. "
+            f"Valid arguments: {', '.join(valid)}"
         )
     _check_settings(env_cls, kwargs)
 

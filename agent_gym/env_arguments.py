@@ -4,13 +4,12 @@ SFT, ``trainers/evaluate.py``)."""
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from typing import Any
 
 from gymnasium.envs.registration import load_env_creator
 
 from agent_gym.builtin_envs import BUILTIN_ENVS, BUILTIN_MULTIAGENT
+from agent_gym.env import init_arguments, nearest_hint
 
 
 def env_arguments(env_id: str) -> set[str] | None:
@@ -29,15 +28,7 @@ def env_arguments(env_id: str) -> set[str] | None:
         from agent_gym.multiagent import SeatEnv  # optional: PettingZoo (extra pettingzoo), only for a team id
 
         klasses += SeatEnv.__mro__
-    accepted: set[str] = set()
-    for klass in klasses:
-        if "__init__" in vars(klass):
-            accepted |= {
-                n
-                for n, p in inspect.signature(klass.__init__).parameters.items()
-                if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-            }
-    return accepted - {"tools"}
+    return init_arguments(klasses) - {"tools"}
 
 
 def unknown_env_argument(env_id: str, kwargs: dict[str, Any]) -> str | None:
@@ -48,7 +39,16 @@ def unknown_env_argument(env_id: str, kwargs: dict[str, Any]) -> str | None:
         return None
     for key in kwargs:
         if key not in accepted:
-            near = difflib.get_close_matches(key, sorted(accepted), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            return f"{env_id} takes no argument {key!r}{hint}; it takes: {', '.join(sorted(accepted))}"
+            return f"{env_id} takes no argument {key!r}{nearest_hint(key, accepted)}; it takes: {', '.join(sorted(accepted))}"
+    return None
+
+
+def unknown_env_argument_in(env_id: str, places: dict[str, dict[str, Any] | None]) -> str | None:
+    """``unknown_env_argument`` over several argument sets of one config, keyed by where each sits
+    (``{"rollout.env_kwargs": {...}, "eval.sets.heldout": {...}}``): the first problem, prefixed
+    by its key; None when every set is taken."""
+    for key, kwargs in places.items():
+        why = unknown_env_argument(env_id, kwargs or {})
+        if why is not None:
+            return f"{key}: {why}"
     return None

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import yaml
 
 import agent_gym
-from agent_gym.env_arguments import unknown_env_argument
+from agent_gym.env_arguments import unknown_env_argument_in
 from trainers.config import ConfigError, TrainConfig, agg_units_problem, from_dict
 from trainers.distributed import FSDP
 from trainers.multiagent import TeamRollout
@@ -112,13 +112,9 @@ def _env_argument_problem(s: Setting) -> str | None:
     """The first env keyword a built-in env does not take, in ``rollout.env_kwargs``, ``eval.env_kwargs``
     or an ``eval.sets`` entry (``agent_gym.env_arguments.unknown_env_argument``), named by its config key."""
     cfg = s.cfg
-    places = [("rollout.env_kwargs", cfg.rollout.env_kwargs), ("eval.env_kwargs", cfg.eval.env_kwargs)]
-    places += [(f"eval.sets.{name}", kw) for name, kw in cfg.eval.sets.items()]
-    for key, kwargs in places:
-        why = unknown_env_argument(cfg.rollout.env_id, kwargs or {})
-        if why is not None:
-            return f"{key}: {why}"
-    return None
+    places = {"rollout.env_kwargs": cfg.rollout.env_kwargs, "eval.env_kwargs": cfg.eval.env_kwargs}
+    places |= {f"eval.sets.{name}": kw for name, kw in cfg.eval.sets.items()}
+    return unknown_env_argument_in(cfg.rollout.env_id, places)
 
 
 REFUSALS: tuple[Refusal, ...] = (

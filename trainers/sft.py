@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import yaml
 
-from agent_gym.env_arguments import unknown_env_argument
+from agent_gym.env_arguments import unknown_env_argument_in
 from agent_gym.episode import Episode
 from agent_gym.factory import EnvFactory
 from trainers.config import ConfigError, EvalConfig, ModelConfig, ScaleConfig, Sectioned, TrainConfig, to_dict
@@ -218,12 +218,11 @@ def check_env_arguments(cfg: SFTConfig) -> None:
     """``ConfigError`` naming the first key of ``env_kwargs``, ``eval.env_kwargs`` or an ``eval.sets``
     entry that the built-in env does not take (``agent_gym.env_arguments.unknown_env_argument``),
     before any demonstration is made or model loaded."""
-    places = [("env_kwargs", cfg.env_kwargs), ("eval.env_kwargs", cfg.eval.env_kwargs)]
-    places += [(f"eval.sets.{name}", kw) for name, kw in cfg.eval.sets.items()]
-    for key, kwargs in places:
-        why = unknown_env_argument(cfg.env_id, kwargs or {})
-        if why is not None:
-            raise ConfigError(f"{key}: {why}")
+    places = {"env_kwargs": cfg.env_kwargs, "eval.env_kwargs": cfg.eval.env_kwargs}
+    places |= {f"eval.sets.{name}": kw for name, kw in cfg.eval.sets.items()}
+    why = unknown_env_argument_in(cfg.env_id, places)
+    if why is not None:
+        raise ConfigError(why)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
