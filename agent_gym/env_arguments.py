@@ -34,21 +34,20 @@ def env_arguments(env_id: str) -> set[str] | None:
 def unknown_env_argument(env_id: str, kwargs: dict[str, Any]) -> str | None:
     """Why ``kwargs`` cannot go to ``gym.make(env_id)``: the first key the built-in env does not take,
     with the nearest valid one; None when every key is taken (or the id is not built in)."""
-    accepted = env_arguments(env_id)
-    if accepted is None:
-        return None
-    for key in kwargs:
-        if key not in accepted:
-            return f"{env_id} takes no argument {key!r}{nearest_hint(key, accepted)}; it takes: {', '.join(sorted(accepted))}"
-    return None
+    return unknown_env_argument_in(env_id, {"": kwargs})
 
 
 def unknown_env_argument_in(env_id: str, places: dict[str, dict[str, Any] | None]) -> str | None:
     """``unknown_env_argument`` over several argument sets of one config, keyed by where each sits
     (``{"rollout.env_kwargs": {...}, "eval.sets.heldout": {...}}``): the first problem, prefixed
-    by its key; None when every set is taken."""
-    for key, kwargs in places.items():
-        why = unknown_env_argument(env_id, kwargs or {})
-        if why is not None:
-            return f"{key}: {why}"
+    by its key (unless the key is empty); None when every set is taken. The env's arguments are
+    read once for all the sets."""
+    accepted = env_arguments(env_id)
+    if accepted is None:
+        return None
+    for where, kwargs in places.items():
+        for key in kwargs or {}:
+            if key not in accepted:
+                why = f"{env_id} takes no argument {key!r}{nearest_hint(key, accepted)}; it takes: {', '.join(sorted(accepted))}"
+                return f"{where}: {why}" if where else why
     return None
