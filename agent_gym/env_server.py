@@ -23,8 +23,6 @@ imports gradio and FastMCP (seconds), so the command line imports this module on
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import gc
 import json
@@ -45,6 +43,7 @@ from agent_gym.cli_errors import registered_ids_hint
 from agent_gym.env_ids import ENV_IDS
 from agent_gym.env_wire import AgentGymAction, AgentGymObservation, AgentGymState
 from agent_gym.factory import EnvFactory, jsonable
+from agent_gym.heap import trim_heap
 from agent_gym.tokenizer import tokenizer_fingerprint
 from agent_gym.wrappers import TextView
 
@@ -157,31 +156,14 @@ class AgentGymEnvironment(Environment[AgentGymAction, AgentGymObservation, Agent
 
 
 TRIM_EVERY = 64
-"""Every this many envs closed, :func:`trim_heap` (benchmarks/faults/serve_soak.py: the server's RSS then stays flat)."""
+"""Every this many envs closed, :func:`~agent_gym.heap.trim_heap` (benchmarks/faults/serve_soak.py: the
+server's RSS then stays flat).
 
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        return None
-
-
-def trim_heap() -> bool:
-    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim(0)``; False elsewhere).
-
-    Each session builds an env (tokenizer, numpy buffers) in a thread of its own (openenv-core
-    gives every session a one-thread executor) and frees it at the close; glibc keeps the freed
-    pages in its per-thread arenas, so RSS crept up with the sessions played (+1 MiB per 1,000 after
-    a warm-up of ~15 MiB) although the memory in use stayed flat (``mallinfo2``: no leak).
-    Trimming every :data:`TRIM_EVERY` closes takes a few milliseconds in the closing session's
-    thread, off the event loop."""
-    fn = _malloc_trim()
-    if fn is None:
-        return False
-    fn(0)
-    return True
+Each session builds an env (tokenizer, numpy buffers) in a thread of its own (openenv-core gives
+every session a one-thread executor) and frees it at the close; glibc keeps the freed pages in its
+per-thread arenas, so RSS crept up with the sessions played (+1 MiB per 1,000 after a warm-up of
+~15 MiB) although the memory in use stayed flat (``mallinfo2``: no leak). Trimming takes a few
+milliseconds in the closing session's thread, off the event loop."""
 
 
 def settle_heap() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from agent_gym.cli_errors import UserError
+from agent_gym.heap import heap_stats, trim_heap
 
 QWEN25_3B = dict(
     vocab_size=151936,
@@ -323,3 +324,20 @@ def rss_gib() -> float | None:
     except (OSError, IndexError, ValueError):  # not Linux
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def resident_metrics(trim: bool) -> dict[str, float]:
+    """The trainer's memory between iterations: ``perf/rss_gib`` (``rss_gib``), the C heap's
+    ``perf/heap_in_use_gib`` and ``perf/heap_free_gib`` (``agent_gym.heap.heap_stats``: a resident
+    set that grows with the free part is freed memory the allocator kept, one that grows with the
+    in-use part is something held) and, with ``trim``, ``perf/rss_trimmed_gib``: the resident set
+    after ``trim_heap`` gave the free pages back. Each only where the platform tells it."""
+    out: dict[str, float] = {}
+    if (rss := rss_gib()) is not None:
+        out["perf/rss_gib"] = rss
+    if (heap := heap_stats()) is not None:
+        out["perf/heap_in_use_gib"] = heap["in_use_gib"]
+        out["perf/heap_free_gib"] = heap["free_gib"]
+    if trim and trim_heap() and (rss := rss_gib()) is not None:
+        out["perf/rss_trimmed_gib"] = rss
+    return out

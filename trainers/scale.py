@@ -25,14 +25,13 @@ by default (docs/scaling.md has the memory budget and the multi-GPU commands).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from agent_gym.cli_errors import UserError
+from agent_gym.heap import libc
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
@@ -231,12 +230,8 @@ def release_freed_memory() -> bool:
     32 MiB), after which such blocks come from the heap and stay resident, fragmented: the process
     then holds a step's transient peak long after the step. Returns whether it applied (False on a
     C library without ``mallopt``: musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
+    lib = libc()
+    mallopt = getattr(lib, "mallopt", None) if lib is not None else None
     if mallopt is None:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h

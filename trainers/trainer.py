@@ -51,8 +51,8 @@ from trainers.memory_budget import (
     MemoryBudgetWarning,
     check_fits,
     peak_rss_gib,
+    resident_metrics,
     rl_step_estimate,
-    rss_gib,
 )
 from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
 from trainers.parallel import Parallelism
@@ -759,7 +759,7 @@ class Trainer:
             "time/elapsed_min": (time.perf_counter() - self.t_start) / 60,
             "perf/generated_tokens_per_s": rt.generated_tokens / max(rt.generate_s, 1e-9),
             "memory/peak_rss_gib": peak_rss_gib(),
-            **({"perf/rss_gib": rss} if (rss := rss_gib()) is not None else {}),
+            **resident_metrics(trim=self.cfg.scale.release_freed_memory),
             **({"memory/estimate_gib": self.memory_estimate} if self.memory_estimate is not None else {}),
         }
 
