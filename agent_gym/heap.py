@@ -24,7 +24,9 @@ def libc() -> Any:
         return None
 
 
-def _symbol(name: str) -> Any:
+def libc_function(name: str) -> Any:
+    """The C library's function ``name`` (a ctypes function), or None where the library or the
+    function is missing (``malloc_trim``, ``mallopt`` and ``mallinfo2`` are glibc's)."""
     lib = libc()
     return getattr(lib, name, None) if lib is not None else None
 
@@ -32,7 +34,7 @@ def _symbol(name: str) -> Any:
 def trim_heap() -> bool:
     """Give the C heap's free pages back to the OS (glibc's ``malloc_trim(0)``, which releases free
     pages inside every arena, not only at each arena's top; False where there is none)."""
-    fn = _symbol("malloc_trim")
+    fn = libc_function("malloc_trim")
     if fn is None:  # not glibc (macOS, musl): nothing to trim
         return False
     fn(0)
@@ -57,16 +59,23 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
+@functools.lru_cache(maxsize=1)
+def _mallinfo2() -> Any:
+    fn = libc_function("mallinfo2")
+    if fn is not None:
+        fn.restype = _Mallinfo2
+    return fn
+
+
 def heap_stats() -> dict[str, float] | None:
     """The C heap summed over all arenas, GiB (glibc's ``mallinfo2``; None before glibc 2.33 or
     off glibc): ``in_use_gib`` (allocated blocks, the mmapped ones included), ``free_gib`` (freed
     blocks the arenas still hold: their pages stay resident until ``trim_heap`` gives them back,
     after which they still count here but no longer in the resident set) and ``mmapped_gib`` (the
     large blocks that have their own mapping and leave the process when freed)."""
-    fn = _symbol("mallinfo2")
+    fn = _mallinfo2()
     if fn is None:
         return None
-    fn.restype = _Mallinfo2
     info = fn()
     gib = 2.0**30
     return {
@@ -76,4 +85,4 @@ def heap_stats() -> dict[str, float] | None:
     }
 
 
-__all__ = ["heap_stats", "libc", "trim_heap"]
+__all__ = ["heap_stats", "libc", "libc_function", "trim_heap"]

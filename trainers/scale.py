@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from agent_gym.cli_errors import UserError
-from agent_gym.heap import libc
+from agent_gym.heap import libc_function
 from trainers.algos.registry import AGG_UNITS, resolve
 from trainers.config import agg_units_problem
 from trainers.hf_save import save_policy
@@ -230,8 +230,7 @@ def release_freed_memory() -> bool:
     32 MiB), after which such blocks come from the heap and stay resident, fragmented: the process
     then holds a step's transient peak long after the step. Returns whether it applied (False on a
     C library without ``mallopt``: musl, macOS, Windows)."""
-    lib = libc()
-    mallopt = getattr(lib, "mallopt", None) if lib is not None else None
+    mallopt = libc_function("mallopt")
     if mallopt is None:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
