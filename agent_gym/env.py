@@ -51,7 +51,10 @@ class RewardConfig:
     Outcome (on the final step): ``answer_weights`` maps an answer score name returned by the
     env's ``score_answer`` (e.g. ``em``, ``f1``) to its weight. ``format`` is paid once, at the
     end, when the episode ends with a non-blank answer in ``<answer>`` tags (empty tags earn
-    nothing).
+    nothing). ``format_gate`` (default ``None``) names an answer score (e.g. ``"f1"``): format
+    is then paid only when that score is above 0, so a well-formed wrong answer earns no more
+    than a blank one and the format reward cannot be taken without answering at least partly
+    right. A name the env's ``score_answer`` does not return is refused at the first answer.
 
     Process (every step): ``call_ok`` per successful call, ``call_invalid`` per failed call
     (any status but ``ok``), ``no_action`` for a turn with neither call nor answer. Envs may add
@@ -61,6 +64,7 @@ class RewardConfig:
 
     answer_weights: dict[str, float] = field(default_factory=lambda: {"em": 1.0})
     format: float = 0.0
+    format_gate: str | None = None
     call_ok: float = 0.0
     call_invalid: float = 0.0
     no_action: float = 0.0
@@ -71,6 +75,10 @@ class RewardConfig:
         every reward) at the first step."""
         for name in ("format", "call_ok", "call_invalid", "no_action"):
             _check_weight(f"rewards.{name}", getattr(self, name))
+        if self.format_gate is not None and (not isinstance(self.format_gate, str) or not self.format_gate):
+            raise TypeError(
+                f"rewards.format_gate must be the name of an answer score (e.g. 'f1') or None, got {self.format_gate!r}"
+            )
         for name in ("answer_weights", "extra"):
             table = getattr(self, name)
             if not isinstance(table, dict):
@@ -515,7 +523,16 @@ class ToolEnv(gym.Env):
         # format pays for a tagged answer with something in it: not for an answer read from untagged
         # text, nor for empty tags (a scaffolded answer slot always has the tags; an agent could farm
         # them empty).
-        turn.comps["format"] = 0.0 if (turn.extracted or not answer.strip()) else self.reward_cfg.format
+        paid = not turn.extracted and bool(answer.strip())
+        gate = self.reward_cfg.format_gate
+        if gate is not None:
+            if gate not in turn.answer_scores:
+                raise ValueError(
+                    f"rewards.format_gate={gate!r} is not a score {type(self).__name__}.score_answer returns; "
+                    f"it returns {sorted(turn.answer_scores)}: name one of them, or set format_gate to null"
+                )
+            paid = paid and turn.answer_scores[gate] > 0.0
+        turn.comps["format"] = self.reward_cfg.format if paid else 0.0
         self.answer = answer
         turn.terminated = True
 

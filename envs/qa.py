@@ -47,7 +47,9 @@ Reward
     ``answer_weights``. ``substring`` (Agent-R1's public
     reward, hackable by answers that list many candidates) is computed only when named in
     ``answer_metric`` or ``answer_weights``.
-    Format: ``rewards["format"]`` (default 0) when the episode ends with an ``<answer>``.
+    Format: ``rewards["format"]`` (default 0) when the episode ends with an ``<answer>``;
+    with ``rewards["format_gate"]`` naming an answer score (``"f1"``), only when that score is
+    above 0 (the score is then computed even if no weight names it).
     Process, per call: ``call_ok`` / ``call_invalid`` (default 0 each) from ``RewardConfig``, and
     ``supporting_hit``: ``rewards["extra"]["supporting_hit"]`` (default 0) for each supporting
     paragraph (matched by its title) shown by a search or lookup for the first time in the
@@ -237,7 +239,8 @@ class MultiHopQAEnv(ToolEnv):
         judge_cfg = None if judge is None else JudgeConfig.from_any(judge)  # one error naming the bad key
         self.answer_metric = answer_metric
         reward_cfg = self._reward_config(rewards, answer_metric, judged=judge_cfg is not None)
-        self._scored = sorted((set(reward_cfg.answer_weights) | {"em", "f1", answer_metric}) - {JUDGE_SCORE})
+        gate = {reward_cfg.format_gate} if reward_cfg.format_gate else set()
+        self._scored = sorted((set(reward_cfg.answer_weights) | {"em", "f1", answer_metric} | gate) - {JUDGE_SCORE})
         self.judge: Judge | None = None if judge_cfg is None else get_judge(judge_cfg)
         self._judge_info: dict[str, Any] | None = None
         self.lookup_enabled = lookup_tool
@@ -286,6 +289,8 @@ class MultiHopQAEnv(ToolEnv):
         unknown = sorted(set(cfg.answer_weights) - set(valid))
         if unknown:
             raise ValueError(f"unknown answer_weights key(s) {unknown}; valid: {valid}")
+        if cfg.format_gate is not None and cfg.format_gate not in valid:
+            raise ValueError(f"unknown rewards.format_gate {cfg.format_gate!r}; valid: {valid}")
         unknown = sorted(set(cfg.extra) - set(EXTRA_COMPONENTS))
         if unknown:
             raise ValueError(f"unknown rewards extra key(s) {unknown}; valid: {list(EXTRA_COMPONENTS)}")

@@ -132,6 +132,20 @@ def test_answer_rewards_and_components_add_up():
     assert term and info["answer"] == "" and info["reward_components"]["format"] == 0.0
 
 
+def test_format_gate_pays_only_when_the_named_score_is_above_zero_and_an_unknown_score_is_refused():
+    env = TinyEnv(rewards={"format": 0.1, "format_gate": "em"})
+    for answer, fmt in [("yo", 0.1), ("hi", 0.0)]:  # TinyEnv's f1 is 0.5 for both: em decides
+        env.reset(options={"task_index": 1})
+        _, r, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
+        assert term and info["reward_components"]["format"] == fmt and r == pytest.approx(float(answer == "yo") + fmt)
+    env = TinyEnv(rewards={"format": 0.1, "format_gate": "judge"})
+    env.reset(options={"task_index": 1})
+    before = _state(env)
+    with pytest.raises(ValueError, match=r"format_gate='judge' is not a score .* returns \['em', 'f1'\]"):
+        env.step(act(env, "<answer>yo</answer>"))
+    assert _state(env) == before  # refused, nothing changed
+
+
 def test_process_components_from_env_hook():
     env = TinyEnv(tools=[Search()], tool_format="search_r1", rewards={"call_ok": 0.1})
     env.reset(options={"task_index": 0})
@@ -329,6 +343,7 @@ def test_task_missing_a_key_is_refused_at_reset():
         ({"extra": {"hit": None}}, TypeError, r"rewards.extra\['hit'\] must be a number"),
         ({"answer_weights": ["em"]}, TypeError, r"rewards.answer_weights must be a dict"),
         ({"no_action": True}, TypeError, r"rewards.no_action must be a number"),
+        ({"format_gate": 3}, TypeError, r"rewards.format_gate must be the name of an answer score"),
     ],
 )
 def test_reward_config_is_checked_at_construction(rewards, err, needle):

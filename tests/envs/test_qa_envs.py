@@ -338,6 +338,32 @@ def test_process_and_format_rewards_add_up():
     assert info["trajectory"].step_rewards == pytest.approx([0.1, 1.1]) and info["trajectory"].success
 
 
+@pytest.mark.parametrize(
+    "gate, answer, paid",
+    [
+        ("f1", "Quillhaven", True),  # right
+        ("f1", "Quillhaven Harrowgate", True),  # partly right: F1 2/3 > 0
+        ("f1", "Harrowgate", False),  # well formed, wrong: no more than a blank answer
+        ("f1", "", False),
+        ("em", "Quillhaven Harrowgate", False),  # the gate's own score decides
+        ("substring", "Quillhaven Harrowgate", True),  # computed for the gate though no weight names it
+    ],
+)
+def test_format_gate_pays_the_format_reward_only_for_an_answer_that_scores(gate, answer, paid):
+    env = make(rewards={"answer_weights": {"em": 1.0}, "format": 0.2, "format_gate": gate})
+    env.reset(options={"task_index": 0})  # gold: Quillhaven
+    _, r, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
+    assert term and info["reward_components"]["format"] == (0.2 if paid else 0.0)
+    assert r == pytest.approx(info["reward_components"]["em"] + (0.2 if paid else 0.0))
+    assert gate in info["answer_scores"]
+
+
+@pytest.mark.parametrize("gate, err", [("F1", ValueError), ("judge", ValueError), ("", TypeError), (1, TypeError)])
+def test_format_gate_refuses_a_score_the_env_never_computes(gate, err):
+    with pytest.raises(err, match="format_gate"):
+        make(rewards={"format": 0.2, "format_gate": gate})
+
+
 STUFFED = "Quillhaven Harrowgate Vale Estmark Marlow Vance Odile Brask yes no 1884 1968"
 
 
