@@ -254,9 +254,28 @@ def _resolve(data_path: str | os.PathLike) -> tuple[str, float]:
 # -- task validation: one check for the file loaders and for reset(options={"task": ...}) -------------
 
 
+_AST_LOCK = threading.Lock()
+
+
+def _ast(fn: Any, src: str) -> Any:
+    """``fn(src)`` (``ast.parse`` or ``ast.literal_eval``) under one process-wide lock. CPython 3.11
+    keeps the AST constructor's recursion counter in per-interpreter state: two threads building
+    trees at once (verdicts on a thread pool, envs stepped by rollout threads) can interleave there,
+    and one of them fails with ``SystemError: AST constructor recursion depth mismatch`` on valid
+    input (python/cpython#106905; seen here on a HumanEval verdict). Our own calls are serialized;
+    a caller outside this module can still race one, so that spurious error is retried once."""
+    with _AST_LOCK:
+        try:
+            return fn(src)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e):
+                raise
+            return fn(src)
+
+
 def _parse(src: str, where: str, what: str) -> ast.Module:
     try:
-        return ast.parse(src)
+        return _ast(ast.parse, src)
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
         raise CodeDataError(f"{where + ': ' if where else ''}{what} is not valid Python ({e})") from None
 
@@ -579,7 +598,7 @@ def _reply(r: SandboxResult, who: str, literal: bool = False) -> tuple[dict | No
         tail = r.stderr.strip()[-300:]
         return None, f"{who} stopped: {r.detail or r.status}" + (f" ({tail})" if tail else "")
     try:
-        reply = ast.literal_eval(r.stdout) if literal else json.loads(r.stdout)
+        reply = _ast(ast.literal_eval, r.stdout) if literal else json.loads(r.stdout)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
         return None, f"{who} sent no valid reply ({type(e).__name__})"
     if not isinstance(reply, dict):

@@ -11,12 +11,15 @@ fake reply were already caught."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
 import pytest
 
 import agent_gym  # noqa: F401
+import envs.code as code
 from agent_gym.sandbox import sandbox_available
 from envs.code import BUILTIN_MBPP, CodeDataError
 
@@ -470,3 +473,44 @@ def test_exceptions_cross_by_name_and_cannot_end_a_tests_iteration(mbpp):
     mbpp.reset(options={"task": t2})
     v = mbpp.verdict("def f(x):\n    raise StopIteration\n", t2)
     assert not v.passed and "RuntimeError" in v.reason
+
+
+def test_ast_work_is_serialized_and_a_spurious_recursion_depth_error_is_retried(monkeypatch):
+    """CPython 3.11's AST constructor keeps its recursion counter per interpreter, so two threads
+    building trees at once can fail with a SystemError on valid input (seen on this suite's
+    threaded HumanEval verdicts). envs.code runs its own ast calls one at a time and retries that
+    error once; any other SystemError still raises."""
+    inside, most, seen = [0], [0], threading.Lock()
+
+    def slow_parse(src):
+        with seen:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        with seen:
+            inside[0] -= 1
+        return src
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda s: code._ast(slow_parse, s), "abcdefgh")) == list("abcdefgh")
+    assert most[0] == 1
+
+    calls = []
+
+    def flaky(src):
+        calls.append(src)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=33, after=28)")
+        return {"ok": src}
+
+    assert code._ast(flaky, "x") == {"ok": "x"} and calls == ["x", "x"]
+
+    def broken(src):
+        raise SystemError("something else")
+
+    with pytest.raises(SystemError, match="something else"):
+        code._ast(broken, "x")
+    reply, why = code._reply(
+        code.SandboxResult(status="ok", exit_code=0, stdout="{'a': [1, 2]}", stderr="", wall_s=0.0), "p", literal=True
+    )
+    assert reply == {"a": [1, 2]} and why == ""
