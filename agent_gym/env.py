@@ -59,7 +59,11 @@ class RewardConfig:
     Process (every step): ``call_ok`` per successful call, ``call_invalid`` per failed call
     (any status but ``ok``), ``no_action`` for a turn with neither call nor answer. Envs may add
     their own process components (e.g. the first retrieval of a supporting paragraph) through
-    ``extra``.
+    ``extra``. With ``process_needs_answer`` (default ``False``) the positive process rewards
+    count only in an episode that ends with a non-blank answer: one that ends otherwise (a blank
+    answer, a turn, context or call limit) gives them back on its last step as the component
+    ``process_forfeit`` (their negative sum). Penalties (negative components) are never given
+    back. Each step's reward is still paid when it happens; only the episode's sum changes.
     """
 
     answer_weights: dict[str, float] = field(default_factory=lambda: {"em": 1.0})
@@ -69,12 +73,15 @@ class RewardConfig:
     call_invalid: float = 0.0
     no_action: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    process_needs_answer: bool = False
 
     def __post_init__(self) -> None:
         """Weights must be finite real numbers: a string or NaN weight would only fail (or poison
         every reward) at the first step."""
         for name in ("format", "call_ok", "call_invalid", "no_action"):
             _check_weight(f"rewards.{name}", getattr(self, name))
+        if not isinstance(self.process_needs_answer, bool):
+            raise TypeError(f"rewards.process_needs_answer must be true or false, got {self.process_needs_answer!r}")
         if self.format_gate is not None and (not isinstance(self.format_gate, str) or not self.format_gate):
             raise TypeError(
                 f"rewards.format_gate must be the name of an answer score (e.g. 'f1') or None, got {self.format_gate!r}"
@@ -651,6 +658,8 @@ class ToolEnv(gym.Env):
 
     def _finish(self, turn: _Turn):
         """Record the step (span, reward, components, statuses) and build the step's return."""
+        if self.reward_cfg.process_needs_answer and (turn.terminated or turn.truncated):
+            self._forfeit_process(turn)
         reward = float(sum(turn.comps.values()))
         calls = [self._call_info(o, turn.parsed) for o in turn.outcomes]
         info: dict[str, Any] = {
@@ -683,6 +692,16 @@ class ToolEnv(gym.Env):
             info["trajectory"] = self.episode(turn.answer_scores, turn.reason)
             self._done = True
         return self._obs(), reward, turn.terminated, turn.truncated, info
+
+    def _forfeit_process(self, turn: _Turn) -> None:
+        """``process_needs_answer``: an episode that ends without a non-blank answer gives back
+        the positive process rewards of all its steps (this one's included) on its last step."""
+        if turn.terminated and turn.parsed is not None and (turn.parsed.answer or "").strip():
+            return
+        outcome = {*self.reward_cfg.answer_weights, "format"}
+        earlier = [v for comps in self.step_reward_components for v in comps.values()]
+        here = [v for k, v in turn.comps.items() if k not in outcome]
+        turn.comps["process_forfeit"] = -float(sum(v for v in earlier + here if v > 0))
 
     _EPISODE_LISTS = (
         "_ids",

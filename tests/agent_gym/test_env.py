@@ -146,6 +146,43 @@ def test_format_gate_pays_only_when_the_named_score_is_above_zero_and_an_unknown
     assert _state(env) == before  # refused, nothing changed
 
 
+@pytest.mark.parametrize(
+    "last, forfeit, total",
+    [
+        ("<answer>hi</answer>", None, 0.35),  # answered (wrongly): the process rewards stand
+        ("<answer> </answer>", -0.65, -0.3),  # blank: 0.2 + 0.25 (hit) + 0.2 given back, the -0.3 stays
+        ("hmm", -0.65, -0.4),  # the turn limit: the same given back, both penalties stay
+    ],
+)
+def test_process_needs_answer_gives_back_the_positive_process_rewards_of_an_unanswered_episode(last, forfeit, total):
+    env = TinyEnv(
+        tools=(echo, broken, Search()),
+        max_turns=3,
+        rewards={"call_ok": 0.2, "call_invalid": -0.3, "no_action": -0.1, "process_needs_answer": True},
+    )
+    env.reset(options={"task_index": 1})
+    _, r1, *_ = env.step(act(env, call("search", query="a") + call("nope")))  # +0.2 +0.25 (hit) -0.3
+    _, r2, *_ = env.step(act(env, call("echo", text="x")))  # +0.2
+    assert (r1, r2) == pytest.approx((0.15, 0.2))  # paid when earned
+    _, r3, term, trunc, info = env.step(act(env, last))
+    assert term != trunc
+    comps = info["reward_components"]
+    assert comps.get("process_forfeit") == (None if forfeit is None else pytest.approx(forfeit))
+    assert r3 == pytest.approx(sum(comps.values()))
+    assert sum(info["trajectory"].step_rewards) == pytest.approx(total)
+    assert info["trajectory"].reward_components.get("process_forfeit") == comps.get("process_forfeit")
+
+
+def test_process_needs_answer_also_applies_to_a_turn_cut_by_the_context_budget():
+    env = TinyEnv(tools=(echo,), max_context_tokens=400, rewards={"call_ok": 0.2, "process_needs_answer": True})
+    obs, _ = env.reset(options={"task_index": 1})
+    _, r1, *_ = env.step(act(env, call("echo", text="x")))
+    assert r1 == pytest.approx(0.2)
+    *_, trunc, info = env.step(act(env, "<answer>" + "yo " * 2000 + "</answer>"))
+    assert trunc and info["truncation_reason"] == "context"
+    assert info["reward_components"] == {"process_forfeit": -0.2} and sum(info["trajectory"].step_rewards) == 0.0
+
+
 def test_process_components_from_env_hook():
     env = TinyEnv(tools=[Search()], tool_format="search_r1", rewards={"call_ok": 0.1})
     env.reset(options={"task_index": 0})

@@ -338,6 +338,17 @@ def test_process_and_format_rewards_add_up():
     assert info["trajectory"].step_rewards == pytest.approx([0.1, 1.1]) and info["trajectory"].success
 
 
+@pytest.mark.parametrize("answer, total", [("Harrowgate", 0.5), ("", 0.0)])
+def test_supporting_hits_count_only_in_an_answered_episode_with_process_needs_answer(answer, total):
+    env = make(rewards={"extra": {"supporting_hit": 0.25}, "process_needs_answer": True})
+    env.reset(options={"task_index": 0})  # supporting: The Glass Orchard, Marlow Vance
+    _, r, *_ = env.step(act(env, call("search", query="The Glass Orchard")))
+    assert r == 0.5  # both supporting paragraphs, paid when found
+    _, r, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))  # wrong or blank
+    assert term and info["reward_components"].get("process_forfeit") == (None if answer else -0.5)
+    assert sum(info["trajectory"].step_rewards) == total
+
+
 @pytest.mark.parametrize(
     "gate, answer, paid",
     [
