@@ -245,6 +245,15 @@ class MultiAgentToolEnv(ParallelEnv):
         self.render_mode = render_mode
         self.max_cycles = int(max_cycles)
         self.reward_cfg = RewardConfig.from_any(rewards)
+        for key, on in (
+            ("format_gate", self.reward_cfg.format_gate is not None),
+            ("process_needs_answer", self.reward_cfg.process_needs_answer),
+        ):
+            if on:
+                raise ValueError(
+                    f"rewards.{key} is for single-agent envs: a team scores its answer once for every seat, and "
+                    "a seat that did not answer ends without an answer of its own; remove the key"
+                )
         self.tokenizer = load_tokenizer(tokenizer)
         self.mailbox = Mailbox(self.possible_agents)
         self.seats: dict[str, SeatEnv] = {}
