@@ -271,8 +271,13 @@ class RolloutWorkerPool:
         env = {"PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
         if cfg.rollout.worker_gpus > 0 and cfg.model.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_gpus(cfg.model.device, _visible_gpus()))
+        # address="local": a new cluster of our own even when another one runs on this machine. With
+        # no address Ray joins the newest local cluster it finds (another run's, another test's),
+        # and then refuses num_cpus ("When connecting to an existing cluster, num_cpus and num_gpus
+        # must not be provided"); seen with two test processes starting Ray at once.
         with process_guard.environ(env):
             ray.init(
+                address="local",
                 num_cpus=max(os.cpu_count() or 1, int(-(-self.n * cfg.rollout.worker_cpus // 1))),
                 include_dashboard=False,
             )

@@ -281,7 +281,13 @@ def init_ray(num_cpus: int = 2) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=256 * 1024 * 1024, log_to_driver=False)
+    ray.init(  # "local": our own cluster, never another process's (trainers/ray_rollout.py says why)
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        log_to_driver=False,
+    )
     return True
 
 
