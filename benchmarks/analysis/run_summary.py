@@ -6,7 +6,8 @@ trajectories): the figures docs/results.md cites for a run, kept under results/r
 Per window: the mean of each chosen metric over its iterations, and from the logged trajectories
 (``run.log_trajectories`` per iteration) the agent's tokens per turn by position (a scaffolded QA
 run: turns 1..k-1 are queries, the last the answer) and the share of turns that hit the turn's
-token limit. Also every evaluation record (``eval/*``) and the total wall time.
+token limit. With dynamic sampling, the share of the sampled groups that had no reward spread
+(dropped, over dropped + kept). Also every evaluation record (``eval/*``) and the total wall time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ METRICS = (
     "adv/zero_std_group_frac",
     "rollout/agent_tokens_mean",
     "overlong/penalized_frac",
+    "dynamic/dropped_groups",
+    "dynamic/extra_episodes",
     "value/explained_var",
     "time/iteration_s",
 )
@@ -63,6 +66,9 @@ def summarize_run(run_dir: Path, window: int, turn_limit: int | None) -> dict:
                     by_turn.setdefault(i + 1, []).append(e - s)
                     turns += 1
                     at_limit += turn_limit is not None and e - s >= turn_limit
+        dropped = sum(r.get("dynamic/dropped_groups", 0) for r in part)
+        kept = sum(r.get("dynamic/kept_groups", 0) for r in part)
+        row["no_spread_group_share"] = dropped / (dropped + kept) if dropped + kept else None
         row["logged_trajectories"] = sum(len(v) for k, v in by_turn.items() if k == 1)
         row["agent_tokens_by_turn"] = {str(k): statistics.mean(v) for k, v in sorted(by_turn.items())}
         row["turns_at_token_limit"] = at_limit / turns if turns else None
@@ -97,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         a, b = w["iterations"]
         f = {k.split("/")[-1]: round(v, 3) for k, v in w.items() if k in METRICS and v is not None}
         turns = {k: round(v, 1) for k, v in w["agent_tokens_by_turn"].items()}
-        print(f"iterations {a}-{b}: {f}; agent tokens by turn {turns}; at the limit {w['turns_at_token_limit']}")
+        share = w["no_spread_group_share"]
+        spread = "" if share is None else f"; groups without spread {share:.2f}"
+        print(
+            f"iterations {a}-{b}: {f}; agent tokens by turn {turns}; at the limit {w['turns_at_token_limit']}{spread}"
+        )
     for e in out["evals"]:
         print(
             f"eval at {e['iteration']}: "
