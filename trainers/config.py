@@ -374,7 +374,8 @@ class ScaleConfig(Section):
     (``trainers.models.decoder_hidden``): a group of G rows with a prompt of P tokens costs P + G x
     (rest) token positions instead of G x (P + rest). Micro-batches then hold the rows of one group
     and minibatches whole groups (shuffled by group, not by row); the log-probs equal the plain
-    forward's up to float rounding. No effect under gradient checkpointing (HF disables the cache)."""
+    forward's up to float rounding. Composes with ``gradient_checkpointing`` (both passes checkpointed
+    layer by layer) for transformers decoders; other decoders run the plain forward in training there."""
     memory_check: bool = True
     """Refuse at start a run whose estimated peak memory exceeds what the machine has available
     (``trainers.memory_budget.host_step_estimate``, on the CPU), with the estimate per component and

@@ -286,14 +286,16 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
     )
     # (under LoRA the base model holds the adapters, the only parameters that require gradients)
     c = model.config
-    if cfg.scale.share_prefix and budget is not None and not cfg.scale.gradient_checkpointing:
-        # A micro-batch of one group's rows runs their prompt once, but each row keeps the keys and
-        # values of its whole length, prompt included: at worst group_size rows whose shared prefix
-        # fills the budget but for one token each (``scale.pack_by_prefix``).
+    if cfg.scale.share_prefix and budget is not None:
+        # A micro-batch of one group's rows runs their prompt once, but each row's attention keeps the
+        # keys and values of its whole length, prompt included: at worst group_size rows whose shared
+        # prefix fills the budget but for one token each (``scale.pack_by_prefix``). Under
+        # checkpointing a layer's are recomputed, and what stays is the prompt's own, one row a layer.
         g = min(cfg.rollout.group_size, rows)
         prefix = min(budget - g, ctx - 1)
-        positions = max(0, (g - 1) * prefix)
-        est[f"keys and values of a shared prompt, {g} rows"] = (
+        ckpt = cfg.scale.gradient_checkpointing
+        positions = max(0, prefix if ckpt else (g - 1) * prefix)
+        est[f"keys and values of a shared prompt, {1 if ckpt else g} row{'' if ckpt else 's'}"] = (
             positions * c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30
         )
     if cfg.rollout.backend == "hf":

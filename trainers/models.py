@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 from typing import Any
@@ -268,30 +269,83 @@ def decoder_hidden(
 ) -> torch.Tensor:
     """The decoder's last hidden states, (B, T, H). ``share_prefix``: when the rows begin with the
     same ``P >= MIN_SHARED_PREFIX`` tokens (a GRPO group's prompt, ``shared_prefix_len``), those
-    are run once, as one row, and the rest of every row runs on top of their key/value cache,
+    are run once, as one row, and the rest of every row runs on top of their keys and values,
     expanded to the batch; the prefix's hidden states are the same for every row and its gradient is
     the sum of the rows' (autograd through the expansion). The values equal the plain forward's up
-    to float rounding (the matmuls' shapes differ). The plain forward where the rows share less,
-    and in training under gradient checkpointing (HF turns the cache off there)."""
+    to float rounding (the matmuls' shapes differ). Under gradient checkpointing (training) both
+    passes are checkpointed layer by layer (``_shared_prefix_caches``); a decoder whose layers are not
+    transformers' checkpointing layers runs the plain forward there. The plain forward where the
+    rows share less."""
     n = shared_prefix_len(input_ids, attention_mask) if share_prefix else 0
-    if n < MIN_SHARED_PREFIX or (decoder.training and getattr(decoder, "gradient_checkpointing", False)):
+    checkpointing = decoder.training and getattr(decoder, "gradient_checkpointing", False)
+    if n < MIN_SHARED_PREFIX or (checkpointing and not _checkpoints_with_cache(decoder)):
         return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    record, read_only = _shared_prefix_caches()
+    b, t = input_ids.shape
+    layers = list(decoder.layers) if checkpointing else []
+    keep = not checkpointing  # the caches are ours either way; under checkpointing HF would warn of use_cache
+    for layer in layers:  # keep the caches under checkpointing: they are never written twice (below)
+        layer._can_checkpoint_with_cache = True
+    try:
+        cache = record()
+        head = decoder(
+            input_ids=input_ids[:1, :n], attention_mask=attention_mask[:1, :n], past_key_values=cache, use_cache=keep
+        ).last_hidden_state  # (1, n, H)
+        rows = read_only()
+        for i, layer in enumerate(cache.layers):  # the prefix's keys and values, a view for every row
+            rows.keep(layer.keys.expand(b, -1, -1, -1), layer.values.expand(b, -1, -1, -1), i)
+        rest = decoder(
+            input_ids=input_ids[:, n:],
+            attention_mask=attention_mask,  # prefix and rest: the cache's positions come first
+            past_key_values=rows,
+            use_cache=keep,
+            position_ids=torch.arange(n, t, device=input_ids.device)[None].expand(b, -1),
+        ).last_hidden_state  # (B, T - n, H)
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # back to the class's False
+    return torch.cat([head.expand(b, -1, -1), rest], 1)
+
+
+def _checkpoints_with_cache(decoder: nn.Module) -> bool:
+    """Whether every layer of ``decoder`` is a transformers ``GradientCheckpointingLayer`` (the
+    class whose ``_can_checkpoint_with_cache`` keeps a cache under checkpointing)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer  # deferred: transformers, on this path only
+
+    layers = list(getattr(decoder, "layers", []))
+    return bool(layers) and all(isinstance(x, GradientCheckpointingLayer) for x in layers)
+
+
+@functools.cache
+def _shared_prefix_caches() -> tuple[type, type]:
+    """The two caches of ``decoder_hidden``, transformers' ``DynamicCache`` with ``update`` changed
+    so that a layer recomputed by gradient checkpointing sees what it saw the first time:
+
+    - the prefix pass's cache records each layer's keys and values on the layer's first call and
+      returns the states it is given (the prefix has no past); the backward's recompute of that
+      layer calls it again and gets its own states back, nothing recorded twice;
+    - the rows' cache holds the prefix's states (``keep``) and returns them followed by the states
+      it is given, recording nothing, so the forward and its recompute read the same keys.
+
+    The tensors kept carry their autograd history, so the prefix's gradient is the rows' sum."""
     from transformers import DynamicCache  # deferred: transformers' cache, on this path only
 
-    b, t = input_ids.shape
-    cache = DynamicCache()
-    head = decoder(
-        input_ids=input_ids[:1, :n], attention_mask=attention_mask[:1, :n], past_key_values=cache, use_cache=True
-    ).last_hidden_state  # (1, n, H)
-    cache.batch_repeat_interleave(b)
-    rest = decoder(
-        input_ids=input_ids[:, n:],
-        attention_mask=attention_mask,  # prefix and rest: the cache's positions come first
-        past_key_values=cache,
-        use_cache=True,
-        position_ids=torch.arange(n, t, device=input_ids.device)[None].expand(b, -1),
-    ).last_hidden_state  # (B, T - n, H)
-    return torch.cat([head.expand(b, -1, -1), rest], 1)
+    class RecordOnce(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
+                super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            return key_states, value_states
+
+    class ReadOnly(DynamicCache):
+        def keep(self, keys, values, layer_idx):  # the states themselves (views stay views), not a copy
+            super().update(keys[..., :0, :], values[..., :0, :], layer_idx)
+            self.layers[layer_idx].keys, self.layers[layer_idx].values = keys, values
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
+
+    return RecordOnce, ReadOnly
 
 
 def token_logprobs(

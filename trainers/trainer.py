@@ -575,7 +575,7 @@ class Trainer:
         g = torch.Generator().manual_seed(derive_seed(cfg.run.seed, it, 1))
         sums: dict[str, float] = {}
         count, tokens, padded, widest = 0, 0.0, 0.0, 0
-        share = cfg.scale.share_prefix and not cfg.scale.gradient_checkpointing  # decoder_hidden's condition
+        share = cfg.scale.share_prefix
         for _ in range(cfg.algorithm.ppo_epochs):
             for idx in self.shuffled(batch, g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)

@@ -104,12 +104,19 @@ def test_a_shared_prompt_adds_the_keys_and_values_its_rows_keep():
         None,
         reference_copy=False,
     )
-    key = "keys and values of a shared prompt, 4 rows"
-    assert key not in plain and key not in ckpt  # (checkpointing runs every row whole)
+    plain_ckpt = rl_step_estimate(
+        load_config(None, [*over, "scale.gradient_checkpointing=true"]), model, None, reference_copy=False
+    )
+    key, key_ckpt = "keys and values of a shared prompt, 4 rows", "keys and values of a shared prompt, 1 row"
+    assert key not in plain and key not in ckpt and key_ckpt not in plain_ckpt
     # by hand: 4 rows sharing a prompt of 1024 - 4 tokens, each keeping it: 3 x 1020 extra positions
     c = model.config
-    assert shared[key] == pytest.approx(3 * 1020 * c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30)
+    per_position = c.num_hidden_layers * 2 * kv_width(c) * 4 / 2**30
+    assert shared[key] == pytest.approx(3 * 1020 * per_position)
     assert shared["total"] == pytest.approx(plain["total"] + shared[key])
+    # under checkpointing a layer's keys and values are recomputed: the prompt's own stay, one row
+    assert ckpt[key_ckpt] == pytest.approx(1020 * per_position)
+    assert ckpt["total"] == pytest.approx(plain_ckpt["total"] + ckpt[key_ckpt])
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="/proc is Linux's")

@@ -5,6 +5,7 @@ micro-batches hold one group each; the update equals the plain one when the mini
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -82,7 +83,7 @@ def test_shared_logprobs_entropies_and_gradients_equal_the_plain_forward(lora_mo
         torch.testing.assert_close(g_shared[n], g_plain[n], atol=1e-6, rtol=1e-4)
 
 
-def test_the_plain_forward_below_the_minimum_and_under_gradient_checkpointing(lora_model, monkeypatch):
+def test_the_plain_forward_below_the_minimum(lora_model, monkeypatch):
     calls = []
     real = lora_model.get_decoder().forward
 
@@ -96,16 +97,77 @@ def test_the_plain_forward_below_the_minimum_and_under_gradient_checkpointing(lo
     token_logprobs(lora_model, ids, attn, loss_mask=mask, share_prefix=True)
     assert calls == [False]  # one plain forward: too short a prefix to be worth two
     ids, attn, mask = _group(prefix=MIN_SHARED_PREFIX + 16)
-    monkeypatch.setattr(dec, "gradient_checkpointing", True, raising=False)
-    calls.clear()
-    token_logprobs(lora_model, ids, attn, loss_mask=mask, share_prefix=True)
-    assert calls == [False]  # training under checkpointing: HF turns the cache off, so plain
     lora_model.eval()
     calls.clear()
     with torch.no_grad():
         token_logprobs(lora_model, ids, attn, loss_mask=mask, share_prefix=True)
     lora_model.train()
     assert calls == [True, True]  # scoring (no backward) shares: the prefix, then the rest on its cache
+    # under checkpointing, a decoder whose layers are not transformers' checkpointing layers (so its
+    # cache would be dropped or written twice) runs the plain forward
+    monkeypatch.setattr(dec, "gradient_checkpointing", True, raising=False)
+    monkeypatch.setattr(models, "_checkpoints_with_cache", lambda d: False)
+    calls.clear()
+    token_logprobs(lora_model, ids, attn, loss_mask=mask, share_prefix=True)
+    assert calls == [False]
+
+
+def _saved_bytes(fn):
+    """What autograd keeps for the backward while ``fn`` runs (outside checkpointed regions), bytes."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total[0]
+
+
+def test_shared_prefix_under_gradient_checkpointing_equals_the_plain_forward():
+    """Under ``scale.gradient_checkpointing`` the shared path runs too, each layer of both passes
+    checkpointed: the log-probs and gradients equal the plain forward's (itself checkpointed), each
+    layer runs twice per pass (the forward and the backward's recompute), and the backward keeps a
+    fraction of what the shared path keeps without checkpointing."""
+    torch.manual_seed(0)
+    model = build_tiny_qwen2(default_tokenizer(), seed=3)
+    scale.enable_checkpointing(model)
+    model = scale.add_lora(model, ScaleConfig(lora_r=4, lora_alpha=8)).train()
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    free = copy.deepcopy(model)  # the same weights, without checkpointing
+    free.get_base_model().gradient_checkpointing_disable()
+    assert not free.get_decoder().gradient_checkpointing and model.get_decoder().gradient_checkpointing
+    ids, attn, mask = _group(b=4, prefix=MIN_SHARED_PREFIX + 40, rest=30)
+    mask[:, MIN_SHARED_PREFIX + 40] = 1  # every row's first token of its own: scored on the prefix's last state
+    plain = token_logprobs(model, ids, attn, temperature=0.7, loss_mask=mask)[0]
+    g_plain = _grads(model, plain, mask)
+
+    layer = model.get_decoder().layers[0]
+    runs = []
+    real = layer.forward
+    layer.forward = lambda *a, **kw: runs.append(a[0].shape[0]) or real(*a, **kw)
+    try:
+        shared, kept = _saved_bytes(
+            lambda: token_logprobs(model, ids, attn, temperature=0.7, loss_mask=mask, share_prefix=True)[0]
+        )
+        g_shared = _grads(model, shared, mask)
+    finally:
+        del layer.forward
+    assert sorted(runs) == [1, 1, 4, 4]  # the prefix (one row) and the rows, each again in the backward
+    assert all("_can_checkpoint_with_cache" not in x.__dict__ for x in model.get_decoder().layers)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    assert set(g_shared) == set(g_plain) and any("lora_A" in n for n in g_plain)
+    for n in g_plain:
+        torch.testing.assert_close(g_shared[n], g_plain[n], atol=1e-6, rtol=1e-4)
+
+    unchecked, kept_free = _saved_bytes(
+        lambda: token_logprobs(free, ids, attn, temperature=0.7, loss_mask=mask, share_prefix=True)[0]
+    )
+    torch.testing.assert_close(unchecked, plain, atol=1e-5, rtol=1e-5)
+    assert kept < kept_free / 3, (kept, kept_free)
 
 
 def test_the_critic_shares_the_prefix_too():
@@ -199,8 +261,15 @@ def test_grpo_update_with_a_shared_prefix_equals_the_plain_update(tmp_path, sft_
     assert (b0.ref_logprobs[m] != 0).all() and (b0.old_logprobs[m] != 0).all()
     torch.testing.assert_close(b1.old_logprobs, b0.old_logprobs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b1.ref_logprobs, b0.ref_logprobs, atol=1e-5, rtol=1e-5)
+    # Adam's first step is about lr x sign(g) except where |g| is near its eps: there a float rounding
+    # of the gradient (the two paths' matmuls have different shapes) moves the step by a share of lr.
+    # Every weight within 5% of one step, and all but 0.1% within rounding; a wrong gradient (a
+    # prefix's lost, say) moves many by a whole step.
+    lr = cfg.algorithm.lr
     for n in w0:
-        torch.testing.assert_close(w1[n], w0[n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(w1[n], w0[n], atol=0.05 * lr, rtol=0)
+        off = ((w1[n] - w0[n]).abs() > 1e-5 + 1e-4 * w0[n].abs()).sum().item()
+        assert off <= 1e-3 * w0[n].numel(), (n, off)
     assert len(micro0) == len(micro1) == 1 and len(micro0[0]) == 1  # no budget: one micro-batch
     groups = [set(mb.group_ids.tolist()) for mb, _ in micro1[0]]
     assert len(groups) == 4 and all(len(g) == 1 for g in groups)  # one group each
