@@ -12,7 +12,8 @@
 #
 # QA_ROWS=100 evaluates the first 100 held-out rows of each set instead of all of them (0: all);
 # QA_TABLE_OUT puts the outputs elsewhere (default runs/qa_table); QA_CONDITIONS picks the baselines
-# (default: naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold); QA_SPEC the table's spec.
+# (default: naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold); QA_SPEC the table's spec;
+# QA_DATASETS the sets a checkpoint or model is evaluated on (default: hotpotqa 2wikimultihopqa musique).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv-vllm/bin/python}
@@ -21,6 +22,7 @@ OUT=${QA_TABLE_OUT:-runs/qa_table}
 ROWS=${QA_ROWS:-0}
 TASKS=$([[ "$ROWS" == 0 ]] && echo 100000 || echo "$ROWS")
 read -r -a CONDITIONS <<< "${QA_CONDITIONS:-naiverag-text agent-smollm2-oneshot agent-smollm2-scaffold}"
+read -r -a DATASETS <<< "${QA_DATASETS:-hotpotqa 2wikimultihopqa musique}"
 SPEC=${QA_SPEC:-benchmarks/analysis/tables/smollm2_qa.yaml}
 mkdir -p "$OUT"
 declare -A ENV_ID=([hotpotqa]=AgentR1/HotpotQA-v0 [2wikimultihopqa]=AgentR1/2WikiMultiHopQA-v0 [musique]=AgentR1/MuSiQue-v0)
@@ -38,7 +40,7 @@ baselines)
 checkpoint)
     name=$2; run=$3; mode=${4:-scaffold}
     extra=""; [[ "$mode" == noscaffold ]] && extra=", scaffold: null"
-    for ds in hotpotqa 2wikimultihopqa musique; do
+    for ds in "${DATASETS[@]}"; do
         dir="$OUT/$name/$ds"
         [[ -f "$dir/trajectories.jsonl" ]] && continue
         "$PY" trainers/evaluate.py --checkpoint "$run" --env "${ENV_ID[$ds]}" --backend vllm --tasks "$TASKS" \
@@ -47,7 +49,7 @@ checkpoint)
     ;;
 model)
     name=$2; model=$3; kwargs_file=$4
-    for ds in hotpotqa 2wikimultihopqa musique; do
+    for ds in "${DATASETS[@]}"; do
         dir="$OUT/$name/$ds"
         [[ -f "$dir/trajectories.jsonl" ]] && continue
         kw=$("$PY" -c "import sys, yaml, json; d = yaml.safe_load(open(sys.argv[1])); \
@@ -60,6 +62,6 @@ table)
     "$PY" benchmarks/analysis/qa_table.py --spec "$SPEC" --out "$OUT"
     ;;
 *)
-    sed -n '2,15p' "$0"; exit 2
+    sed -n '2,16p' "$0"; exit 2
     ;;
 esac
