@@ -283,13 +283,16 @@ def decoder_hidden(
     record, read_only = _shared_prefix_caches()
     b, t = input_ids.shape
     layers = list(decoder.layers) if checkpointing else []
-    keep = not checkpointing  # the caches are ours either way; under checkpointing HF would warn of use_cache
+    use_cache = not checkpointing  # the caches are ours either way; under checkpointing HF would warn of it
     for layer in layers:  # keep the caches under checkpointing: they are never written twice (below)
         layer._can_checkpoint_with_cache = True
     try:
         cache = record()
         head = decoder(
-            input_ids=input_ids[:1, :n], attention_mask=attention_mask[:1, :n], past_key_values=cache, use_cache=keep
+            input_ids=input_ids[:1, :n],
+            attention_mask=attention_mask[:1, :n],
+            past_key_values=cache,
+            use_cache=use_cache,
         ).last_hidden_state  # (1, n, H)
         rows = read_only()
         for i, layer in enumerate(cache.layers):  # the prefix's keys and values, a view for every row
@@ -298,7 +301,7 @@ def decoder_hidden(
             input_ids=input_ids[:, n:],
             attention_mask=attention_mask,  # prefix and rest: the cache's positions come first
             past_key_values=rows,
-            use_cache=keep,
+            use_cache=use_cache,
             position_ids=torch.arange(n, t, device=input_ids.device)[None].expand(b, -1),
         ).last_hidden_state  # (B, T - n, H)
     finally:
