@@ -95,9 +95,14 @@ RL = [
 
 
 def _rl_run_after_one_iteration(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """The run, once iteration 1 is in flight. Iteration 0's metrics line is written before its
+    trajectories and its stop check, so a signal sent the moment the line appears can land while
+    iteration 0 is still the one in flight (then the run rightly stops after 0); its trajectories file
+    is the last thing it writes, and the next iteration starts microseconds later."""
     run, log = tmp_path / "run", tmp_path / "log.txt"
     proc = _start([*RL, f"run.run_dir={run}"], log)
-    _wait_for(lambda: len(_lines(run / "metrics.jsonl")) >= 1, proc, log, 240)
+    _wait_for(lambda: (run / "trajectories" / "iter_00000.jsonl").exists(), proc, log, 240)
+    time.sleep(0.5)
     return proc, run, log
 
 
