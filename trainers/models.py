@@ -310,6 +310,14 @@ def decoder_hidden(
     return torch.cat([head.expand(b, -1, -1), rest], 1)
 
 
+def trains_with_shared_prefix(model: nn.Module, gradient_checkpointing: bool) -> bool:
+    """Whether a training forward of ``model`` (a causal LM, LoRA-wrapped or not) with
+    ``share_prefix`` runs the shared prompt once (``decoder_hidden``): always without gradient
+    checkpointing; under it, only when its decoder's layers are transformers' checkpointing layers.
+    Otherwise that forward is the plain one, every row at its full length."""
+    return not gradient_checkpointing or _checkpoints_with_cache(model.get_decoder())
+
+
 def _checkpoints_with_cache(decoder: nn.Module) -> bool:
     """Whether every layer of ``decoder`` is a transformers ``GradientCheckpointingLayer`` (the
     class whose ``_can_checkpoint_with_cache`` keeps a cache under checkpointing)."""

@@ -54,7 +54,7 @@ from trainers.memory_budget import (
     resident_metrics,
     rl_step_estimate,
 )
-from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs
+from trainers.models import Critic, load_policy, load_tokenizer_for, token_logprobs, trains_with_shared_prefix
 from trainers.parallel import Parallelism
 from trainers.phases import PhaseTimes
 from trainers.rollout import LENGTH_CUTS, EngineRestarts, RolloutBatch, Trajectory, build_batch, summarize
@@ -183,6 +183,19 @@ class Trainer:
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
         if self.critic is not None:
             self.critic.share_prefix = cfg.scale.share_prefix
+        # The update's forwards share a group's prompt unless checkpointing rules it out for this
+        # decoder; then its micro-batches are packed and counted as plain ones (the scoring passes,
+        # run without checkpointing, still share).
+        self.update_share_prefix = cfg.scale.share_prefix and trains_with_shared_prefix(
+            self.policy, cfg.scale.gradient_checkpointing
+        )
+        if cfg.scale.share_prefix and not self.update_share_prefix and self.parallel.is_main:
+            warnings.warn(
+                "scale.share_prefix: this model's decoder layers are not transformers' gradient-checkpointing "
+                "layers, so under scale.gradient_checkpointing its update runs every row at full length "
+                "(micro-batches packed by scale.max_tokens_per_microbatch alone); scoring still shares the prompt",
+                stacklevel=2,
+            )
         self.parallel.shard(self.policy, self.critic, self.ref)
         self.memory_estimate = self._check_memory()  # before any engine, worker or env starts
         a = cfg.algorithm
@@ -575,7 +588,7 @@ class Trainer:
         g = torch.Generator().manual_seed(derive_seed(cfg.run.seed, it, 1))
         sums: dict[str, float] = {}
         count, tokens, padded, widest = 0, 0.0, 0.0, 0
-        share = cfg.scale.share_prefix
+        share = self.update_share_prefix
         for _ in range(cfg.algorithm.ppo_epochs):
             for idx in self.shuffled(batch, g).split(cfg.algorithm.minibatch_size):
                 micro = self.microbatches(batch, idx)
@@ -610,7 +623,7 @@ class Trainer:
             idx,
             self.cfg.scale.max_tokens_per_microbatch,
             self.cfg.algorithm.loss_agg,
-            self.cfg.scale.share_prefix,
+            self.update_share_prefix,
         )
 
     def shuffled(self, batch: RolloutBatch, g: torch.Generator) -> torch.Tensor:
@@ -639,7 +652,7 @@ class Trainer:
             temperature=self.cfg.rollout.temperature,
             loss_mask=mb.loss_mask,
             entropy_grad=a.entropy_coef > 0,
-            share_prefix=self.cfg.scale.share_prefix,
+            share_prefix=self.update_share_prefix,
         )
         old = mb.old_logprobs
         if old is None:  # old_from_update: this forward is the recomputation

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -283,3 +284,49 @@ def test_grpo_update_with_a_shared_prefix_equals_the_plain_update(tmp_path, sft_
     )
     assert row0["perf/max_microbatch_positions"] == widest_plain
     assert row1["perf/max_microbatch_positions"] == widest_shared < widest_plain
+
+
+@pytest.mark.timeout(300)
+def test_an_update_that_cannot_share_under_checkpointing_is_packed_and_counted_plainly(
+    tmp_path, sft_model, monkeypatch
+):
+    """share_prefix under gradient checkpointing with a decoder whose layers are not transformers'
+    checkpointing layers: the update's forwards run every row whole (decoder_hidden's plain path), so
+    its micro-batches are packed and its positions counted as without sharing, and the user is told;
+    the result equals the plain checkpointed run's."""
+    from tests.trainers.conftest import tiny_rl_config
+    from trainers.compose import build_trainer
+
+    monkeypatch.setattr(models, "_checkpoints_with_cache", lambda d: False)
+    out = {}
+    for share in (False, True):
+        cfg = tiny_rl_config(tmp_path / str(share), "grpo", sft_model, iterations=1, temperature=1.5, minibatch_size=8)
+        cfg.scale.share_prefix = share
+        cfg.scale.gradient_checkpointing = True
+        cfg.scale.max_tokens_per_microbatch = 4096
+        tr = build_trainer(cfg)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tr.setup()
+        micro = []
+        orig = tr.microbatches
+        tr.microbatches = lambda batch, idx, orig=orig: micro.append(orig(batch, idx)) or micro[-1]
+        try:
+            tr.train()
+        finally:
+            tr.cleanup()
+        row = json.loads((tmp_path / str(share) / "metrics.jsonl").read_text().splitlines()[0])
+        said = [str(w.message) for w in caught if "scale.share_prefix" in str(w.message)]
+        out[share] = (row, micro, said)
+    (row0, micro0, said0), (row1, micro1, said1) = out[False], out[True]
+    assert [[mb.input_ids.shape for mb, _ in m] for m in micro1] == [
+        [mb.input_ids.shape for mb, _ in m] for m in micro0
+    ]
+    assert (
+        row1["perf/max_microbatch_positions"]
+        == row0["perf/max_microbatch_positions"]
+        == max(mb.input_ids.numel() for m in micro1 for mb, _ in m)
+    )
+    assert row1["policy/loss"] == pytest.approx(row0["policy/loss"], abs=1e-5)
+    assert said0 == [] and len(said1) == 1 and "every row at full length" in said1[0]
+    assert tr.update_share_prefix is False
