@@ -1,7 +1,9 @@
 """What a QA agent's greedy answers are made of: from ``trainers/evaluate.py --out DIR`` trajectories
 and the rows file they were evaluated on, count the right answers, the yes/no questions and
-answers among them, and how often the gold answer appeared in the retrieved passages at all
-(and was then extracted).
+answers among them, how often the gold answer appeared in the retrieved passages at all (and was
+then extracted), how often the answer is a span of the question itself, and the right answers by
+the row's question type (HotpotQA's bridge/comparison, 2Wiki's four types, MuSiQue's hop count;
+``rows[T]`` and ``right[T]``, ``untyped`` where a row has none).
 
     python benchmarks/analysis/qa_answers.py runs/eval_grpo_2wiki/trajectories.jsonl runs/qa_split/2wikimultihopqa_heldout.jsonl [...]
 
@@ -33,6 +35,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         answered_no=0,
         gold_retrieved=0,
         right_when_retrieved=0,
+        answer_from_question=0,
     )
     for ep in eps:
         row = rows[ep["task_index"]]
@@ -41,12 +44,17 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         yes_no = normalize_answer(row["answer"]) in ("yes", "no")
         responses = normalize_answer(" ".join(re.findall(r"<tool_response>(.*?)</tool_response>", ep["text"], re.S)))
         retrieved = any(g in responses for g in golds)
+        kind = row.get("type") or "untyped"
+        out[f"rows[{kind}]"] = out.get(f"rows[{kind}]", 0) + 1
+        out.setdefault(f"right[{kind}]", 0)
         out["yes_no_questions"] += yes_no
         out["gold_retrieved"] += retrieved
         if ep.get("answer") is None:
             continue
         ans = normalize_answer(ep["answer"])
         right = ans in golds
+        out[f"right[{kind}]"] += right
+        out["answer_from_question"] += bool(ans) and f" {ans} " in f" {normalize_answer(row['question'])} "
         out["answered"] += 1
         out["answered_yes"] += ans == "yes"
         out["answered_no"] += ans == "no"

@@ -1,0 +1,40 @@
+"""benchmarks/analysis/qa_answers.py on hand-made trajectories and rows: right answers, yes/no,
+gold in the retrieved passages, answers that are a span of the question, and right answers by the
+row's question type, against counts worked by hand."""
+
+import json
+
+from benchmarks.analysis.qa_answers import answer_counts
+
+
+def test_counts_by_hand(tmp_path):
+    rows = [
+        {"question": "Which film came out first, Jaws or Alien?", "answer": "Jaws", "type": "comparison"},
+        {"question": "Who directed the film Jaws?", "answer": "Steven Spielberg", "type": "compositional"},
+        {"question": "Are Jaws and Alien both films?", "answer": "yes", "type": "comparison"},
+        {"question": "Where was the director of Alien born?", "answer": "South Shields", "aliases": ["Shields"]},
+    ]
+    eps = [
+        # right, a span of the question, the gold in the passages
+        {"task_index": 0, "answer": "Jaws", "text": "<tool_response>Jaws (1975) ...</tool_response>"},
+        # wrong, a span of the question ("the film jaws" normalizes to "film jaws"), gold retrieved
+        {"task_index": 1, "answer": "The film Jaws", "text": "<tool_response>by Steven Spielberg</tool_response>"},
+        # right yes/no, "yes" not in the question
+        {"task_index": 2, "answer": "Yes", "text": "no call"},
+        # no answer: counted in rows and retrieval, nothing else
+        {"task_index": 3, "answer": None, "text": "<tool_response>born in South Shields</tool_response>"},
+        # right by an alias; "shields" is not a word of the question ("Alien" is, but not this answer)
+        {"task_index": 3, "answer": "Shields", "text": ""},
+        # a part of a word is not a span: "lie" is inside "Alien" but no word of the question
+        {"task_index": 0, "answer": "lie", "text": ""},
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    c = answer_counts(str(tmp_path / "t.jsonl"), str(tmp_path / "rows.jsonl"))
+    assert c["episodes"] == 6 and c["answered"] == 5 and c["right"] == 3
+    assert c["yes_no_questions"] == 1 and c["right_yes_no"] == 1 and c["answered_yes"] == 1
+    assert c["gold_retrieved"] == 3 and c["right_when_retrieved"] == 1
+    assert c["answer_from_question"] == 2
+    assert (c["rows[comparison]"], c["right[comparison]"]) == (3, 2)
+    assert (c["rows[compositional]"], c["right[compositional]"]) == (1, 0)
+    assert (c["rows[untyped]"], c["right[untyped]"]) == (2, 1)
