@@ -16,7 +16,7 @@ def test_counts_by_hand(tmp_path):
     ]
     eps = [
         # right, a span of the question, the gold in the passages
-        {"task_index": 0, "answer": "Jaws", "text": "<tool_response>Jaws (1975) ...</tool_response>"},
+        {"task_index": 0, "answer": "Jaws", "text": "<tool_response>Doc 1 (Title: Jaws) Jaws (1975)</tool_response>"},
         # wrong, a span of the question ("the film jaws" normalizes to "film jaws"), gold retrieved
         {"task_index": 1, "answer": "The film Jaws", "text": "<tool_response>by Steven Spielberg</tool_response>"},
         # right yes/no, "yes" not in the question
@@ -27,14 +27,18 @@ def test_counts_by_hand(tmp_path):
         {"task_index": 3, "answer": "Shields", "text": ""},
         # a part of a word is not a span: "lie" is inside "Alien" but no word of the question
         {"task_index": 0, "answer": "lie", "text": ""},
+        # a retrieved passage's title (with its parentheses), not a span of the question
+        {"task_index": 1, "answer": "Alien (film)", "text": "Doc 1 (Title: Alien (film)) Alien is a film."},
+        # a title's first word is not the title
+        {"task_index": 1, "answer": "Ridley", "text": "Doc 1 (Title: Ridley Scott) Ridley Scott is a director."},
     ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     c = answer_counts(str(tmp_path / "t.jsonl"), str(tmp_path / "rows.jsonl"))
-    assert c["episodes"] == 6 and c["answered"] == 5 and c["right"] == 3
+    assert c["episodes"] == 8 and c["answered"] == 7 and c["right"] == 3
     assert c["yes_no_questions"] == 1 and c["right_yes_no"] == 1 and c["answered_yes"] == 1
     assert c["gold_retrieved"] == 3 and c["right_when_retrieved"] == 1
-    assert c["answer_from_question"] == 2
+    assert c["answer_from_question"] == 2 and c["answer_is_retrieved_title"] == 2  # Jaws, Alien (film)
     assert (c["rows[comparison]"], c["right[comparison]"]) == (3, 2)
-    assert (c["rows[compositional]"], c["right[compositional]"]) == (1, 0)
+    assert (c["rows[compositional]"], c["right[compositional]"]) == (3, 0)
     assert (c["rows[untyped]"], c["right[untyped]"]) == (2, 1)

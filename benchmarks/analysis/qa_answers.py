@@ -1,7 +1,8 @@
 """What a QA agent's greedy answers are made of: from ``trainers/evaluate.py --out DIR`` trajectories
 and the rows file they were evaluated on, count the right answers, the yes/no questions and
 answers among them, how often the gold answer appeared in the retrieved passages at all (and was
-then extracted), how often the answer is a span of the question itself, and the right answers by
+then extracted), how often the answer is a span of the question itself or the title of a passage it retrieved
+(``(Title: X)`` in a tool response), and the right answers by
 the row's question type (HotpotQA's bridge/comparison, 2Wiki's four types, MuSiQue's hop count;
 ``rows[T]`` and ``right[T]``, ``untyped`` where a row has none).
 
@@ -36,6 +37,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         gold_retrieved=0,
         right_when_retrieved=0,
         answer_from_question=0,
+        answer_is_retrieved_title=0,
     )
     for ep in eps:
         row = rows[ep["task_index"]]
@@ -44,6 +46,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         yes_no = normalize_answer(row["answer"]) in ("yes", "no")
         responses = normalize_answer(" ".join(re.findall(r"<tool_response>(.*?)</tool_response>", ep["text"], re.S)))
         retrieved = any(g in responses for g in golds)
+        titles = {normalize_answer(t) for t in re.findall(r"\(Title: ((?:[^()]|\([^()]*\))*)\)", ep["text"])}
         kind = row.get("type") or "untyped"
         out[f"rows[{kind}]"] = out.get(f"rows[{kind}]", 0) + 1
         out.setdefault(f"right[{kind}]", 0)
@@ -54,7 +57,8 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         ans = normalize_answer(ep["answer"])
         right = ans in golds
         out[f"right[{kind}]"] += right
-        out["answer_from_question"] += bool(ans) and f" {ans} " in f" {normalize_answer(row['question'])} "
+        out["answer_from_question"] += bool(ans) and f" {ans} " in f" {normalize_answer(row.get('question', ''))} "
+        out["answer_is_retrieved_title"] += bool(ans) and ans in titles
         out["answered"] += 1
         out["answered_yes"] += ans == "yes"
         out["answered_no"] += ans == "no"
