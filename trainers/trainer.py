@@ -183,12 +183,6 @@ class Trainer:
         self.policy, self.critic, self.ref = scale.prepare_models(cfg, self.policy, self.critic)
         if self.critic is not None:
             self.critic.share_prefix = cfg.scale.share_prefix
-        # The update's forwards share a group's prompt unless checkpointing rules it out for this
-        # decoder; then its micro-batches are packed and counted as plain ones (the scoring passes,
-        # run without checkpointing, still share).
-        self.update_share_prefix = cfg.scale.share_prefix and trains_with_shared_prefix(
-            self.policy, cfg.scale.gradient_checkpointing
-        )
         if cfg.scale.share_prefix and not self.update_share_prefix and self.parallel.is_main:
             warnings.warn(
                 "scale.share_prefix: this model's decoder layers are not transformers' gradient-checkpointing "
@@ -253,6 +247,19 @@ class Trainer:
         self._graceful = GracefulStop(
             "finishing this iteration and saving a checkpoint", on_request=lambda: setattr(self, "_stop", True)
         ).install()
+
+    @property
+    def update_share_prefix(self) -> bool:
+        """Whether the update's forwards share a group's prompt (``scale.share_prefix``): not where
+        gradient checkpointing rules it out for this decoder (``trains_with_shared_prefix``); then its
+        micro-batches are packed and counted as plain ones (the scoring passes, run without
+        checkpointing, still share). Decided on first use, from the unsharded policy in ``setup``."""
+        share = getattr(self, "_update_share_prefix", None)
+        if share is None:
+            share = self._update_share_prefix = self.cfg.scale.share_prefix and trains_with_shared_prefix(
+                self.policy, self.cfg.scale.gradient_checkpointing
+            )
+        return share
 
     # -- the loop ------------------------------------------------------------------------------
 
