@@ -271,8 +271,10 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
     """``host_step_estimate`` of an RL update at its worst: every episode at the env's context
     bound (``context_bound``), the largest micro-batch that ``algorithm.minibatch_size`` and
     ``scale.max_tokens_per_microbatch`` allow, ``AGENT_FRACTION`` of it scored; with
-    ``scale.share_prefix``, the keys and values its rows keep of their shared prompt; with the HF
-    rollout backend, the KV cache of generating the whole batch at once. None when no context bound
+    ``scale.share_prefix``, the keys and values its rows keep of their shared prompt, where the
+    update's forward shares it (``trains_with_shared_prefix``: not under gradient checkpointing for a
+    decoder whose layers cannot keep a cache, whose rows then run whole, as without sharing); with the
+    HF rollout backend, the KV cache of generating the whole batch at once. None when no context bound
     is known."""
     ctx = context_bound(cfg.rollout.env_id, cfg.rollout.env_kwargs)
     if ctx is None:
@@ -286,7 +288,13 @@ def rl_step_estimate(cfg, policy, critic, reference_copy: bool) -> dict[str, flo
     )
     # (under LoRA the base model holds the adapters, the only parameters that require gradients)
     c = model.config
-    if cfg.scale.share_prefix and budget is not None:
+    from trainers.models import trains_with_shared_prefix  # deferred: models imports torch and transformers
+
+    if (
+        cfg.scale.share_prefix
+        and budget is not None
+        and trains_with_shared_prefix(model, cfg.scale.gradient_checkpointing)
+    ):
         # A micro-batch of one group's rows runs their prompt once, but each row's attention keeps the
         # keys and values of its whole length, prompt included: at worst group_size rows whose shared
         # prefix fills the budget but for one token each (``scale.pack_by_prefix``). Under

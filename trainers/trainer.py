@@ -635,9 +635,10 @@ class Trainer:
 
     def shuffled(self, batch: RolloutBatch, g: torch.Generator) -> torch.Tensor:
         """The rows of ``batch`` in a random order for one epoch's minibatches: a permutation of the
-        rows, or with ``scale.share_prefix`` of whole groups (each group's rows together, so that a
-        minibatch holds whole groups and its micro-batches share their prompts)."""
-        if not self.cfg.scale.share_prefix:
+        rows, or where the update shares a group's prompt (``update_share_prefix``) of whole groups
+        (each group's rows together, so that a minibatch holds whole groups and its micro-batches share
+        their prompts)."""
+        if not self.update_share_prefix:
             return torch.randperm(len(batch), generator=g)
         gids = batch.group_ids.tolist()
         groups = list(dict.fromkeys(gids))

@@ -317,11 +317,16 @@ def test_an_update_that_cannot_share_under_checkpointing_is_packed_and_counted_p
             tr.cleanup()
         row = json.loads((tmp_path / str(share) / "metrics.jsonl").read_text().splitlines()[0])
         said = [str(w.message) for w in caught if "scale.share_prefix" in str(w.message)]
-        out[share] = (row, micro, said)
-    (row0, micro0, said0), (row1, micro1, said1) = out[False], out[True]
+        out[share] = (row, micro, said, tr.memory_estimate)
+    (row0, micro0, said0, est0), (row1, micro1, said1, est1) = out[False], out[True]
+    # the same rows in the same minibatches and micro-batches (no grouping by prompt), the same estimate
     assert [[mb.input_ids.shape for mb, _ in m] for m in micro1] == [
         [mb.input_ids.shape for mb, _ in m] for m in micro0
     ]
+    assert all(
+        torch.equal(a.input_ids, b.input_ids) for m1, m0 in zip(micro1, micro0) for (a, _), (b, _) in zip(m1, m0)
+    )
+    assert est1 == est0 is not None
     assert (
         row1["perf/max_microbatch_positions"]
         == row0["perf/max_microbatch_positions"]
