@@ -279,7 +279,10 @@ def decoder_hidden(
     n = shared_prefix_len(input_ids, attention_mask) if share_prefix else 0
     checkpointing = decoder.training and getattr(decoder, "gradient_checkpointing", False)
     if n < MIN_SHARED_PREFIX or (checkpointing and not _checkpoints_with_cache(decoder)):
-        return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # no KV cache: HF builds one when the config's use_cache is on (it is, outside checkpointing),
+        # keeping every layer's keys and values to the end of a no-grad scoring forward, and a
+        # compiled layer would recompile for each of its entries
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     record, read_only = _shared_prefix_caches()
     b, t = input_ids.shape
     layers = list(decoder.layers) if checkpointing else []
@@ -384,7 +387,7 @@ def token_logprobs(
     ``loss_mask``): the rows' common prefix runs once (``decoder_hidden``; ``scale.share_prefix``)."""
     head = model.get_output_embeddings() if loss_mask is not None else None
     if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
         lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))  # (B, T)

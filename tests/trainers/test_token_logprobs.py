@@ -51,3 +51,21 @@ def test_masked_gradients_equal_full(model):
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(model.parameters()))
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-6, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_scoring_builds_no_kv_cache(model, masked, monkeypatch):
+    """Scoring and training forwards run without a KV cache (the model's config has use_cache on):
+    a cache would keep every layer's keys and values to the end of a no-grad forward."""
+    import transformers.cache_utils as cache_utils
+
+    assert model.config.use_cache
+    built = []
+    init = cache_utils.DynamicCache.__init__
+    monkeypatch.setattr(
+        cache_utils.DynamicCache, "__init__", lambda self, *a, **k: built.append(1) or init(self, *a, **k)
+    )
+    ids, attn, mask = _batch(seed=2)
+    with torch.no_grad():
+        token_logprobs(model, ids, attn, loss_mask=mask if masked else None)
+    assert built == []
