@@ -1,5 +1,5 @@
 """benchmarks/analysis/qa_answers.py on hand-made trajectories and rows: right answers, yes/no,
-gold in the retrieved passages, answers that are a span of the question, and right answers by the
+gold in the retrieved passages, answers that are a span of the question or hold a tool call, and right answers by the
 row's question type, against counts worked by hand."""
 
 import json
@@ -31,14 +31,18 @@ def test_counts_by_hand(tmp_path):
         {"task_index": 1, "answer": "Alien (film)", "text": "Doc 1 (Title: Alien (film)) Alien is a film."},
         # a title's first word is not the title
         {"task_index": 1, "answer": "Ridley", "text": "Doc 1 (Title: Ridley Scott) Ridley Scott is a director."},
+        # a call written into the answer slot (F1 pays its query's words), and a text that only names a name
+        {"task_index": 0, "answer": '[{"name": "search", "arguments": {"query": "Jaws or Alien"}}]', "text": ""},
+        {"task_index": 0, "answer": 'the "name" of the film', "text": ""},
     ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     c = answer_counts(str(tmp_path / "t.jsonl"), str(tmp_path / "rows.jsonl"))
-    assert c["episodes"] == 8 and c["answered"] == 7 and c["right"] == 3
+    assert c["episodes"] == 10 and c["answered"] == 9 and c["right"] == 3
+    assert c["answer_holds_call"] == 1
     assert c["yes_no_questions"] == 1 and c["right_yes_no"] == 1 and c["answered_yes"] == 1
     assert c["gold_retrieved"] == 3 and c["right_when_retrieved"] == 1
     assert c["answer_from_question"] == 2 and c["answer_is_retrieved_title"] == 2  # Jaws, Alien (film)
-    assert (c["rows[comparison]"], c["right[comparison]"]) == (3, 2)
+    assert (c["rows[comparison]"], c["right[comparison]"]) == (5, 2)
     assert (c["rows[compositional]"], c["right[compositional]"]) == (3, 0)
     assert (c["rows[untyped]"], c["right[untyped]"]) == (2, 1)

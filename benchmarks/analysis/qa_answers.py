@@ -2,7 +2,9 @@
 and the rows file they were evaluated on, count the right answers, the yes/no questions and
 answers among them, how often the gold answer appeared in the retrieved passages at all (and was
 then extracted), how often the answer is a span of the question itself or the title of a passage it retrieved
-(``(Title: X)`` in a tool response), and the right answers by
+(``(Title: X)`` in a tool response) or holds a tool call (``answer_holds_call``,
+``agent_gym.formats.CALL_IN_TEXT``: a call written into the answer slot, which F1 pays where the
+call's query shares words with the gold), and the right answers by
 the row's question type (HotpotQA's bridge/comparison, 2Wiki's four types, MuSiQue's hop count;
 ``rows[T]`` and ``right[T]``, ``untyped`` where a row has none).
 
@@ -19,6 +21,7 @@ import json
 import re
 import sys
 
+from agent_gym.formats import CALL_IN_TEXT
 from agent_gym.provenance import write_raw
 from agent_gym.scoring import normalize_answer
 
@@ -38,6 +41,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         right_when_retrieved=0,
         answer_from_question=0,
         answer_is_retrieved_title=0,
+        answer_holds_call=0,
     )
     for ep in eps:
         row = rows[ep["task_index"]]
@@ -59,6 +63,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         out[f"right[{kind}]"] += right
         out["answer_from_question"] += bool(ans) and f" {ans} " in f" {normalize_answer(row.get('question', ''))} "
         out["answer_is_retrieved_title"] += bool(ans) and ans in titles
+        out["answer_holds_call"] += bool(CALL_IN_TEXT.search(ep["answer"]))
         out["answered"] += 1
         out["answered_yes"] += ans == "yes"
         out["answered_no"] += ans == "no"

@@ -50,6 +50,15 @@ def test_monitors_by_hand():
     assert m["monitor/empty_answer_rate"] == 0.0
     empty = summarize([*eps, _ep([[2, 4]], [[]], [[]], " ", None), _ep([[2, 4]], [[]], [[]], "", None)])
     assert empty["monitor/empty_answer_rate"] == 2 / 6  # a blank answer counts; no answer (None) does not
+    assert m["monitor/answer_holds_call_rate"] == 0.0
+    calls = [  # a call's body in the answer (a scaffold's answer slot), each format's tag, and a near miss
+        '[{"name": "search", "arguments": {"query": "Jaws"}}]',
+        '<tool_call>{"name": "search"}</tool_call>',
+        "<search>Jaws</search>",
+        'the "name" of the film, "arguments" aside',
+    ]
+    held = summarize([*eps, *(_ep([[2, 4]], [[]], [[]], a, None) for a in calls)])
+    assert held["monitor/answer_holds_call_rate"] == 3 / 8
     assert m["monitor/length_cut_rate"] == 2 / 4
     assert m["monitor/reply_tokens_mean"] == pytest.approx((4 + 5 + 2 + 3 + 8 + 0 + 1 + 1 + 1) / 9)
     assert m["monitor/reply_tokens_max"] == 8.0
