@@ -36,7 +36,7 @@ from gymnasium import spaces
 
 from agent_gym.chat import ChatRenderer
 from agent_gym.episode import Episode
-from agent_gym.formats import CallOutcome, ParsedTurn, ToolCall, answer_from_text, get_format
+from agent_gym.formats import CALL_IN_TEXT, CallOutcome, ParsedTurn, ToolCall, answer_from_text, get_format
 from agent_gym.scaffold import Scaffold, Slot, check_drop_prob
 from agent_gym.tokenizer import load_tokenizer
 from agent_gym.tool_log import ToolRecorder, ToolReplay
@@ -56,6 +56,14 @@ class RewardConfig:
     than a blank one and the format reward cannot be taken without answering at least partly
     right. A name the env's ``score_answer`` does not return is refused at the first answer.
 
+    ``call_in_answer`` (default ``None``: off) is what an answer that holds a tool call earns
+    (``agent_gym.formats.CALL_IN_TEXT``: a call's body or tag written into the answer, as a
+    scaffold's answer slot allows): its answer components and ``format`` are 0 and the component
+    ``call_in_answer`` takes this weight (0.0: no credit; below 0: a penalty). An F1 reward otherwise
+    pays such an answer for the words its query shares with the gold (docs/results.md, "The
+    temperature lever"). The answer's scores (``answer_scores``, the evaluation's metrics) are not
+    changed.
+
     Process (every step): ``call_ok`` per successful call, ``call_invalid`` per failed call
     (any status but ``ok``), ``no_action`` for a turn with neither call nor answer. Envs may add
     their own process components (e.g. the first retrieval of a supporting paragraph) through
@@ -74,12 +82,15 @@ class RewardConfig:
     no_action: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     process_needs_answer: bool = False
+    call_in_answer: float | None = None
 
     def __post_init__(self) -> None:
         """Weights must be finite real numbers: a string or NaN weight would only fail (or poison
         every reward) at the first step."""
         for name in ("format", "call_ok", "call_invalid", "no_action"):
             _check_weight(f"rewards.{name}", getattr(self, name))
+        if self.call_in_answer is not None:
+            _check_weight("rewards.call_in_answer", self.call_in_answer)
         if not isinstance(self.process_needs_answer, bool):
             raise TypeError(f"rewards.process_needs_answer must be true or false, got {self.process_needs_answer!r}")
         if self.format_gate is not None and (not isinstance(self.format_gate, str) or not self.format_gate):
@@ -539,6 +550,10 @@ class ToolEnv(gym.Env):
                     f"it returns {sorted(turn.answer_scores)}: name one of them, or set format_gate to null"
                 )
             paid = paid and turn.answer_scores[gate] > 0.0
+        if self.reward_cfg.call_in_answer is not None and CALL_IN_TEXT.search(answer):
+            turn.comps.update(dict.fromkeys(self.reward_cfg.answer_weights, 0.0))
+            turn.comps["call_in_answer"] = float(self.reward_cfg.call_in_answer)
+            paid = False
         turn.comps["format"] = self.reward_cfg.format if paid else 0.0
         self.answer = answer
         turn.terminated = True
@@ -698,7 +713,7 @@ class ToolEnv(gym.Env):
         the positive process rewards of all its steps (this one's included) on its last step."""
         if turn.terminated and turn.parsed is not None and (turn.parsed.answer or "").strip():
             return
-        outcome = {*self.reward_cfg.answer_weights, "format"}
+        outcome = {*self.reward_cfg.answer_weights, "format", "call_in_answer"}
         earlier = [v for comps in self.step_reward_components for v in comps.values()]
         here = [v for k, v in turn.comps.items() if k not in outcome]
         turn.comps["process_forfeit"] = -float(sum(v for v in earlier + here if v > 0))

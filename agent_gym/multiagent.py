@@ -248,6 +248,7 @@ class MultiAgentToolEnv(ParallelEnv):
         for key, on in (
             ("format_gate", self.reward_cfg.format_gate is not None),
             ("process_needs_answer", self.reward_cfg.process_needs_answer),
+            ("call_in_answer", self.reward_cfg.call_in_answer is not None),
         ):
             if on:
                 raise ValueError(

@@ -146,6 +146,22 @@ def test_format_gate_pays_only_when_the_named_score_is_above_zero_and_an_unknown
     assert _state(env) == before  # refused, nothing changed
 
 
+@pytest.mark.parametrize("weight", [None, 0.0, -0.2])
+def test_call_in_answer_replaces_the_answer_reward_of_an_answer_that_holds_a_call(weight):
+    env = TinyEnv(rewards={"answer_weights": {"em": 1.0, "f1": 1.0}, "format": 0.1, "call_in_answer": weight})
+    held = '[{"name": "search", "arguments": {"query": "yo"}}]'
+    for answer in (held, "yo"):
+        env.reset(options={"task_index": 1})
+        _, r, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
+        comps = info["reward_components"]
+        assert term and info["answer_scores"] == {"em": float(answer == "yo"), "f1": 0.5}  # the scores stand
+        if answer == held and weight is not None:
+            assert comps == {"em": 0.0, "f1": 0.0, "format": 0.0, "call_in_answer": weight}
+        else:  # off, or an answer without a call: paid as before (TinyEnv's f1 is 0.5 for any answer)
+            assert "call_in_answer" not in comps and comps["f1"] == 0.5 and comps["format"] == 0.1
+        assert r == pytest.approx(sum(comps.values()))
+
+
 @pytest.mark.parametrize(
     "last, forfeit, total",
     [
@@ -381,6 +397,7 @@ def test_task_missing_a_key_is_refused_at_reset():
         ({"answer_weights": ["em"]}, TypeError, r"rewards.answer_weights must be a dict"),
         ({"no_action": True}, TypeError, r"rewards.no_action must be a number"),
         ({"format_gate": 3}, TypeError, r"rewards.format_gate must be the name of an answer score"),
+        ({"call_in_answer": "no"}, TypeError, r"rewards.call_in_answer must be a number"),
     ],
 )
 def test_reward_config_is_checked_at_construction(rewards, err, needle):

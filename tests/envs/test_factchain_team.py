@@ -290,7 +290,7 @@ def test_bad_input_names_the_problem(penv):
         penv.reset(options={"task": {"question": "q", "answer": "a"}})
     with pytest.raises(ValueError, match="num_agents"):
         factchain_team.FactChainTeamEnv(num_agents=1)
-    for key, value in (("format_gate", "em"), ("process_needs_answer", True)):
+    for key, value in (("format_gate", "em"), ("process_needs_answer", True), ("call_in_answer", 0.0)):
         with pytest.raises(ValueError, match=f"rewards.{key} is for single-agent envs"):
             factchain_team.FactChainTeamEnv(rewards={key: value})
     with pytest.raises(RuntimeError, match="call reset"):
