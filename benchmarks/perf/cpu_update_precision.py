@@ -66,6 +66,22 @@ def lora_policy(model_name: str, lora_r: int, threads: int):
     return tokenizer, policy, torch.optim.AdamW(scale.trainable(policy), lr=1e-6)
 
 
+def lora_step(policy, opt, ids, attn, mask) -> float:
+    """One LoRA step as the trainer takes it (the loss on the masked tokens, backward, gradient
+    clipping at 1.0, the optimizer step); its wall time in seconds."""
+    from trainers import scale
+    from trainers.models import token_logprobs  # deferred: torch and transformers, at the first step
+
+    t = time.perf_counter()
+    lp, _ = token_logprobs(policy, ids, attn, loss_mask=mask)
+    loss = -(lp * mask).sum() / mask.sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(scale.trainable(policy), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or HF directory")
@@ -79,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from trainers import scale
-    from trainers.models import token_logprobs
+    from trainers.models import token_logprobs  # deferred: torch and transformers, at the first step
 
     tokenizer, policy, opt = lora_policy(args.model, args.lora_r, args.threads)
     ids, attn, mask = _batch(tokenizer, args.rows, args.tokens, args.agent_fraction, seed=0)

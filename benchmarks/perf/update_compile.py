@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from agent_gym.provenance import write_raw
-from benchmarks.perf.cpu_update_precision import _batch, lora_policy
+from benchmarks.perf.cpu_update_precision import _batch, lora_policy, lora_step
 from benchmarks.report import spread, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "update_compile.json"))
     args = p.parse_args(argv)
 
-    from trainers import scale
     from trainers.models import token_logprobs
 
     tokenizer, eager, opt_e = lora_policy(args.model, args.lora_r, args.threads)
@@ -68,15 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = {f"{r}x{t}": _batch(tokenizer, r, t, args.agent_fraction, seed=0) for r, t in args.shapes}
 
     def step(policy, opt, batch) -> float:
-        ids, attn, mask = batch
-        t = time.perf_counter()
-        lp, _ = token_logprobs(policy, ids, attn, loss_mask=mask)
-        loss = -(lp * mask).sum() / mask.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(scale.trainable(policy), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t
+        return lora_step(policy, opt, *batch)
 
     diffs = {}
     with torch.no_grad():

@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from agent_gym.provenance import write_raw
-from benchmarks.perf.cpu_update_precision import _batch, lora_policy
+from benchmarks.perf.cpu_update_precision import _batch, lora_policy, lora_step
 from benchmarks.report import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,21 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "update_profile.json"))
     args = p.parse_args(argv)
 
-    from trainers import scale
-    from trainers.models import token_logprobs
-
     tokenizer, policy, opt = lora_policy(args.model, args.lora_r, args.threads)
     ids, attn, mask = _batch(tokenizer, args.rows, args.tokens, args.agent_fraction, seed=0)
 
     def step() -> float:
-        t = time.perf_counter()
-        lp, _ = token_logprobs(policy, ids, attn, loss_mask=mask)
-        loss = -(lp * mask).sum() / mask.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(scale.trainable(policy), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t
+        return lora_step(policy, opt, ids, attn, mask)
 
     plain = [step() for _ in range(args.warmup)]  # oneDNN builds its kernels on a shape's first call
     load0 = os.getloadavg()[0]
