@@ -57,8 +57,9 @@ class RewardConfig:
     right. A name the env's ``score_answer`` does not return is refused at the first answer.
 
     ``call_in_answer`` (default ``None``: off) is what an answer that holds a tool call earns
-    (``agent_gym.formats.CALL_IN_TEXT``: a call's body or tag written into the answer, as a
-    scaffold's answer slot allows): its answer components and ``format`` are 0 and the component
+    (a call the env's tool format parses, or ``agent_gym.formats.CALL_IN_TEXT``: a shipped
+    format's call body or tag written into the answer, as a scaffold's answer slot allows): its
+    answer components and ``format`` are 0 and the component
     ``call_in_answer`` takes this weight (0.0: no credit; below 0: a penalty). An F1 reward otherwise
     pays such an answer for the words its query shares with the gold (docs/results.md, "The
     temperature lever"). The answer's scores (``answer_scores``, the evaluation's metrics) are not
@@ -550,13 +551,19 @@ class ToolEnv(gym.Env):
                     f"it returns {sorted(turn.answer_scores)}: name one of them, or set format_gate to null"
                 )
             paid = paid and turn.answer_scores[gate] > 0.0
-        if self.reward_cfg.call_in_answer is not None and CALL_IN_TEXT.search(answer):
+        if self.reward_cfg.call_in_answer is not None and self._holds_call(answer):
             turn.comps.update(dict.fromkeys(self.reward_cfg.answer_weights, 0.0))
             turn.comps["call_in_answer"] = float(self.reward_cfg.call_in_answer)
             paid = False
         turn.comps["format"] = self.reward_cfg.format if paid else 0.0
         self.answer = answer
         turn.terminated = True
+
+    def _holds_call(self, text: str) -> bool:
+        """Whether ``text`` (an answer) holds a tool call: one this env's format parses, in any format
+        (a user's own included), or a call of a shipped format, tagged or as a bare JSON body
+        (``CALL_IN_TEXT``: what a scaffold's answer slot can hold without the tags)."""
+        return bool(CALL_IN_TEXT.search(text)) or bool(self.format.parse(text).calls)
 
     def _run_turn_calls(self, turn: _Turn) -> None:
         """Run the turn's calls; process components; the invalid streak and the limits."""

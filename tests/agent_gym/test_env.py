@@ -1,4 +1,5 @@
 import json
+import re
 import time
 
 import gymnasium as gym
@@ -7,6 +8,7 @@ import pytest
 
 import agent_gym  # noqa: F401  (registers the ids)
 from agent_gym.env import ToolEnv
+from agent_gym.formats import HermesFormat, ToolCall
 from agent_gym.tools import Tool, ToolResult, tool
 
 
@@ -160,6 +162,23 @@ def test_call_in_answer_replaces_the_answer_reward_of_an_answer_that_holds_a_cal
         else:  # off, or an answer without a call: paid as before (TinyEnv's f1 is 0.5 for any answer)
             assert "call_in_answer" not in comps and comps["f1"] == 0.5 and comps["format"] == 0.1
         assert r == pytest.approx(sum(comps.values()))
+
+
+class BangFormat(HermesFormat):
+    """A user's own call syntax, ``!name query``, that CALL_IN_TEXT does not know."""
+
+    def parse(self, text, max_calls=None):
+        turn = super().parse(text, max_calls)
+        turn.calls += [ToolCall(m[1], {"query": m[2]}, m[0]) for m in re.finditer(r"!(\w+) (.+)", text)]
+        return turn
+
+
+def test_call_in_answer_knows_the_envs_own_format():
+    env = TinyEnv(tools=[Search()], tool_format=BangFormat(), rewards={"format": 0.1, "call_in_answer": 0.0})
+    for answer, held in (("!search yo", True), ("yo", False), ("!", False)):
+        env.reset(options={"task_index": 1})
+        _, _, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
+        assert term and ("call_in_answer" in info["reward_components"]) == held, answer
 
 
 @pytest.mark.parametrize(
