@@ -490,13 +490,25 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """The config a run saved in ``run_dir/config.yaml`` (flat keys of old runs converted, with the
-    deprecation warning), under ``overrides``."""
+    deprecation warning), under ``overrides``. The run continues in ``run_dir`` itself, whatever
+    run_dir its config.yaml names (a run directory moved or copied since, to fork a run, resumes
+    where it is now, not in the directory it was started in); an override naming another run_dir
+    is refused."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+    overrides = dict(overrides or {})
+    for key in ("run_dir", "run.run_dir"):
+        if key in overrides and Path(str(overrides.pop(key))).resolve() != Path(run_dir).resolve():
+            raise ConfigError(
+                f"--resume {run_dir} continues the run in {run_dir}; the override {key}= names another "
+                f"directory. To continue the run elsewhere, copy {run_dir} there and --resume the copy."
+            )
     data = yaml.safe_load(path.read_text())
-    data.update(overrides or {})
-    return from_dict(data, str(path))
+    data.update(overrides)
+    cfg = from_dict(data, str(path))
+    cfg.run.run_dir = str(run_dir)
+    return cfg
 
 
 __all__ = [

@@ -3,6 +3,7 @@
 checkpoints would sit beside the new ones."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,25 @@ def test_sft_refuses_a_run_dir_that_holds_a_run(tmp_path, capsys):
     )
     assert main([*args, "overwrite=true"]) == 0
     assert json.loads((run_dir / "final.json").read_text()) != {}
+
+
+def test_a_copied_run_resumes_in_the_copy(tmp_path, capsys):
+    # The copy's config.yaml still names the original run_dir: --resume continues where it is named.
+    first, copy = tmp_path / "first", tmp_path / "copy"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({**RUN, "run_dir": str(first), "iterations": 1}))
+    rc, _, err = _train(capsys, "--config", str(cfg))
+    assert rc == 0, err
+    shutil.copytree(first, copy)
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+
+    rc, _, err = _train(capsys, "--resume", str(copy), "run.iterations=2", f"run.run_dir={tmp_path / 'other'}")
+    assert rc == 2
+    assert f"--resume {copy} continues the run in {copy}; the override run.run_dir= names another directory" in err
+
+    rc, _, err = _train(capsys, "--resume", str(copy), "run.iterations=2")
+    assert rc == 0, err
+    assert [r["iteration"] for r in _records(copy)] == [0, 1]
+    assert yaml.safe_load((copy / "config.yaml").read_text())["run"]["run_dir"] == str(copy)
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before  # the original untouched
+    assert not (tmp_path / "other").exists()
