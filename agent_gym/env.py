@@ -406,6 +406,7 @@ class ToolEnv(gym.Env):
         self.step_calls: list[list[str]] = []
         self.step_slots: list[str | None] = []
         self.answer: str | None = None
+        self.answer_holds_call = False
         self.transcript: list[tuple[str, str]] = [(m["role"], m["content"]) for m in self.messages]
         # The first turn's scaffold prefix (if any) is part of the prompt: everything before the
         # first agent token.
@@ -551,7 +552,8 @@ class ToolEnv(gym.Env):
                     f"it returns {sorted(turn.answer_scores)}: name one of them, or set format_gate to null"
                 )
             paid = paid and turn.answer_scores[gate] > 0.0
-        if self.reward_cfg.call_in_answer is not None and self._holds_call(answer):
+        self.answer_holds_call = self._holds_call(answer)
+        if self.reward_cfg.call_in_answer is not None and self.answer_holds_call:
             turn.comps.update(dict.fromkeys(self.reward_cfg.answer_weights, 0.0))
             turn.comps["call_in_answer"] = float(self.reward_cfg.call_in_answer)
             paid = False
@@ -742,6 +744,7 @@ class ToolEnv(gym.Env):
         "tool_calls_used",
         "invalid_streak",
         "answer",
+        "answer_holds_call",
         "_done",
         "outputs_truncated",
         "calls_skipped",
@@ -843,6 +846,7 @@ class ToolEnv(gym.Env):
             tool_calls_skipped=self.calls_skipped,
             step_slots=list(self.step_slots),
             step_calls=[list(c) for c in self.step_calls],
+            answer_holds_call=self.answer_holds_call,
         )
 
     def render(self) -> str | None:

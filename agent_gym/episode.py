@@ -62,6 +62,11 @@ class Episode:
     step_slots: list[str | None] = field(default_factory=list)
     """(S,) the scaffold slot each step's turn had (``"call:search"``, ``"answer"``...; ``None``: a free
     turn, or an env without a scaffold; agent_gym/scaffold.py)."""
+    answer_holds_call: bool = False
+    """Whether the answer holds a tool call, as the env that scored it reads one (its own tool format's
+    calls, a user's format included, or a shipped format's, ``ToolEnv._holds_call``): what
+    ``monitor/answer_holds_call_rate`` counts and what ``rewards.call_in_answer`` replaces the answer's
+    reward with."""
 
     @property
     def reward(self) -> float:

@@ -106,8 +106,8 @@ class _Capped:
 CALL_IN_TEXT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"arguments"|<tool_call>|<search>')
 """A tool call of the shipped formats inside a text, tagged or not: a JSON call's ``"name": ...,
 "arguments"`` (the body of ``hermes`` and ``smollm2`` calls, which a scaffold's answer slot can hold
-without the tags) or a ``<tool_call>`` / ``<search>`` tag. The ``monitor/answer_holds_call_rate``
-monitor and ``benchmarks/analysis/qa_answers.py`` read answers with it."""
+without the tags) or a ``<tool_call>`` / ``<search>`` tag. ``ToolEnv`` reads answers with it and with
+its own format's parser (``Episode.answer_holds_call``); ``benchmarks/analysis/qa_answers.py`` with it."""
 
 
 def _parse_answer(text: str) -> str | None:

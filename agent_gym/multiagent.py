@@ -500,7 +500,13 @@ class MultiAgentToolEnv(ParallelEnv):
             info = infos[a]
             info["reward_components"] = dict(seat.step_reward_components[-1])
             info["answer"], info["answer_scores"] = answer, dict(scores)
-            info["trajectory"] = dataclasses.replace(ep, answer=answer, answer_scores=dict(scores), success=success)
+            info["trajectory"] = dataclasses.replace(
+                ep,
+                answer=answer,
+                answer_scores=dict(scores),
+                success=success,
+                answer_holds_call=seat._holds_call(answer),  # the team's answer, read in this seat's format
+            )
 
     def render(self) -> str | None:
         """Every seat's transcript: returned (``"ansi"``), printed (``"human"``), or nothing."""

@@ -252,14 +252,19 @@ LENGTH_CUTS = ("context", "max_turns")
 ``algorithm.overlong``)."""
 
 
+def _holds_call(e: Episode) -> bool:
+    return e.answer_holds_call or bool(CALL_IN_TEXT.search(e.answer or ""))
+
+
 def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
     """What goes wrong in agent RL, per batch (docs/metrics.md, "Collapse monitors"): calls per
     episode, calls that repeat an earlier successful call of the same episode (same name and
     arguments), answers given without any successful call, episodes cut by a length limit, and
     the agent's reply length per turn (mean and longest), answers that are empty (an answer
     tag with nothing in it: under a length penalty, the shortest reply a process reward still pays)
-    and answers that hold a tool call (``CALL_IN_TEXT``: a call written into the answer, which an F1
-    reward pays for the words its query shares with the gold)."""
+    and answers that hold a tool call (a call written into the answer, which an F1 reward pays for the
+    words its query shares with the gold): ``Episode.answer_holds_call``, the env's own reading in its
+    tool format, or for an episode built elsewhere a shipped format's call (``CALL_IN_TEXT``)."""
     n = len(eps)
     calls = repeats = 0
     no_call_answers = 0
@@ -282,7 +287,7 @@ def collapse_monitors(eps: Sequence[Episode]) -> dict[str, float]:
         "monitor/repeated_calls_per_episode": repeats / n,
         "monitor/answer_without_call_rate": no_call_answers / n,
         "monitor/empty_answer_rate": sum(e.answered and not e.answer.strip() for e in eps) / n,
-        "monitor/answer_holds_call_rate": sum(e.answered and bool(CALL_IN_TEXT.search(e.answer)) for e in eps) / n,
+        "monitor/answer_holds_call_rate": sum(e.answered and _holds_call(e) for e in eps) / n,
         "monitor/length_cut_rate": sum(e.truncation_reason in LENGTH_CUTS for e in eps) / n,
         "monitor/reply_tokens_mean": float(np.mean(replies)) if replies else 0.0,
         "monitor/reply_tokens_max": float(max(replies, default=0)),

@@ -173,12 +173,17 @@ class BangFormat(HermesFormat):
         return turn
 
 
-def test_call_in_answer_knows_the_envs_own_format():
-    env = TinyEnv(tools=[Search()], tool_format=BangFormat(), rewards={"format": 0.1, "call_in_answer": 0.0})
+@pytest.mark.parametrize("rewards", [{"format": 0.1, "call_in_answer": 0.0}, {"format": 0.1}])
+def test_call_in_answer_knows_the_envs_own_format(rewards):
+    """The reward (when set) and the episode record (always: the trainer's monitor reads it) see an
+    answer's call in the env's own format."""
+    env = TinyEnv(tools=[Search()], tool_format=BangFormat(), rewards=rewards)
     for answer, held in (("!search yo", True), ("yo", False), ("!", False)):
         env.reset(options={"task_index": 1})
         _, _, term, _, info = env.step(act(env, f"<answer>{answer}</answer>"))
-        assert term and ("call_in_answer" in info["reward_components"]) == held, answer
+        paid = "call_in_answer" in rewards and held
+        assert term and ("call_in_answer" in info["reward_components"]) == paid, answer
+        assert info["trajectory"].answer_holds_call == held, answer
 
 
 @pytest.mark.parametrize(

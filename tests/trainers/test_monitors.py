@@ -1,6 +1,8 @@
 """The collapse monitors (``monitor/*`` of ``trainers.rollout.summarize``) by hand, and the env's
 ``Episode.step_calls`` they read."""
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 
@@ -59,6 +61,10 @@ def test_monitors_by_hand():
     ]
     held = summarize([*eps, *(_ep([[2, 4]], [[]], [[]], a, None) for a in calls)])
     assert held["monitor/answer_holds_call_rate"] == 3 / 8
+    # a call in a user's own format, which only the env that parsed it knows (Episode.answer_holds_call)
+    own = dataclasses.replace(_ep([[2, 4]], [[]], [[]], "!search Jaws", None), answer_holds_call=True)
+    assert summarize([*eps, own])["monitor/answer_holds_call_rate"] == 1 / 5
+    assert summarize([*eps, dataclasses.replace(own, answer_holds_call=False)])["monitor/answer_holds_call_rate"] == 0
     assert m["monitor/length_cut_rate"] == 2 / 4
     assert m["monitor/reply_tokens_mean"] == pytest.approx((4 + 5 + 2 + 3 + 8 + 0 + 1 + 1 + 1) / 9)
     assert m["monitor/reply_tokens_max"] == 8.0
