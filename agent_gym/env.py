@@ -565,7 +565,7 @@ class ToolEnv(gym.Env):
         """Whether ``text`` (an answer) holds a tool call: one this env's format parses, in any format
         (a user's own included), or a call of a shipped format, tagged or as a bare JSON body
         (``CALL_IN_TEXT``: what a scaffold's answer slot can hold without the tags)."""
-        return bool(CALL_IN_TEXT.search(text)) or bool(self.format.parse(text).calls)
+        return bool(CALL_IN_TEXT.search(text)) or bool(self._parse(text).calls)
 
     def _run_turn_calls(self, turn: _Turn) -> None:
         """Run the turn's calls; process components; the invalid streak and the limits."""
