@@ -2,11 +2,14 @@
 and the rows file they were evaluated on, count the right answers, the yes/no questions and
 answers among them, how often the gold answer appeared in the retrieved passages at all (and was
 then extracted), how often the answer is a span of the question itself or the title of a passage it retrieved
-(``(Title: X)`` in a tool response) or holds a tool call (``answer_holds_call``,
-``agent_gym.formats.CALL_IN_TEXT``: a call written into the answer slot, which F1 pays where the
-call's query shares words with the gold), and the right answers by
-the row's question type (HotpotQA's bridge/comparison, 2Wiki's four types, MuSiQue's hop count;
-``rows[T]`` and ``right[T]``, ``untyped`` where a row has none).
+(``(Title: X)`` in a tool response) or holds a tool call (``answer_holds_call``: the episode
+record's own verdict where it has one, else ``agent_gym.formats.CALL_IN_TEXT``: a call written into
+the answer slot, which F1 pays where the call's query shares words with the gold), and the right
+answers by the row's question type (HotpotQA's bridge/comparison, 2Wiki's four types, MuSiQue's hop
+count; ``rows[T]`` and ``right[T]``, ``untyped`` where a row has none). On the search side: the
+episodes that repeat a call of theirs word for word (``query_repeated``: a second hop never asked)
+and, of the rows that name supporting paragraphs, the episodes that retrieved all of them
+(``supporting_all_retrieved``) or at least one (``supporting_some_retrieved``), matched by title.
 
     python benchmarks/analysis/qa_answers.py runs/eval_grpo_2wiki/trajectories.jsonl runs/qa_split/2wikimultihopqa_heldout.jsonl [...]
 
@@ -42,6 +45,10 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         answer_from_question=0,
         answer_is_retrieved_title=0,
         answer_holds_call=0,
+        query_repeated=0,
+        rows_with_supporting=0,
+        supporting_all_retrieved=0,
+        supporting_some_retrieved=0,
     )
     for ep in eps:
         row = rows[ep["task_index"]]
@@ -56,6 +63,13 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         out.setdefault(f"right[{kind}]", 0)
         out["yes_no_questions"] += yes_no
         out["gold_retrieved"] += retrieved
+        calls = [c for step in ep.get("step_calls") or () for c in step]
+        out["query_repeated"] += len(set(calls)) < len(calls)
+        supporting = {normalize_answer(t) for t in row.get("supporting_titles") or ()}
+        if supporting:
+            out["rows_with_supporting"] += 1
+            out["supporting_all_retrieved"] += supporting <= titles
+            out["supporting_some_retrieved"] += bool(supporting & titles)
         if ep.get("answer") is None:
             continue
         ans = normalize_answer(ep["answer"])
@@ -63,7 +77,7 @@ def answer_counts(traj_path: str, rows_path: str) -> dict[str, int]:
         out[f"right[{kind}]"] += right
         out["answer_from_question"] += bool(ans) and f" {ans} " in f" {normalize_answer(row.get('question', ''))} "
         out["answer_is_retrieved_title"] += bool(ans) and ans in titles
-        out["answer_holds_call"] += bool(CALL_IN_TEXT.search(ep["answer"]))
+        out["answer_holds_call"] += bool(ep.get("answer_holds_call")) or bool(CALL_IN_TEXT.search(ep["answer"]))
         out["answered"] += 1
         out["answered_yes"] += ans == "yes"
         out["answered_no"] += ans == "no"
